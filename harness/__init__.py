@@ -1,0 +1,25 @@
+"""leakgate's harness: record device memory at named checkpoints and judge the timeline.
+
+Names are imported lazily so that loading the pytest plugin does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "parse_size": "harness.units",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["__version__", *_EXPORTS]

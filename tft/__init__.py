@@ -1,0 +1,21 @@
+"""A compact Temporal Fusion Transformer, its parquet data and trainer (the reference workload).
+
+``tft`` never imports ``harness``: the trainer reports checkpoints to plain callbacks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tft' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = list(_EXPORTS)
