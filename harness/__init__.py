@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "parse_size": "harness.units",
+    "Sample": "harness.sample",
 }
 
 
