@@ -1,0 +1,412 @@
+"""Train and validate a TFT, reporting named memory checkpoints to callbacks.
+
+One epoch, with the checkpoint each callback receives (``phase`` in brackets)::
+
+    EPOCH_START, TRAIN_BATCH x N, AFTER_TRAINING                         [training]
+    BEFORE_VALIDATION (optimizer state released), VALIDATION_START,
+    VALIDATION_BATCH x M, VALIDATION_END, AFTER_VALIDATION (restored)    [validation]
+    CHECKPOINT_SAVED (when a checkpoint dir is set), EPOCH_END           [epoch]
+
+framed by SESSION_START and SESSION_END [session]. A callback is called as
+``callback(label, phase=..., epoch=..., batch=...)``, and for an out-of-memory error as
+``callback("OOM", phase=..., epoch=..., batch=..., note=message)``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from tft.model import quantile_loss
+from tft.qat import prepare_qat, qat_schedule
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[..., Any]
+Batch = dict[str, torch.Tensor]
+
+
+class TrainingOOM(torch.OutOfMemoryError):
+    """Out of memory after every allowed batch-size halving."""
+
+
+@dataclass
+class TrainConfig:
+    """How to train. ``validation_batch_size`` defaults to ``batch_size``."""
+
+    batch_size: int = 1
+    validation_batch_size: int | None = None
+    epochs: int = 5
+    lr: float = 1e-3
+    device: str = "auto"
+    seed: int = 0
+    grad_clip: float | None = 1.0
+    qat: bool = False
+    qat_warmup: float = 0.1
+    qat_cooldown: float = 0.3
+    checkpoint_dir: str | None = None
+    oom_retries: int = 3
+
+    def __post_init__(self) -> None:
+        if self.validation_batch_size is None:
+            self.validation_batch_size = self.batch_size
+        for name in ("batch_size", "validation_batch_size", "epochs"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if self.oom_retries < 0:
+            raise ValueError(f"oom_retries must be >= 0, got {self.oom_retries!r}")
+        if not (0 <= self.qat_warmup <= 1 and 0 <= self.qat_cooldown <= 1):
+            raise ValueError("qat_warmup and qat_cooldown are fractions of the steps, in [0, 1]")
+        resolve_device(self.device)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when visible, else CPU; anything torch cannot parse is a ValueError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+@dataclass
+class EpochStats:
+    """Bounded, detached summary of one epoch."""
+
+    epoch: int
+    train_loss: float
+    val_loss: float
+    q_risk: list[float]
+    batch_size: int
+    validation_batch_size: int
+    lr: float
+
+
+@dataclass
+class _Accumulator:
+    """Running sums for validation: a few device scalars whatever the number of batches."""
+
+    loss: torch.Tensor | None = None
+    pinball: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    count: int = 0
+
+    def add(self, loss: torch.Tensor, pinball: torch.Tensor, scale: torch.Tensor, n: int) -> None:
+        def plus(total: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+            return x.detach() if total is None else total + x.detach()
+
+        self.loss = plus(self.loss, loss * n)
+        self.pinball = plus(self.pinball, pinball)
+        self.scale = plus(self.scale, scale)
+        self.count += n
+
+
+@dataclass
+class _State:
+    """What changes during a session: batch sizes after back-off, retries spent, the epoch."""
+
+    batch_size: int
+    validation_batch_size: int
+    retries: int = 0
+    epoch: int = 0
+    history: list[EpochStats] = field(default_factory=list)
+
+
+class Trainer:
+    """Fit a TFT on window datasets; the trainer owns the optimizer and nothing else of the model.
+
+    Subclasses may override :meth:`train_step`, :meth:`validate_step`, :meth:`release_optimizer`
+    and :meth:`restore_optimizer`; the loop, back-off and checkpoints stay here.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig | None = None,
+        callbacks: Iterable[Callback] = (),
+    ) -> None:
+        self.config = config or TrainConfig()
+        self.device = resolve_device(self.config.device)
+        if self.config.qat:
+            prepare_qat(model)
+        self.model = model.to(self.device)
+        self.quantiles = tuple(model.config.quantiles)
+        self.callbacks = list(callbacks)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.state = _State(self.config.batch_size, self.config.validation_batch_size)
+        self._offloaded: list[dict[str, tuple[torch.device, torch.Tensor]]] | None = None
+        self._steps_per_epoch = 0
+
+    # -- public ---------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> list[EpochStats]:
+        return self.state.history
+
+    def fit(self, train: Dataset, val: Dataset) -> list[EpochStats]:
+        """Train for the configured epochs (continuing after a resumed checkpoint)."""
+        if len(train) == 0 or len(val) == 0:
+            raise ValueError(f"empty dataset: {len(train)} training, {len(val)} validation windows")
+        if self.config.qat and self.scheduler is None:
+            self._start_schedule(math.ceil(len(train) / self.config.batch_size))
+        self.emit("SESSION_START", "session")
+        while self.state.epoch < self.config.epochs:
+            self._run_epoch(train, val)
+        self.emit("SESSION_END", "session")
+        return self.history
+
+    def emit(self, label: str, phase: str, batch: int | None = None, **extra: Any) -> None:
+        """Call every callback at a named checkpoint (session checkpoints carry no epoch)."""
+        epoch = None if phase == "session" else self.state.epoch
+        for callback in self.callbacks:
+            callback(label, phase=phase, epoch=epoch, batch=batch, **extra)
+
+    def train_step(self, batch: Batch) -> torch.Tensor:
+        """One optimisation step; returns the detached loss."""
+        prediction = self.model(batch)
+        loss = quantile_loss(prediction, batch["target"], self.quantiles)
+        loss.backward()
+        if self.config.grad_clip:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return loss.detach()
+
+    def validate_step(self, batch: Batch, acc: _Accumulator) -> None:
+        """Score one batch into the bounded accumulator."""
+        prediction = self.model(batch)
+        target = batch["target"]
+        loss = quantile_loss(prediction, target, self.quantiles)
+        acc.add(
+            loss, _pinball_sums(prediction, target, self.quantiles), target.abs().sum(), len(target)
+        )
+
+    def release_optimizer(self) -> None:
+        """Move the optimizer state off the device before validation (CPU: kept as is)."""
+        self._offloaded = []
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                state = self.optimizer.state.pop(param, {})
+                self._offloaded.append(
+                    {
+                        k: (v.device, v.to("cpu")) if torch.is_tensor(v) else (None, v)
+                        for k, v in state.items()
+                    }
+                )
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def restore_optimizer(self) -> None:
+        """Bring the released optimizer state back exactly as it was."""
+        if self._offloaded is None:
+            return
+        saved = iter(self._offloaded)
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                state = next(saved)
+                if state:
+                    self.optimizer.state[param] = {
+                        k: v.to(device) if device is not None else v
+                        for k, (device, v) in state.items()
+                    }
+        self._offloaded = None
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write model, optimizer, schedule and progress atomically; loadable with weights_only."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "steps_per_epoch": self._steps_per_epoch,
+            "state": {
+                "batch_size": self.state.batch_size,
+                "validation_batch_size": self.state.validation_batch_size,
+                "retries": self.state.retries,
+                "epoch": len(self.history),
+            },
+            "history": [asdict(h) for h in self.history],
+            "rng": torch.get_rng_state(),
+        }
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Resume from :meth:`save_checkpoint` output; never unpickles arbitrary objects."""
+        payload = torch.load(path, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        if payload["scheduler"] is not None:
+            self._start_schedule(payload["steps_per_epoch"], payload["scheduler"])
+        self.state = _State(
+            **payload["state"], history=[EpochStats(**h) for h in payload["history"]]
+        )
+        torch.set_rng_state(payload["rng"].cpu())
+
+    def _start_schedule(self, steps_per_epoch: int, saved: dict[str, Any] | None = None) -> None:
+        """The QAT learning-rate schedule, written into the optimizer's param groups."""
+        self._steps_per_epoch = steps_per_epoch
+        factor = qat_schedule(
+            self.config.epochs * steps_per_epoch, self.config.qat_warmup, self.config.qat_cooldown
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        if saved is not None:
+            self.scheduler.load_state_dict(saved)
+            for group, lr in zip(
+                self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True
+            ):
+                group["lr"] = lr
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _run_epoch(self, train: Dataset, val: Dataset) -> None:
+        epoch = self.state.epoch
+        torch.manual_seed(self.config.seed * 1000 + epoch)
+        self.model.train()
+        self.emit("EPOCH_START", "training")
+        order = torch.randperm(
+            len(train), generator=torch.Generator().manual_seed(self.config.seed + epoch)
+        )
+        losses: list[float] = []
+
+        def step(batch: Batch, index: int) -> None:
+            losses.append(float(self.train_step(batch)))
+            self.emit("TRAIN_BATCH", "training", index)
+
+        self._batches(train, order.tolist(), "training", step)
+        self.emit("AFTER_TRAINING", "training")
+
+        self.release_optimizer()
+        self.emit("BEFORE_VALIDATION", "validation")
+        val_loss, q_risk = self._validate(val)
+        self.restore_optimizer()
+        self.emit("AFTER_VALIDATION", "validation")
+
+        self.state.history.append(
+            EpochStats(
+                epoch=epoch,
+                train_loss=sum(losses) / max(1, len(losses)),
+                val_loss=val_loss,
+                q_risk=q_risk,
+                batch_size=self.state.batch_size,
+                validation_batch_size=self.state.validation_batch_size,
+                lr=self.optimizer.param_groups[0]["lr"],
+            )
+        )
+        if self.config.checkpoint_dir:
+            directory = Path(self.config.checkpoint_dir)
+            self.save_checkpoint(directory / f"epoch-{epoch}.pt")
+            self.save_checkpoint(directory / "last.pt")
+            self.emit("CHECKPOINT_SAVED", "epoch")
+        self.emit("EPOCH_END", "epoch")
+        self.state.epoch += 1
+
+    def _validate(self, val: Dataset) -> tuple[float, list[float]]:
+        self.model.eval()
+        acc = _Accumulator()
+        self.emit("VALIDATION_START", "validation")
+
+        def step(batch: Batch, index: int) -> None:
+            self.validate_step(batch, acc)
+            self.emit("VALIDATION_BATCH", "validation", index)
+
+        with torch.inference_mode():
+            self._batches(val, list(range(len(val))), "validation", step)
+        self.emit("VALIDATION_END", "validation")
+        self.model.train()
+        loss = float(acc.loss) / acc.count
+        q_risk = (2 * acc.pinball / acc.scale.clamp_min(1e-12)).tolist()
+        return loss, q_risk
+
+    def _batches(
+        self,
+        data: Dataset,
+        order: Sequence[int],
+        phase: str,
+        step: Callable[[Batch, int], None],
+    ) -> None:
+        """Run ``step`` over ``order`` in batches, halving the batch size on out-of-memory."""
+        size_field = "batch_size" if phase == "training" else "validation_batch_size"
+        start, index = 0, 0
+        while start < len(order):
+            size = getattr(self.state, size_field)
+            failure = None
+            try:
+                batch = self._collate(data, order[start : start + size])
+                step(batch, index)
+            except torch.OutOfMemoryError as exc:
+                failure = (
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                )
+            batch = None
+            if failure is None:
+                start, index = start + size, index + 1
+                continue
+            self._back_off(phase, index, size_field, failure)
+
+    def _back_off(self, phase: str, index: int, size_field: str, failure: str) -> None:
+        self.emit("OOM", phase, index, note=failure)
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        size = getattr(self.state, size_field)
+        if size == 1 or self.state.retries >= self.config.oom_retries:
+            raise TrainingOOM(
+                f"Training OOM after {self.state.retries} retries (final batch_size={size}) "
+                f"in {phase}, epoch {self.state.epoch}, batch {index}: {failure}"
+            )
+        self.state.retries += 1
+        setattr(self.state, size_field, max(1, size // 2))
+        log.warning(
+            "out of memory in %s batch %d: %s; %s -> %d",
+            phase,
+            index,
+            failure,
+            size_field,
+            size // 2,
+        )
+
+    def _collate(self, data: Dataset, indices: Sequence[int]) -> Batch:
+        batch = default_collate([data[i] for i in indices])
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+
+def baseline_q_risk(train: Dataset, val: Dataset, quantiles: Sequence[float]) -> list[float]:
+    """Normalised q-risk on ``val`` of constant quantiles fitted on the training targets."""
+    fitted = torch.stack([train[i]["target"] for i in range(len(train))]).flatten()
+    levels = torch.quantile(fitted, torch.tensor(quantiles, dtype=fitted.dtype))
+    target = torch.stack([val[i]["target"] for i in range(len(val))])
+    prediction = levels.expand(*target.shape, len(quantiles))
+    return (2 * _pinball_sums(prediction, target, quantiles) / target.abs().sum()).tolist()
+
+
+def _pinball_sums(
+    prediction: torch.Tensor, target: torch.Tensor, quantiles: Sequence[float]
+) -> torch.Tensor:
+    """Sum of pinball losses per quantile over a batch (numerator of the normalised q-risk)."""
+    q = torch.tensor(quantiles, device=prediction.device, dtype=prediction.dtype)
+    error = target.unsqueeze(-1) - prediction
+    return torch.maximum(q * error, (q - 1) * error).sum(dim=tuple(range(error.dim() - 1)))
