@@ -13,6 +13,13 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "parse_size": "harness.units",
     "Sample": "harness.sample",
+    "Probe": "harness.probes",
+    "CpuProbe": "harness.probes",
+    "CudaProbe": "harness.probes",
+    "Recorder": "harness.recorder",
+    "DeviceOutOfMemory": "harness.recorder",
+    "Timeline": "harness.timeline",
+    "read_timeline": "harness.timeline",
 }
 
 

@@ -1,0 +1,389 @@
+"""Probes: read one device's memory, in bytes, at a checkpoint.
+
+A probe names its metrics (the contract with the rules engine, see :class:`harness.Sample`),
+says which one is primary, knows its device's capacity when it can, and records in ``notes``
+each source it had to do without (the recorder writes them once, in the timeline header).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+Metrics = dict[str, int | None]
+
+_STATM = "/proc/self/statm"
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+_MEMINFO = "/proc/meminfo"
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class Probe(ABC):
+    """One device's memory, sampled at checkpoints."""
+
+    name: str
+    metrics: tuple[str, ...]
+    primary: str
+    capacity: int | None
+    notes: list[str]
+
+    @abstractmethod
+    def sample(self) -> Metrics:
+        """Every metric in bytes (``None`` where unavailable); ``peak`` covers the time since
+        the last :meth:`reset_peak`."""
+
+    @abstractmethod
+    def reset_peak(self) -> None:
+        """Start a new peak window."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Give cached, unused memory back to its source, before a collected reading."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """``device``, ``total_memory`` and ``driver`` for the timeline header."""
+
+    def limit(self, nbytes: int) -> bool:
+        """Make the device itself refuse memory beyond ``nbytes``. False when it cannot, and
+        the recorder compares :meth:`capacity_used` with the capacity at each checkpoint."""
+        return False
+
+    def capacity_used(self, metrics: Mapping[str, int | None]) -> int | None:
+        """What an emulated capacity is compared with."""
+        return metrics.get(self.primary)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free the probe's own resources and undo :meth:`limit`."""
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (field, ctypes.c_size_t)
+        for field in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _load_libc() -> Any:
+    try:
+        return ctypes.CDLL(None)
+    except (OSError, TypeError):
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
+    function = getattr(_LIBC, name, None)
+    if function is not None:
+        function.restype = restype
+        function.argtypes = argtypes
+    return function
+
+
+def _open(path: str, flags: int) -> tuple[int | None, str | None]:
+    """A file descriptor kept open (re-reading /proc with pread costs < 1 µs), or why not."""
+    try:
+        return os.open(path, flags), None
+    except OSError as error:
+        return None, f"{path}: {error.strerror}"
+
+
+class CpuProbe(Probe):
+    """Host memory of this process.
+
+    - ``allocated``: bytes malloc has handed out (glibc ``mallinfo2``: ``uordblks + hblkhd``),
+      the analogue of ``torch.cuda.memory_allocated``: PyTorch's CPU tensors come from malloc.
+      Python's small objects (512 B or less) live in pymalloc arenas, which bypass malloc:
+      they show in ``rss`` only. Precise to a few KB; about 2 µs on a normal heap.
+    - ``rss``: resident memory (``/proc/self/statm``; psutil off Linux), the analogue of
+      ``reserved``: it includes the interpreter, libraries and heap that malloc keeps.
+    - ``peak``: the highest ``rss`` since the last :meth:`reset_peak` (``VmHWM``, reset by
+      writing ``5`` to ``/proc/self/clear_refs``).
+
+    ``malloc_trim(0)`` runs in :meth:`release`, that is on ``collect=True`` checkpoints, and
+    then ``rss`` follows live memory: without it, a leak that is freed and grows again refills
+    heap glibc kept and ``rss`` stays flat. It is not run on every checkpoint because
+    ``allocated``, the primary metric, follows live memory anyway, and a trim walks the whole
+    heap (about 20 µs on a normal heap, 11 ms on a fragmented 900 MB one) and makes the next
+    allocations fault their pages in again. Without ``mallinfo2`` (glibc < 2.33) the primary
+    metric is ``rss``, so the trim runs before every reading.
+
+    ``capacity`` is the machine's RAM (``MemTotal``), not a container's limit.
+    """
+
+    name = "cpu"
+    metrics = ("allocated", "rss", "peak")
+
+    def __init__(self) -> None:
+        self.notes = []
+        self._mallinfo2 = _libc_function("mallinfo2", _MallInfo2)
+        self._malloc_trim = _libc_function("malloc_trim", ctypes.c_int, ctypes.c_size_t)
+        if self._mallinfo2 is None:
+            self.notes.append(
+                "cpu allocated unavailable: no glibc mallinfo2 (glibc >= 2.33); "
+                "the primary metric is rss"
+            )
+        if self._malloc_trim is None:
+            self.notes.append(
+                "cpu malloc_trim unavailable: rss keeps heap that malloc freed but holds"
+            )
+        self.primary = "allocated" if self._mallinfo2 is not None else "rss"
+        self._trim_each = self._mallinfo2 is None and self._malloc_trim is not None
+        self._statm, statm_error = _open(_STATM, os.O_RDONLY)
+        psutil = None if self._statm is not None else _psutil()
+        self._process = psutil.Process() if psutil is not None else None
+        if self._statm is None and self._process is None:
+            self.notes.append(f"cpu rss unavailable: {statm_error}, and no psutil")
+        self._status, self._clear_refs = self._open_peak()
+        self.capacity = _mem_total()
+
+    def _open_peak(self) -> tuple[int | None, int | None]:
+        status, error = _open(_STATUS, os.O_RDONLY)
+        clear_refs = None
+        if status is not None:
+            clear_refs, error = _open(_CLEAR_REFS, os.O_WRONLY)
+        if clear_refs is not None:
+            try:
+                os.write(clear_refs, b"5")
+            except OSError as refused:
+                os.close(clear_refs)
+                clear_refs, error = None, f"{_CLEAR_REFS}: {refused.strerror}"
+        if clear_refs is None:
+            if status is not None:
+                os.close(status)
+            self.notes.append(f"cpu peak unavailable: cannot reset VmHWM ({error})")
+            return None, None
+        return status, clear_refs
+
+    def sample(self) -> Metrics:
+        if self._trim_each:
+            self._malloc_trim(0)
+        allocated = None
+        if self._mallinfo2 is not None:
+            info = self._mallinfo2()
+            allocated = info.uordblks + info.hblkhd
+        return {"allocated": allocated, "rss": self._rss(), "peak": self._peak()}
+
+    def _rss(self) -> int | None:
+        if self._statm is not None:
+            return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
+        if self._process is not None:
+            return int(self._process.memory_info().rss)
+        return None
+
+    def _peak(self) -> int | None:
+        if self._status is None:
+            return None
+        status = os.pread(self._status, 4096, 0)
+        start = status.index(b"VmHWM:") + 6
+        return int(status[start : status.index(b"kB", start)]) * 1024
+
+    def reset_peak(self) -> None:
+        if self._clear_refs is not None:
+            os.write(self._clear_refs, b"5")
+
+    def release(self) -> None:
+        """``malloc_trim(0)``: return the heap malloc holds free to the system."""
+        if self._malloc_trim is not None:
+            self._malloc_trim(0)
+
+    def capacity_used(self, metrics: Mapping[str, int | None]) -> int | None:
+        """Resident memory: ``peak`` since the previous checkpoint, else ``rss``."""
+        peak = metrics.get("peak")
+        return peak if peak is not None else metrics.get("rss")
+
+    def describe(self) -> dict[str, Any]:
+        libc, version = platform.libc_ver()
+        return {
+            "device": f"{platform.machine() or 'cpu'} ({os.cpu_count()} CPUs)",
+            "total_memory": self.capacity,
+            "driver": f"{libc} {version}" if libc else None,
+        }
+
+    def close(self) -> None:
+        for fd in (self._statm, self._status, self._clear_refs):
+            if fd is not None:
+                os.close(fd)
+        self._statm = self._status = self._clear_refs = None
+
+
+def _psutil() -> Any:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil
+
+
+def _mem_total() -> int | None:
+    try:
+        with open(_MEMINFO, "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        psutil = _psutil()
+        return int(psutil.virtual_memory().total) if psutil is not None else None
+    return None
+
+
+def _nvml_handle(uuid: str) -> tuple[Any, str | None]:
+    """An NVML handle for the CUDA device with ``uuid`` (a GPU or a MIG slice), or why not."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "cuda device_used unavailable: pynvml (nvidia-ml-py) is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return None, f"cuda device_used unavailable: NVML did not load ({error})"
+    for prefix in ("GPU-", "MIG-"):
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(prefix + uuid), None
+        except pynvml.NVMLError:
+            continue
+    pynvml.nvmlShutdown()
+    return None, f"cuda device_used unavailable: NVML does not know device {uuid}"
+
+
+class CudaProbe(Probe):
+    """One CUDA device, as PyTorch's caching allocator, the driver and NVML see it.
+
+    - ``allocated``: bytes in live tensors (``torch.cuda.memory_allocated``);
+    - ``reserved``: bytes the caching allocator holds (``memory_reserved``);
+    - ``peak``: the highest ``allocated`` since the last :meth:`reset_peak`;
+    - ``driver_used``: the device's used memory per ``torch.cuda.mem_get_info`` (all
+      processes, CUDA contexts included);
+    - ``device_used``: the device's used memory per NVML, ``None`` when NVML is unavailable.
+    """
+
+    metrics = ("allocated", "reserved", "peak", "driver_used", "device_used")
+    primary = "allocated"
+
+    def __init__(self, device: int = 0) -> None:
+        if not torch.cuda.is_available():
+            raise ValueError("probe 'cuda': no CUDA device is visible")
+        if not 0 <= device < torch.cuda.device_count():
+            raise ValueError(
+                f"probe 'cuda:{device}': visible devices are 0..{torch.cuda.device_count() - 1}"
+            )
+        self.device = torch.device("cuda", device)
+        self.name = str(self.device)
+        self._properties = torch.cuda.get_device_properties(self.device)
+        self.capacity = self._properties.total_memory
+        self.notes = []
+        self._nvml, note = _nvml_handle(str(self._properties.uuid))
+        if note:
+            self.notes.append(note)
+        self._fraction_before: float | None = None
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def sample(self) -> Metrics:
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {
+            "allocated": torch.cuda.memory_allocated(self.device),
+            "reserved": torch.cuda.memory_reserved(self.device),
+            "peak": torch.cuda.max_memory_allocated(self.device),
+            "driver_used": total - free,
+            "device_used": self._device_used(),
+        }
+
+    def _device_used(self) -> int | None:
+        if self._nvml is None:
+            return None
+        import pynvml
+
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(self._nvml).used)
+        except pynvml.NVMLError as error:
+            self.notes.append(f"cuda device_used unavailable from here on: NVML failed ({error})")
+            self._close_nvml()
+            return None
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def release(self) -> None:
+        """Wait for the device, then return the caching allocator's unused blocks."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+
+    def limit(self, nbytes: int) -> bool:
+        """Cap the caching allocator's reserved bytes in this process (``set_per_process_memory
+        _fraction``): allocations beyond it raise a real ``torch.OutOfMemoryError``. The CUDA
+        context and other processes are outside the cap."""
+        if nbytes > self.capacity:
+            raise ValueError(
+                f"capacity {nbytes} B exceeds {self.name}'s total memory {self.capacity} B"
+            )
+        self._fraction_before = torch.cuda.get_per_process_memory_fraction(self.device)
+        torch.cuda.set_per_process_memory_fraction(nbytes / self.capacity, self.device)
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        driver = None
+        if self._nvml is not None:
+            import pynvml
+
+            try:
+                driver = pynvml.nvmlSystemGetDriverVersion()
+            except pynvml.NVMLError:
+                driver = None
+        return {
+            "device": self._properties.name,
+            "total_memory": self.capacity,
+            "driver": driver,
+            "cuda": torch.version.cuda,
+        }
+
+    def _close_nvml(self) -> None:
+        if self._nvml is not None:
+            import pynvml
+
+            self._nvml = None
+            pynvml.nvmlShutdown()
+
+    def close(self) -> None:
+        if self._fraction_before is not None:
+            torch.cuda.set_per_process_memory_fraction(self._fraction_before, self.device)
+            self._fraction_before = None
+        self._close_nvml()
+
+
+PROBES = ("auto", "cpu", "cuda", "cuda:<index>")
+
+
+def make_probe(spec: str | Probe = "auto") -> Probe:
+    """A probe from a name in :data:`PROBES` (``auto``: CUDA when a GPU is visible, else CPU),
+    or ``spec`` itself when it is already a :class:`Probe`."""
+    if isinstance(spec, Probe):
+        return spec
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return CpuProbe()
+    if spec == "cuda":
+        return CudaProbe(torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    if isinstance(spec, str) and spec.startswith("cuda:") and spec[5:].isdigit():
+        return CudaProbe(int(spec[5:]))
+    raise ValueError(f"unknown probe {spec!r}; expected one of {', '.join(PROBES)}")
