@@ -336,7 +336,8 @@ class CudaProbe(Probe):
             raise ValueError(
                 f"capacity {nbytes} B exceeds {self.name}'s total memory {self.capacity} B"
             )
-        self._fraction_before = torch.cuda.get_per_process_memory_fraction(self.device)
+        if self._fraction_before is None:
+            self._fraction_before = torch.cuda.get_per_process_memory_fraction(self.device)
         torch.cuda.set_per_process_memory_fraction(nbytes / self.capacity, self.device)
         return True
 

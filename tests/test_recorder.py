@@ -1,0 +1,391 @@
+import dataclasses
+import gc
+import json
+import signal
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import DeviceOutOfMemory, Recorder, Sample, probes, read_timeline
+from harness.probes import CpuProbe
+
+MiB = 2**20
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def filled(nbytes: int, device: str = "cpu") -> torch.Tensor:
+    """A float32 tensor of ``nbytes`` whose pages are written, hence resident."""
+    return torch.ones(nbytes // 4, device=device)
+
+
+def growth(samples: list[Sample], metric: str) -> int:
+    return samples[-1].get(metric) - samples[0].get(metric)
+
+
+@pytest.fixture
+def rec():
+    with Recorder("cpu") as recorder:
+        yield recorder
+
+
+def test_held_tensor_shows_in_allocated_and_rss(rec):
+    rec.checkpoint("warm-up")
+    before = rec.checkpoint("before")
+    tensor = filled(64 * MiB)
+    held = rec.checkpoint("held")
+    for metric in ("allocated", "rss"):
+        assert held.get(metric) - before.get(metric) == pytest.approx(64 * MiB, rel=0.1)
+    del tensor
+
+
+def test_freed_temporary_shows_in_peak_not_in_rss(rec):
+    before = rec.checkpoint("before")
+    temporary = filled(64 * MiB)
+    del temporary
+    after = rec.checkpoint("after")
+    assert after.get("peak") - before.get("rss") == pytest.approx(64 * MiB, rel=0.1)
+    assert abs(after.get("rss") - before.get("rss")) < 6 * MiB
+    assert rec.checkpoint("next").get("peak") - after.get("rss") < 6 * MiB
+
+
+def leak_per_epoch(rec: Recorder, *, collect: bool, epochs: int = 2) -> list[list[Sample]]:
+    """176 batches that each keep ~300 KB until their epoch ends (the malloc-reuse trap)."""
+    per_epoch = []
+    for epoch in range(epochs):
+        kept = []
+        with rec.phase("train", epoch=epoch, collect=collect):
+            for batch in range(176):
+                kept.append(filled(300_000))
+                if batch in (0, 175):
+                    rec.checkpoint("TRAIN_BATCH", batch=batch, collect=collect)
+        per_epoch.append([s for s in rec.samples if s.epoch == epoch and s.batch is not None])
+        del kept
+    return per_epoch
+
+
+EXPECTED_GROWTH = 175 * 300_000
+
+
+def test_refilled_leak_grows_allocated_in_every_epoch(rec):
+    for samples in leak_per_epoch(rec, collect=False):
+        assert growth(samples, "allocated") == pytest.approx(EXPECTED_GROWTH, rel=0.1)
+
+
+def test_refilled_leak_grows_rss_in_every_epoch_with_collect(rec):
+    for samples in leak_per_epoch(rec, collect=True):
+        assert growth(samples, "allocated") == pytest.approx(EXPECTED_GROWTH, rel=0.1)
+        assert growth(samples, "rss") == pytest.approx(EXPECTED_GROWTH, rel=0.1)
+
+
+def test_without_mallinfo2_rss_is_primary_and_follows_the_refilled_leak(monkeypatch):
+    monkeypatch.setattr(
+        probes, "_LIBC", types.SimpleNamespace(malloc_trim=probes._LIBC.malloc_trim)
+    )
+    with Recorder("cpu") as rec:
+        assert rec.probe.primary == "rss"
+        for samples in leak_per_epoch(rec, collect=False):
+            assert growth(samples, "rss") == pytest.approx(EXPECTED_GROWTH, rel=0.1)
+            assert samples[0].get("allocated") is None
+
+
+def test_phases_tag_samples(rec):
+    rec.checkpoint("SESSION_START")
+    with rec.phase("epoch", epoch=2):
+        rec.checkpoint("EPOCH_START")
+        with rec.phase("validation"):
+            rec(
+                "VALIDATION_BATCH",
+                phase="validation",
+                epoch=None,
+                batch=7,
+                note="batch note",
+            )
+            rec.checkpoint("OWN_TAGS", phase="other", epoch=9)
+    rec.checkpoint("SESSION_END")
+    assert [(s.label, s.phase, s.epoch, s.batch) for s in rec.samples] == [
+        ("SESSION_START", None, None, None),
+        ("epoch START", "epoch", 2, None),
+        ("EPOCH_START", "epoch", 2, None),
+        ("validation START", "validation", 2, None),
+        ("VALIDATION_BATCH", "validation", 2, 7),
+        ("OWN_TAGS", "other", 9, None),
+        ("validation END", "validation", 2, None),
+        ("epoch END", "epoch", 2, None),
+        ("SESSION_END", None, None, None),
+    ]
+    assert rec.samples[4].note == "batch note"
+
+
+def test_phase_end_is_recorded_when_the_block_raises(rec):
+    with pytest.raises(KeyError), rec.phase("validation", epoch=0):
+        raise KeyError("boom")
+    end = rec.samples[-1]
+    assert (end.label, end.phase, end.note) == (
+        "validation END",
+        "validation",
+        "phase ended by KeyError",
+    )
+    assert rec.checkpoint("after").phase is None
+
+
+def test_collect_frees_cycles_and_the_freeze_is_undone_on_close():
+    gc.disable()
+    try:
+        with Recorder("cpu") as rec:
+            assert gc.get_freeze_count() > 0
+            node = types.SimpleNamespace(data=filled(64 * MiB))
+            node.self = node
+            rec.checkpoint("held")
+            del node
+            plain = rec.checkpoint("plain")
+            collected = rec.checkpoint("collected", collect=True)
+        freed = plain.get("allocated") - collected.get("allocated")
+        assert freed == pytest.approx(64 * MiB, rel=0.1)
+        assert collected.collected and not plain.collected
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_nested_recorders_leave_the_freeze_to_the_first():
+    with Recorder("cpu"):
+        inner = Recorder("cpu")
+        inner.close()
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+
+
+@dataclasses.dataclass
+class RunConfig:
+    batch_size: int = 1
+    parquet: Path = Path("bars.parquet")
+
+
+def test_timeline_streams_header_and_samples(tmp_path):
+    path = tmp_path / "run" / "timeline.jsonl"
+    with Recorder("cpu", timeline=path, config=RunConfig(), meta={"test": "t"}) as rec:
+        header = json.loads(path.read_text())
+        rec.checkpoint("A", batch=1)
+        assert len(path.read_text().splitlines()) == 2
+        with rec.phase("validation", epoch=0):
+            rec("OOM", note="out of memory")
+    assert header["config"] == {"batch_size": 1, "parquet": "bars.parquet"}
+    assert header["meta"] == {"test": "t"}
+    assert header["probe"] == "cpu" and header["primary"] == "allocated"
+    assert header["torch"] == torch.__version__ and header["notes"] == []
+    assert header["total_memory"] == header["capacity"] > 0
+    for key in ("leakgate", "device", "driver", "host", "git_commit", "started"):
+        assert key in header
+    timeline = read_timeline(path)
+    assert timeline.header == header
+    assert timeline.samples == rec.samples and timeline.torn == 0
+
+
+def test_closed_recorder_refuses_checkpoints(tmp_path):
+    rec = Recorder("cpu", timeline=tmp_path / "t.jsonl")
+    rec.close()
+    rec.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        rec.checkpoint("late")
+
+
+def test_fallbacks_are_noted_once_in_the_header(monkeypatch, tmp_path):
+    monkeypatch.setattr(probes, "_LIBC", None)
+    monkeypatch.setattr(probes, "_CLEAR_REFS", str(tmp_path))
+    path = tmp_path / "t.jsonl"
+    with Recorder("cpu", timeline=path) as rec:
+        for batch in range(3):
+            rec.checkpoint("TRAIN_BATCH", batch=batch)
+    timeline = read_timeline(path)
+    notes = timeline.header["notes"]
+    assert len(notes) == 3
+    assert [n.split(":")[0] for n in notes] == [
+        "cpu allocated unavailable",
+        "cpu malloc_trim unavailable",
+        "cpu peak unavailable",
+    ]
+    assert timeline.header["primary"] == "rss"
+    for sample in timeline.samples:
+        assert sample.get("allocated") is None and sample.get("peak") is None
+        assert sample.get("rss") > 0 and sample.note is None
+
+
+class FlakyProbe(CpuProbe):
+    """Loses a source at its second reading."""
+
+    def sample(self):
+        self.readings = getattr(self, "readings", 0) + 1
+        if self.readings == 2:
+            self.notes.append("source lost")
+        return super().sample()
+
+
+def test_a_source_lost_mid_run_is_noted_on_the_next_sample():
+    with Recorder(FlakyProbe()) as rec:
+        notes = [rec.checkpoint("x", note=n).note for n in (None, "event", None)]
+    assert notes == [None, "event; source lost", None]
+
+
+def test_killed_run_leaves_a_parseable_timeline(tmp_path):
+    path = tmp_path / "killed.jsonl"
+    child = """
+import os, signal, sys, threading
+from harness import Recorder
+
+rec = Recorder("cpu", timeline=sys.argv[1], config={"pad": "x" * 5000})
+started = threading.Event()
+threading.Thread(target=lambda: started.wait() and os.kill(os.getpid(), signal.SIGKILL)).start()
+batch = 0
+while True:
+    rec.checkpoint("TRAIN_BATCH", phase="train", batch=batch, note="n" * (batch % 3000))
+    batch += 1
+    if batch == 200:
+        started.set()
+"""
+    done = subprocess.run([sys.executable, "-c", child, str(path)], cwd=ROOT, timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    data = path.read_bytes()
+    complete = data[: data.rindex(b"\n")].split(b"\n")
+    for line in complete:
+        json.loads(line)
+    timeline = read_timeline(path)
+    assert len(timeline.samples) == len(complete) - 1 >= 200
+    assert [s.batch for s in timeline.samples] == list(range(len(timeline.samples)))
+    assert timeline.torn == (not data.endswith(b"\n"))
+
+
+def test_reader_skips_a_torn_last_line_at_any_cut(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with Recorder("cpu", timeline=path) as rec:
+        for batch in range(3):
+            rec.checkpoint("TRAIN_BATCH", batch=batch, note="é")
+    data = path.read_bytes()
+    ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    cut_path = tmp_path / "cut.jsonl"
+    for cut in range(ends[0], len(data) + 1):
+        cut_path.write_bytes(data[:cut])
+        timeline = read_timeline(cut_path)
+        unterminated = cut + 1 in ends
+        lines = sum(end <= cut for end in ends) + unterminated
+        torn = int(cut not in ends and not unterminated)
+        assert (len(timeline.samples), timeline.torn) == (lines - 1, torn)
+        assert timeline.samples == rec.samples[: lines - 1]
+
+
+def test_reader_rejects_damage_before_the_last_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with Recorder("cpu", timeline=path) as rec:
+        rec.checkpoint("A")
+        rec.checkpoint("B")
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][:10] + "\n" + lines[2])
+    with pytest.raises(ValueError, match=":2: not a JSON line"):
+        read_timeline(path)
+    path.write_text(lines[1])
+    with pytest.raises(ValueError, match="no header"):
+        read_timeline(path)
+    path.write_text("")
+    with pytest.raises(ValueError, match="no header"):
+        read_timeline(path)
+
+
+def resident_now() -> int:
+    probe = CpuProbe()
+    try:
+        return probe.sample()["rss"]
+    finally:
+        probe.close()
+
+
+def test_emulated_capacity_raises_at_the_first_checkpoint_over_it(tmp_path):
+    path = tmp_path / "t.jsonl"
+    capacity = resident_now() + 100 * MiB
+    kept = []
+    with Recorder("cpu", capacity=capacity, timeline=path) as rec:
+        rec.checkpoint("start")
+        for held in (40, 80):
+            kept.append(filled(40 * MiB))
+            rec.checkpoint(f"{held} MiB")
+        kept.append(filled(40 * MiB))
+        with pytest.raises(DeviceOutOfMemory, match="emulated capacity") as raised:
+            rec.checkpoint("120 MiB")
+        assert isinstance(raised.value, torch.OutOfMemoryError)
+        assert raised.value.sample is rec.samples[-1]
+        assert rec.samples[-1].note == str(raised.value)
+        assert rec("OOM", note="handled").note == "handled"
+        kept.clear()
+        rec.checkpoint("freed")
+        rec.checkpoint("under")
+        kept.append(filled(120 * MiB))
+        with pytest.raises(DeviceOutOfMemory):
+            rec.checkpoint("over again")
+    labels = [s.label for s in read_timeline(path).samples]
+    assert labels == ["start", "40 MiB", "80 MiB", "120 MiB", "OOM", "freed", "under", "over again"]
+
+
+def test_emulated_capacity_counts_the_peak_between_checkpoints():
+    with Recorder("cpu", capacity=resident_now() + 100 * MiB) as rec:
+        rec.checkpoint("start")
+        temporary = filled(150 * MiB)
+        del temporary
+        with pytest.raises(DeviceOutOfMemory, match="'spike'"):
+            rec.checkpoint("spike")
+        rec.checkpoint("quiet")
+
+
+@pytest.mark.parametrize("size", ["4 GB", "512KiB", "50MB", 4096])
+def test_capacity_sizes(size):
+    with Recorder("cpu", capacity=size) as rec:
+        assert rec.capacity == {"4 GB": 4 * 10**9, "512KiB": 512 * 2**10, "50MB": 50 * 10**6}.get(
+            size, size
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"probe": "gpu"}, ValueError, "unknown probe"),
+        ({"capacity": "abc"}, ValueError, "capacity: cannot read 'abc'"),
+        ({"capacity": -1}, ValueError, "capacity: must not be negative"),
+        ({"capacity": "-4GB"}, ValueError, "capacity"),
+        ({"capacity": True}, ValueError, "capacity"),
+    ],
+)
+def test_bad_input_fails_before_any_file_exists(tmp_path, kwargs, error, match):
+    path = tmp_path / "t.jsonl"
+    with pytest.raises(error, match=match):
+        Recorder(timeline=path, **kwargs)
+    assert not path.exists()
+
+
+def test_unwritable_timeline_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for path in (blocker / "t.jsonl", tmp_path):
+        with pytest.raises(OSError, match="cannot write the timeline") as raised:
+            Recorder("cpu", timeline=path)
+        assert str(path) in str(raised.value)
+    assert blocker.read_text() == "" and gc.get_freeze_count() == 0
+
+
+@cuda
+def test_cuda_recorder_collects_and_emulates_capacity_with_a_real_oom(tmp_path):
+    torch.cuda.empty_cache()
+    capacity = torch.cuda.memory_reserved(0) + 256 * MiB
+    with Recorder("cuda:0", capacity=capacity, timeline=tmp_path / "t.jsonl") as rec:
+        tensor = filled(128 * MiB, "cuda")
+        del tensor
+        assert rec.checkpoint("cached").get("reserved") >= 128 * MiB
+        collected = rec.checkpoint("collected", collect=True)
+        assert collected.get("reserved") == capacity - 256 * MiB
+        with pytest.raises(torch.OutOfMemoryError):
+            filled(512 * MiB, "cuda")
+    header = read_timeline(tmp_path / "t.jsonl").header
+    assert header["capacity"] == capacity and header["capacity_emulated"]
+    assert header["total_memory"] == torch.cuda.get_device_properties(0).total_memory
+    assert torch.cuda.get_per_process_memory_fraction(0) == 1.0
