@@ -11,7 +11,6 @@ import ctypes
 import os
 import platform
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -51,14 +50,13 @@ class Probe(ABC):
     def describe(self) -> dict[str, Any]:
         """``device``, ``total_memory`` and ``driver`` for the timeline header."""
 
+    capacity_metric: str
+    """The metric an emulated capacity counts, with ``peak`` for the time between readings."""
+
     def limit(self, nbytes: int) -> bool:
         """Make the device itself refuse memory beyond ``nbytes``. False when it cannot, and
-        the recorder compares :meth:`capacity_used` with the capacity at each checkpoint."""
+        the recorder checks ``capacity_metric`` and ``peak`` against it at each checkpoint."""
         return False
-
-    def capacity_used(self, metrics: Mapping[str, int | None]) -> int | None:
-        """What an emulated capacity is compared with."""
-        return metrics.get(self.primary)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the probe's own resources and undo :meth:`limit`."""
@@ -133,6 +131,7 @@ class CpuProbe(Probe):
 
     name = "cpu"
     metrics = ("allocated", "rss", "peak")
+    capacity_metric = "rss"
 
     def __init__(self) -> None:
         self.notes = []
@@ -207,11 +206,6 @@ class CpuProbe(Probe):
         if self._malloc_trim is not None:
             self._malloc_trim(0)
 
-    def capacity_used(self, metrics: Mapping[str, int | None]) -> int | None:
-        """Resident memory: ``peak`` since the previous checkpoint, else ``rss``."""
-        peak = metrics.get("peak")
-        return peak if peak is not None else metrics.get("rss")
-
     def describe(self) -> dict[str, Any]:
         libc, version = platform.libc_ver()
         return {
@@ -279,6 +273,7 @@ class CudaProbe(Probe):
 
     metrics = ("allocated", "reserved", "peak", "driver_used", "device_used")
     primary = "allocated"
+    capacity_metric = "reserved"
 
     def __init__(self, device: int = 0) -> None:
         if not torch.cuda.is_available():

@@ -45,12 +45,13 @@ class Recorder:
     - CUDA: caps the bytes PyTorch's caching allocator reserves in this process (through
       ``torch.cuda.set_per_process_memory_fraction``), so the allocation that crosses it raises
       a real ``torch.OutOfMemoryError``. The CUDA context and other processes are not counted.
-    - CPU: compared at each checkpoint with the process's resident memory: its peak since the
-      previous checkpoint (``rss`` where no peak is available). That includes the interpreter
-      and libraries, about 230 MB with torch imported. The first checkpoint over it is recorded
-      with a note, then raises :class:`DeviceOutOfMemory`; later ones raise again only after a
-      checkpoint has come back under it, so an ``OOM`` event or a phase's END that follows does
-      not raise a second time.
+    - CPU: counts the process's resident memory (``rss``), the interpreter and libraries
+      included (about 230 MB with torch imported), and its ``peak`` since the previous
+      checkpoint. A checkpoint over it is recorded with a note, then raises
+      :class:`DeviceOutOfMemory` (a ``torch.OutOfMemoryError``), as each batch would fail on a
+      device that small; ``OOM`` events do not raise, as they report one being handled. When
+      the previous checkpoint was over already, its level is where this one's peak window
+      started, so only ``rss`` counts: memory freed after an OOM ends the failures.
 
     On construction the recorder runs ``gc.freeze()``: what exists then is left out of later
     collections, which makes ``collect=True`` cost what the run itself allocated rather than
@@ -84,7 +85,7 @@ class Recorder:
         self._phase: str | None = None
         self._epoch: int | None = None
         self._notes_said = len(self.probe.notes)
-        self._armed = True
+        self._over = False
         self._closed = False
         self._unfreeze = gc.get_freeze_count() == 0
         gc.freeze()
@@ -125,8 +126,23 @@ class Recorder:
 
         ``collect=True`` first runs a full ``gc.collect()`` and the probe's release (CUDA:
         synchronize and ``empty_cache``; CPU: ``malloc_trim(0)``). Phase and epoch default to
-        the innermost :meth:`phase`'s.
+        the innermost :meth:`phase`'s. ``note`` carries an event's text (an OOM message).
         """
+        return self._record(label, phase, epoch, batch, collect, note, may_raise=label != "OOM")
+
+    __call__ = checkpoint
+
+    def _record(
+        self,
+        label: str,
+        phase: str | None,
+        epoch: int | None,
+        batch: int | None,
+        collect: bool,
+        note: str | None,
+        *,
+        may_raise: bool,
+    ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
         if collect:
@@ -138,7 +154,7 @@ class Recorder:
         if len(self.probe.notes) > self._notes_said:
             notes += self.probe.notes[self._notes_said :]
             self._notes_said = len(self.probe.notes)
-        overflow = self._overflow(label, metrics)
+        overflow = self._overflow(label, metrics, may_raise)
         if overflow:
             notes.append(overflow)
         sample = Sample(
@@ -158,21 +174,23 @@ class Recorder:
             raise DeviceOutOfMemory(overflow, sample)
         return sample
 
-    __call__ = checkpoint
-
-    def _overflow(self, label: str, metrics: Mapping[str, int | None]) -> str | None:
-        """The message for an emulated capacity crossed at this checkpoint, if it was."""
+    def _overflow(
+        self, label: str, metrics: Mapping[str, int | None], may_raise: bool
+    ) -> str | None:
+        """The message to raise when a capacity checked at checkpoints is exceeded here."""
         if not self._limit_at_checkpoints:
             return None
-        used = self.probe.capacity_used(metrics)
-        over = used is not None and used > self.capacity
-        raise_now = over and self._armed
-        self._armed = not over
-        if not raise_now:
+        level = metrics.get(self.probe.capacity_metric)
+        peak = metrics.get("peak")
+        started_over, self._over = self._over, level is not None and level > self.capacity
+        used = max(
+            (v for v in (level, None if started_over else peak) if v is not None), default=None
+        )
+        if not may_raise or used is None or used <= self.capacity:
             return None
         return (
             f"emulated capacity {format_mb(self.capacity)} exceeded at {label!r}: "
-            f"{format_mb(used)} resident on {self.probe.name}"
+            f"{format_mb(used)} on {self.probe.name}"
         )
 
     @contextmanager
@@ -182,7 +200,7 @@ class Recorder:
         """Record ``<name> START`` and ``<name> END`` and tag the checkpoints between them.
 
         ``epoch`` defaults to the enclosing phase's. END is recorded even when the block
-        raises, with a note naming the exception.
+        raises, with a note naming the exception (and no emulated-capacity check).
         """
         self._phases.append((name, self._epoch if epoch is None else epoch))
         self._phase, self._epoch = self._phases[-1]
@@ -196,7 +214,8 @@ class Recorder:
         finally:
             try:
                 if not self._closed:
-                    self.checkpoint(f"{name} END", collect=collect, note=ended_by)
+                    end = f"{name} END"
+                    self._record(end, None, None, None, collect, ended_by, may_raise=not ended_by)
             finally:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)

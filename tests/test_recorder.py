@@ -318,14 +318,24 @@ def test_emulated_capacity_raises_at_the_first_checkpoint_over_it(tmp_path):
         assert raised.value.sample is rec.samples[-1]
         assert rec.samples[-1].note == str(raised.value)
         assert rec("OOM", note="handled").note == "handled"
+        with pytest.raises(DeviceOutOfMemory):
+            rec.checkpoint("retry, 120 MiB")
         kept.clear()
         rec.checkpoint("freed")
-        rec.checkpoint("under")
         kept.append(filled(120 * MiB))
         with pytest.raises(DeviceOutOfMemory):
-            rec.checkpoint("over again")
+            rec.checkpoint("120 MiB again")
     labels = [s.label for s in read_timeline(path).samples]
-    assert labels == ["start", "40 MiB", "80 MiB", "120 MiB", "OOM", "freed", "under", "over again"]
+    assert labels == [
+        "start",
+        "40 MiB",
+        "80 MiB",
+        "120 MiB",
+        "OOM",
+        "retry, 120 MiB",
+        "freed",
+        "120 MiB again",
+    ]
 
 
 def test_emulated_capacity_counts_the_peak_between_checkpoints():
@@ -336,6 +346,17 @@ def test_emulated_capacity_counts_the_peak_between_checkpoints():
         with pytest.raises(DeviceOutOfMemory, match="'spike'"):
             rec.checkpoint("spike")
         rec.checkpoint("quiet")
+
+
+def test_a_phase_ended_by_an_oom_records_its_end_without_raising_again():
+    kept = []
+    with Recorder("cpu", capacity=resident_now() + 100 * MiB) as rec:
+        with pytest.raises(DeviceOutOfMemory), rec.phase("validation", epoch=0):
+            kept.append(filled(150 * MiB))
+            rec.checkpoint("VALIDATION_BATCH", batch=0)
+        end = rec.samples[-1]
+        assert (end.label, end.note) == ("validation END", "phase ended by DeviceOutOfMemory")
+        assert end.get("rss") > rec.capacity
 
 
 @pytest.mark.parametrize("size", ["4 GB", "512KiB", "50MB", 4096])
