@@ -25,12 +25,19 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Probe(ABC):
-    """One device's memory, sampled at checkpoints."""
+    """One device's memory, sampled at checkpoints.
+
+    ``name`` (``cpu``, ``cuda:0``), ``metrics`` (every name :meth:`sample` returns),
+    ``primary`` (the metric a leak is judged on), ``capacity`` (the device's bytes, ``None``
+    when unknown), ``capacity_metric`` (what an emulated capacity counts, with ``peak``
+    between readings) and ``notes`` (each missing source, in words).
+    """
 
     name: str
     metrics: tuple[str, ...]
     primary: str
     capacity: int | None
+    capacity_metric: str
     notes: list[str]
 
     @abstractmethod
@@ -50,15 +57,13 @@ class Probe(ABC):
     def describe(self) -> dict[str, Any]:
         """``device``, ``total_memory`` and ``driver`` for the timeline header."""
 
-    capacity_metric: str
-    """The metric an emulated capacity counts, with ``peak`` for the time between readings."""
-
     def limit(self, nbytes: int) -> bool:
         """Make the device itself refuse memory beyond ``nbytes``. False when it cannot, and
         the recorder checks ``capacity_metric`` and ``peak`` against it at each checkpoint."""
         return False
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    @abstractmethod
+    def close(self) -> None:
         """Free the probe's own resources and undo :meth:`limit`."""
 
 
@@ -112,7 +117,8 @@ class CpuProbe(Probe):
     - ``allocated``: bytes malloc has handed out (glibc ``mallinfo2``: ``uordblks + hblkhd``),
       the analogue of ``torch.cuda.memory_allocated``: PyTorch's CPU tensors come from malloc.
       Python's small objects (512 B or less) live in pymalloc arenas, which bypass malloc:
-      they show in ``rss`` only. Precise to a few KB; about 2 µs on a normal heap.
+      they show in ``rss`` only. Precise to a few KB. It walks malloc's free lists: a
+      microsecond or two on a normal heap, milliseconds on a badly fragmented one.
     - ``rss``: resident memory (``/proc/self/statm``; psutil off Linux), the analogue of
       ``reserved``: it includes the interpreter, libraries and heap that malloc keeps.
     - ``peak``: the highest ``rss`` since the last :meth:`reset_peak` (``VmHWM``, reset by
@@ -139,7 +145,7 @@ class CpuProbe(Probe):
         self._malloc_trim = _libc_function("malloc_trim", ctypes.c_int, ctypes.c_size_t)
         if self._mallinfo2 is None:
             self.notes.append(
-                "cpu allocated unavailable: no glibc mallinfo2 (glibc >= 2.33); "
+                "cpu allocated unavailable: no mallinfo2 (it needs glibc >= 2.33); "
                 "the primary metric is rss"
             )
         if self._malloc_trim is None:
@@ -321,7 +327,8 @@ class CudaProbe(Probe):
     def release(self) -> None:
         """Wait for the device, then return the caching allocator's unused blocks."""
         torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
+        with torch.cuda.device(self.device):
+            torch.cuda.empty_cache()
 
     def limit(self, nbytes: int) -> bool:
         """Cap the caching allocator's reserved bytes in this process (``set_per_process_memory

@@ -38,7 +38,8 @@ class Recorder:
     recorder then owns and closes. ``timeline`` is a path for the JSONL timeline; its header
     holds versions, device, host, git commit, ``config`` (a mapping or a dataclass: the run's
     settings), ``meta`` (anything else) and the probe's notes on missing sources. Bad input
-    raises at construction, before any file is created.
+    raises at construction, before any file is created. ``capacity`` (the attribute) is the
+    emulated capacity when one is given, else the device's.
 
     ``capacity`` (bytes, or a size such as ``"4GiB"``) emulates a smaller device:
 
@@ -55,8 +56,8 @@ class Recorder:
 
     On construction the recorder runs ``gc.freeze()``: what exists then is left out of later
     collections, which makes ``collect=True`` cost what the run itself allocated rather than
-    ~90 ms for torch's own objects. Garbage cycles already present stay until :meth:`close`,
-    which unfreezes them when this recorder was the one to freeze.
+    tens of milliseconds for torch's own objects. Garbage cycles already present stay until
+    :meth:`close`, which unfreezes them when this recorder was the one to freeze.
     """
 
     def __init__(
@@ -93,6 +94,8 @@ class Recorder:
     def _header(self, emulated: bool, config: Any, meta: Mapping[str, Any] | None) -> dict:
         if dataclasses.is_dataclass(config) and not isinstance(config, type):
             config = dataclasses.asdict(config)
+        if config is not None and not isinstance(config, Mapping):
+            raise ValueError(f"config: expected a mapping or a dataclass, got {config!r}")
         return {
             "leakgate": __version__,
             "torch": torch.__version__,

@@ -166,7 +166,10 @@ def test_nvml_handle_or_the_reason(monkeypatch, module, expected):
 
 @cuda
 def test_cuda_probe_sees_a_64mb_tensor():
+    with pytest.raises(ValueError, match="visible devices"):
+        CudaProbe(torch.cuda.device_count())
     probe = CudaProbe(0)
+    assert probe.name == "cuda:0" and probe.capacity == torch.cuda.mem_get_info(0)[1]
     try:
         probe.release()
         probe.reset_peak()

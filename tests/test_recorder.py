@@ -359,12 +359,13 @@ def test_a_phase_ended_by_an_oom_records_its_end_without_raising_again():
         assert end.get("rss") > rec.capacity
 
 
-@pytest.mark.parametrize("size", ["4 GB", "512KiB", "50MB", 4096])
-def test_capacity_sizes(size):
+@pytest.mark.parametrize(
+    ("size", "nbytes"),
+    [("4 GB", 4 * 10**9), ("512KiB", 512 * 2**10), ("50MB", 50 * 10**6), (4096, 4096)],
+)
+def test_capacity_sizes(size, nbytes):
     with Recorder("cpu", capacity=size) as rec:
-        assert rec.capacity == {"4 GB": 4 * 10**9, "512KiB": 512 * 2**10, "50MB": 50 * 10**6}.get(
-            size, size
-        )
+        assert rec.capacity == nbytes and rec.header["capacity_emulated"]
 
 
 @pytest.mark.parametrize(
@@ -375,6 +376,7 @@ def test_capacity_sizes(size):
         ({"capacity": -1}, ValueError, "capacity: must not be negative"),
         ({"capacity": "-4GB"}, ValueError, "capacity"),
         ({"capacity": True}, ValueError, "capacity"),
+        ({"config": ["batch_size", 1]}, ValueError, "config: expected a mapping"),
     ],
 )
 def test_bad_input_fails_before_any_file_exists(tmp_path, kwargs, error, match):
