@@ -169,7 +169,8 @@ def test_cuda_probe_sees_a_64mb_tensor():
     with pytest.raises(ValueError, match="visible devices"):
         CudaProbe(torch.cuda.device_count())
     probe = CudaProbe(0)
-    assert probe.name == "cuda:0" and probe.capacity == torch.cuda.mem_get_info(0)[1]
+    assert probe.name == "cuda:0"
+    assert probe.capacity == torch.cuda.get_device_properties(0).total_memory
     try:
         probe.release()
         probe.reset_peak()
