@@ -8,7 +8,12 @@ from harness import probes
 from harness.probes import CpuProbe, CudaProbe, make_probe
 
 MiB = 2**20
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cuda(test):
+    """Mark ``test`` as a CUDA test (``-m cuda``), skipped without a GPU."""
+    return pytest.mark.cuda(needs_gpu(test))
 
 
 def filled(nbytes: int, device: str = "cpu") -> torch.Tensor:

@@ -14,7 +14,14 @@ from harness import DeviceOutOfMemory, Recorder, Sample, probes, read_timeline
 from harness.probes import CpuProbe
 
 MiB = 2**20
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cuda(test):
+    """Mark ``test`` as a CUDA test (``-m cuda``), skipped without a GPU."""
+    return pytest.mark.cuda(needs_gpu(test))
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
