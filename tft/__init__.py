@@ -8,7 +8,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "DataError": "tft.data",
+    "Split": "tft.data",
+    "WindowDataset": "tft.data",
+    "WindowSpec": "tft.data",
+    "default_parquet": "tft.data",
+    "load": "tft.data",
+    "synth": "tft.data",
+    "TFTConfig": "tft.model",
+    "TemporalFusionTransformer": "tft.model",
+    "quantile_loss": "tft.model",
+    "q_risk": "tft.model",
+    "TrainConfig": "tft.trainer",
+    "Trainer": "tft.trainer",
+    "TrainingOOM": "tft.trainer",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -148,7 +148,7 @@ class Trainer:
         self.model = model.to(self.device)
         self.quantiles = tuple(model.config.quantiles)
         self.callbacks = list(callbacks)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, fused=True)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.state = _State(self.config.batch_size, self.config.validation_batch_size)
         self._offloaded: list[dict[str, tuple[torch.device, torch.Tensor]]] | None = None
@@ -166,6 +166,9 @@ class Trainer:
             raise ValueError(f"empty dataset: {len(train)} training, {len(val)} validation windows")
         if self.config.qat and self.scheduler is None:
             self._start_schedule(math.ceil(len(train) / self.config.batch_size))
+        # Subnormal floats appear in the optimizer state within a few hundred steps and make CPU
+        # kernels over ten times slower (200-350 ms instead of 12 ms per batch-1 step, measured).
+        torch.set_flush_denormal(True)
         self.emit("SESSION_START", "session")
         while self.state.epoch < self.config.epochs:
             self._run_epoch(train, val)
