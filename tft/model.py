@@ -1,0 +1,402 @@
+"""A compact Temporal Fusion Transformer (Lim et al., 2019) for multi-horizon quantile forecasts.
+
+Read top-down: the config, the model's forward pass, the losses, then the building blocks from
+the largest (attention, variable selection) to the smallest (gated linear unit).
+
+Shapes: B batch, T_enc encoder (past) steps, T_dec decoder (future) steps, T = T_enc + T_dec,
+d hidden size, m variables, Q quantiles.
+
+The per-variable networks of variable selection run as one batched matmul per layer
+(``GroupedLinear``, whose ``weight`` is a [groups, out, in] stack of linear weights), and real
+inputs are embedded by ``RealEmbedding`` (a [m, d] weight and bias); every other projection is
+an ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class TFTConfig:
+    """Input sizes and hyper-parameters of a :class:`TemporalFusionTransformer`.
+
+    ``static_cardinalities`` gives the number of categories of each static input; ``n_observed``
+    counts past-only real inputs and ``n_known`` real inputs known for past and future steps.
+    """
+
+    static_cardinalities: tuple[int, ...] = (1,)
+    n_observed: int = 4
+    n_known: int = 4
+    encoder_length: int = 60
+    decoder_length: int = 10
+    hidden_size: int = 32
+    n_heads: int = 4
+    dropout: float = 0.1
+    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "static_cardinalities", tuple(self.static_cardinalities))
+        object.__setattr__(self, "quantiles", tuple(self.quantiles))
+        cards = self.static_cardinalities
+        if not cards or not all(_is_int(c) and c >= 1 for c in cards):
+            raise ValueError(
+                f"static_cardinalities must be a non-empty sequence of ints >= 1, got {cards}"
+            )
+        minimums = {
+            "n_observed": 0,
+            "n_known": 1,
+            "encoder_length": 1,
+            "decoder_length": 1,
+            "hidden_size": 1,
+            "n_heads": 1,
+        }
+        for name, minimum in minimums.items():
+            value = getattr(self, name)
+            if not _is_int(value) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if self.hidden_size % self.n_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        qs = self.quantiles
+        if (
+            not qs
+            or not all(isinstance(q, float | int) and 0.0 < q < 1.0 for q in qs)
+            or not all(a < b for a, b in pairwise(qs))
+        ):
+            raise ValueError(f"quantiles must be strictly increasing values in (0, 1), got {qs}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class Interpretation(NamedTuple):
+    """What one forward pass attended to and selected; detached, so it holds no graph.
+
+    ``attention`` [B, T_dec, T] is averaged over heads (decoder steps attend to encoder and
+    decoder steps; zero on future steps). Selection weights sum to 1 over variables:
+    ``static_weights`` [B, n_static], ``encoder_weights`` [B, T_enc, n_observed + n_known]
+    (observed first, then known) and ``decoder_weights`` [B, T_dec, n_known].
+    """
+
+    attention: Tensor
+    static_weights: Tensor
+    encoder_weights: Tensor
+    decoder_weights: Tensor
+
+
+class TemporalFusionTransformer(nn.Module):
+    """Temporal Fusion Transformer predicting ``len(config.quantiles)`` quantiles per future step.
+
+    ``forward(batch)`` takes a dict with ``"static"`` LongTensor [B, n_static], ``"observed"``
+    [B, T_enc, n_observed] and ``"known"`` [B, T, n_known] (other keys are ignored) and returns
+    predictions [B, T_dec, Q]; with ``interpret=True`` it returns ``(predictions,
+    Interpretation)``. Nothing computed in a forward pass is kept on the module.
+    """
+
+    def __init__(self, config: TFTConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, p = config.hidden_size, config.dropout
+        cards = config.static_cardinalities
+        self.static_embedding = nn.Embedding(sum(cards), d)
+        self.register_buffer("static_sizes", torch.tensor(cards), persistent=False)
+        self.register_buffer(
+            "static_offsets", self.static_sizes.cumsum(0) - self.static_sizes, persistent=False
+        )
+        self.observed_embedding = RealEmbedding(config.n_observed, d)
+        self.known_embedding = RealEmbedding(config.n_known, d)
+
+        self.static_selection = VariableSelection(len(cards), d, p)
+        self.static_contexts = GroupedGRN(4, d, p)
+        n_past = config.n_observed + config.n_known
+        self.encoder_selection = VariableSelection(n_past, d, p, context_size=d)
+        self.decoder_selection = VariableSelection(config.n_known, d, p, context_size=d)
+
+        self.encoder_lstm = nn.LSTM(d, d, batch_first=True)
+        self.decoder_lstm = nn.LSTM(d, d, batch_first=True)
+        self.lstm_gate = GateAddNorm(d, d, p)
+        self.enrichment = GatedResidualNetwork(d, d, d, p, context_size=d)
+        self.attention = InterpretableMultiHeadAttention(d, config.n_heads, p)
+        self.attention_gate = GateAddNorm(d, d, p)
+        self.positionwise = GatedResidualNetwork(d, d, d, p)
+        self.output_gate = GateAddNorm(d, d, 0.0)
+        self.head = nn.Linear(d, len(config.quantiles))
+
+        t_enc, t_dec = config.encoder_length, config.decoder_length
+        future = torch.ones(t_dec, t_enc + t_dec, dtype=torch.bool).triu(t_enc + 1)
+        self.register_buffer("future_mask", future, persistent=False)
+
+    def forward(
+        self, batch: Mapping[str, Tensor], *, interpret: bool = False
+    ) -> Tensor | tuple[Tensor, Interpretation]:
+        """Quantile predictions [B, T_dec, Q], and the interpretation if ``interpret``."""
+        static, observed, known = self._check_inputs(batch)
+        t_enc = self.config.encoder_length
+
+        statics = self.static_embedding(static + self.static_offsets)
+        static_vector, static_weights = self.static_selection(statics)
+        contexts = self.static_contexts(static_vector.expand(4, -1, -1))
+        c_select, c_enrich, c_hidden, c_cell = contexts.unbind(0)
+
+        known_embedded = self.known_embedding(known)
+        past = torch.cat((self.observed_embedding(observed), known_embedded[:, :t_enc]), dim=2)
+        past, encoder_weights = self.encoder_selection(past, c_select.unsqueeze(1))
+        future = known_embedded[:, t_enc:]
+        future, decoder_weights = self.decoder_selection(future, c_select.unsqueeze(1))
+
+        encoded, state = self.encoder_lstm(past, (c_hidden.unsqueeze(0), c_cell.unsqueeze(0)))
+        decoded, _ = self.decoder_lstm(future, state)
+        temporal = self.lstm_gate(torch.cat((encoded, decoded), 1), torch.cat((past, future), 1))
+
+        enriched = self.enrichment(temporal, c_enrich.unsqueeze(1))
+        queries = enriched[:, t_enc:]
+        attended, attention = self.attention(queries, enriched, self.future_mask)
+        x = self.positionwise(self.attention_gate(attended, queries))
+        prediction = self.head(self.output_gate(x, temporal[:, t_enc:]))
+        if not interpret:
+            return prediction
+        return prediction, Interpretation(
+            attention.detach(),
+            static_weights.detach(),
+            encoder_weights.detach(),
+            decoder_weights.detach(),
+        )
+
+    def _check_inputs(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.config
+        t_enc, t = c.encoder_length, c.encoder_length + c.decoder_length
+        expected = {
+            "static": ((len(c.static_cardinalities),), "integer"),
+            "observed": ((t_enc, c.n_observed), "float"),
+            "known": ((t, c.n_known), "float"),
+        }
+        tensors = []
+        for key, (tail, kind) in expected.items():
+            want = f"a {kind} tensor of shape [B, {', '.join(map(str, tail))}]"
+            if key not in batch:
+                raise ValueError(f"batch has no {key!r}: expected {want}")
+            value = batch[key]
+            if not isinstance(value, Tensor):
+                raise ValueError(f"batch[{key!r}] must be {want}, got {type(value).__name__}")
+            if value.dim() != len(tail) + 1 or tuple(value.shape[1:]) != tail:
+                raise ValueError(f"batch[{key!r}] must be {want}, got shape {list(value.shape)}")
+            is_int = value.dtype in (torch.int32, torch.int64)
+            if is_int != (kind == "integer") or not (is_int or value.is_floating_point()):
+                raise ValueError(f"batch[{key!r}] must be {want}, got dtype {value.dtype}")
+            if tensors and value.shape[0] != tensors[0].shape[0]:
+                raise ValueError(
+                    f"batch[{key!r}] has batch size {value.shape[0]} but batch['static'] has "
+                    f"{tensors[0].shape[0]}"
+                )
+            tensors.append(value)
+        static, observed, known = tensors
+        outside = (static < 0) | (static >= self.static_sizes)
+        if outside.any():
+            row, col = outside.nonzero()[0].tolist()
+            raise ValueError(
+                f"batch['static'][{row}, {col}] is {static[row, col].item()}, outside "
+                f"[0, {c.static_cardinalities[col]}) (static_cardinalities[{col}])"
+            )
+        return static, observed, known
+
+
+def quantile_loss(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
+    """Mean pinball loss of ``prediction`` [..., Q] against ``target`` [...]."""
+    return _pinball(prediction, target, quantiles).mean()
+
+
+def q_risk(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
+    """Normalised quantile risk per quantile [Q]: 2 * sum of pinball losses / sum |target|."""
+    losses = _pinball(prediction, target, quantiles)
+    return 2 * losses.reshape(-1, losses.shape[-1]).sum(0) / target.abs().sum()
+
+
+def _pinball(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
+    q = torch.as_tensor(quantiles, dtype=prediction.dtype, device=prediction.device)
+    if prediction.shape != (*target.shape, len(q)):
+        raise ValueError(
+            f"prediction shape {list(prediction.shape)} must be the target shape "
+            f"{list(target.shape)} followed by the number of quantiles ({len(q)})"
+        )
+    error = target.unsqueeze(-1) - prediction
+    return torch.maximum(q * error, (q - 1) * error)
+
+
+class InterpretableMultiHeadAttention(nn.Module):
+    """Attention with per-head queries and keys and one value projection shared by all heads.
+
+    Heads are averaged: since the values are shared, averaging the heads' attention matrices
+    before applying them equals averaging the heads' outputs, and that one matrix is what the
+    model attended to.
+    """
+
+    def __init__(self, d: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.scale = (d // n_heads) ** -0.5
+        self.query = nn.Linear(d, d)
+        self.key = nn.Linear(d, d)
+        self.value = nn.Linear(d, d // n_heads)
+        self.out = nn.Linear(d // n_heads, d)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, queries: Tensor, keys: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Attend from ``queries`` [B, Tq, d] over ``keys`` [B, Tk, d], never where ``mask``
+        [Tq, Tk] is True; returns the output [B, Tq, d] and the attention [B, Tq, Tk]."""
+        b, h = queries.shape[0], self.n_heads
+        q = self.query(queries).view(b, queries.shape[1], h, -1).transpose(1, 2)
+        k = self.key(keys).view(b, keys.shape[1], h, -1).transpose(1, 2)
+        scores = (q @ k.transpose(2, 3) * self.scale).masked_fill(mask, float("-inf"))
+        attention = scores.softmax(-1).mean(1)
+        return self.out(self.dropout(attention) @ self.value(keys)), attention
+
+
+class VariableSelection(nn.Module):
+    """Variable selection network over m embedded variables [..., m, d].
+
+    A GRN over all variables together (conditioned on an optional static context) gives softmax
+    weights [..., m]; each variable goes through its own GRN, and the output [..., d] is their
+    weighted sum.
+    """
+
+    def __init__(
+        self, n_vars: int, d: int, dropout: float, context_size: int | None = None
+    ) -> None:
+        super().__init__()
+        self.selector = GatedResidualNetwork(n_vars * d, d, n_vars, dropout, context_size)
+        self.variables = GroupedGRN(n_vars, d, dropout)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Selected features [..., d] and selection weights [..., m]."""
+        m, d = x.shape[-2:]
+        weights = self.selector(x.flatten(-2), context).softmax(-1)
+        processed = self.variables(x.reshape(-1, m, d).transpose(0, 1))
+        selected = weights.reshape(-1, 1, m) @ processed.transpose(0, 1)
+        return selected.view(*x.shape[:-2], d), weights
+
+
+class GatedResidualNetwork(nn.Module):
+    """GRN(a, c) = LayerNorm(skip(a) + GLU(dropout(W1 ELU(W2 a + W3 c)))).
+
+    ``skip`` is a linear map when the input and output sizes differ; the context term exists
+    only when ``context_size`` is given (the context broadcasts over the input's leading dims).
+    """
+
+    def __init__(
+        self, d_in: int, d_hidden: int, d_out: int, dropout: float, context_size: int | None = None
+    ) -> None:
+        super().__init__()
+        self.skip = nn.Linear(d_in, d_out) if d_in != d_out else nn.Identity()
+        self.fc_in = nn.Linear(d_in, d_hidden)
+        self.fc_context = (
+            nn.Linear(context_size, d_hidden, bias=False) if context_size is not None else None
+        )
+        self.fc_hidden = nn.Linear(d_hidden, d_hidden)
+        self.gate = GateAddNorm(d_hidden, d_out, dropout)
+
+    def forward(self, a: Tensor, context: Tensor | None = None) -> Tensor:
+        """Apply the GRN to ``a`` [..., d_in], conditioned on ``context`` if configured."""
+        h = self.fc_in(a)
+        if self.fc_context is not None:
+            h = h + self.fc_context(context)
+        return self.gate(self.fc_hidden(F.elu(h)), self.skip(a))
+
+
+class GateAddNorm(nn.Module):
+    """LayerNorm(skip + GLU(dropout(x))): the gated skip connection used throughout the TFT."""
+
+    def __init__(self, d_in: int, d_out: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.glu = GatedLinearUnit(d_in, d_out)
+        self.norm = nn.LayerNorm(d_out)
+
+    def forward(self, x: Tensor, skip: Tensor) -> Tensor:
+        """Gate ``x`` [..., d_in] and add it to ``skip`` [..., d_out], then normalise."""
+        return self.norm(skip + self.glu(self.dropout(x)))
+
+
+class GatedLinearUnit(nn.Module):
+    """GLU(x) = (W4 x + b4) * sigmoid(W5 x + b5), both halves from one linear layer."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d_in, 2 * d_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Gated projection of ``x`` [..., d_in] to [..., d_out]."""
+        return F.glu(self.fc(x), dim=-1)
+
+
+class GroupedGRN(nn.Module):
+    """G independent context-free GRNs (d -> d), evaluated together on inputs [G, N, d]."""
+
+    def __init__(self, groups: int, d: int, dropout: float) -> None:
+        super().__init__()
+        self.fc_in = GroupedLinear(groups, d, d)
+        self.fc_hidden = GroupedLinear(groups, d, d)
+        self.dropout = nn.Dropout(dropout)
+        self.gate = GroupedLinear(groups, d, 2 * d)
+        self.norm = GroupedLayerNorm(groups, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Apply GRN g to ``x[g]`` for every group g: [G, N, d] -> [G, N, d]."""
+        h = self.fc_hidden(F.elu(self.fc_in(x)))
+        return self.norm(x + F.glu(self.gate(self.dropout(h)), dim=-1))
+
+
+class GroupedLinear(nn.Module):
+    """G independent linear maps applied to [G, N, d_in] by one batched matmul.
+
+    ``weight`` [G, d_out, d_in] is a stack of ``nn.Linear``-style weights and ``bias`` is
+    [G, 1, d_out]; both are initialised as ``nn.Linear`` initialises its own.
+    """
+
+    def __init__(self, groups: int, d_in: int, d_out: int) -> None:
+        super().__init__()
+        bound = 1 / math.sqrt(d_in)
+        self.weight = nn.Parameter(torch.empty(groups, d_out, d_in).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(groups, 1, d_out).uniform_(-bound, bound))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Map ``x`` [G, N, d_in] to [G, N, d_out] with each group's own weights."""
+        return torch.baddbmm(self.bias, x, self.weight.transpose(1, 2))
+
+
+class GroupedLayerNorm(nn.Module):
+    """Layer normalisation over the last dim with a separate affine map per group [G, N, d]."""
+
+    def __init__(self, groups: int, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(groups, 1, d))
+        self.bias = nn.Parameter(torch.zeros(groups, 1, d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise ``x`` [G, N, d] and apply each group's scale and shift."""
+        return torch.addcmul(self.bias, F.layer_norm(x, x.shape[-1:]), self.weight)
+
+
+class RealEmbedding(nn.Module):
+    """Embeds each of m real inputs by its own linear map: [..., m] -> [..., m, d]."""
+
+    def __init__(self, n_vars: int, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_vars, d).uniform_(-1.0, 1.0))
+        self.bias = nn.Parameter(torch.empty(n_vars, d).uniform_(-1.0, 1.0))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return ``x[..., j] * weight[j] + bias[j]`` for every variable j."""
+        return torch.addcmul(self.bias, x.unsqueeze(-1), self.weight)
