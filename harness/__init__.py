@@ -13,6 +13,13 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "parse_size": "harness.units",
     "Sample": "harness.sample",
+    "judge": "harness.rules",
+    "Rules": "harness.rules",
+    "Verdict": "harness.rules",
+    "Finding": "harness.rules",
+    "Evidence": "harness.rules",
+    "PhaseStats": "harness.rules",
+    "Check": "harness.rules",
     "Probe": "harness.probes",
     "CpuProbe": "harness.probes",
     "CudaProbe": "harness.probes",

@@ -1,0 +1,97 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.stats import mann_kendall, reduce, robust_delta, theil_sen, trend
+
+
+def test_theil_sen_recovers_a_line_exactly():
+    x = np.arange(50)
+    slope, intercept = theil_sen(x, 3.5 * x + 100)
+    assert slope == pytest.approx(3.5)
+    assert intercept == pytest.approx(100)
+
+
+def test_theil_sen_ignores_a_quarter_of_wild_points():
+    rng = np.random.default_rng(0)
+    x = np.arange(200)
+    y = 10.0 * x
+    wild = rng.choice(200, size=50, replace=False)
+    y[wild] += rng.uniform(-1e9, 1e9, size=50)
+    assert theil_sen(x, y)[0] == pytest.approx(10.0, rel=0.05)
+
+
+def test_theil_sen_skips_pairs_with_equal_x():
+    assert theil_sen([1, 1, 2, 2], [0, 100, 10, 110])[0] == pytest.approx(10.0)
+    assert theil_sen([3, 3], [1, 5]) == (0.0, 3.0)
+
+
+def test_mann_kendall_matches_the_textbook_formula():
+    s, z, p = mann_kendall([1, 2, 3, 4, 5])
+    var = 5 * 4 * 15 / 18
+    assert s == 10
+    assert z == pytest.approx(9 / math.sqrt(var))
+    assert p == pytest.approx(0.5 * math.erfc(z / math.sqrt(2)))
+    assert p < 0.02
+
+
+def test_mann_kendall_corrects_for_ties_and_direction():
+    s, z, _ = mann_kendall([1, 1, 2, 2, 3])
+    var = (5 * 4 * 15 - 2 * (2 * 1 * 9)) / 18
+    assert s == 8
+    assert z == pytest.approx(7 / math.sqrt(var))
+    s, _, p = mann_kendall([5, 4, 3, 2, 1])
+    assert s == -10 and p > 0.95
+    assert mann_kendall([7, 7, 7, 7]) == (0, 0.0, 0.5)
+    assert mann_kendall([1]) == (0, 0.0, 0.5)
+
+
+def test_robust_delta_ignores_isolated_spikes_at_the_ends():
+    y = np.zeros(160)
+    y[[0, 2, -1, -3, -5]] = 1e9
+    assert robust_delta(y) == 0.0
+    assert robust_delta(np.arange(100.0)) == 88.0  # medians of the first and last 12
+
+
+def test_long_series_are_reduced_to_block_medians():
+    x = np.arange(5000.0)
+    y = 2.0 * x
+    y[::50] += 1e12
+    rx, ry = reduce(x, y, max_points=100)
+    assert len(rx) == len(ry) == 100
+    t = trend(x, y, max_points=100)
+    assert t.n == 100
+    assert t.slope == pytest.approx(2.0)
+    assert t.p < 1e-10
+
+
+def test_trend_noise_is_the_residual_spread():
+    rng = np.random.default_rng(1)
+    x = np.arange(2000)
+    t = trend(x, 5.0 * x + rng.normal(0, 100, 2000), max_points=2000)
+    assert t.noise == pytest.approx(100, rel=0.1)
+
+
+def test_mismatched_inputs_are_rejected():
+    with pytest.raises(ValueError, match="equal length"):
+        theil_sen([1, 2, 3], [1, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(-(10**9), 10**9), min_size=3, max_size=60),
+    st.integers(-(10**12), 10**12),
+    st.integers(1, 1000),
+)
+def test_statistics_are_shift_invariant_and_scale_equivariant(ys, shift, scale):
+    x = np.arange(len(ys))
+    y = np.array(ys, dtype=np.float64)
+    slope = theil_sen(x, y)[0]
+    assert theil_sen(x, y + shift)[0] == pytest.approx(slope, abs=1e-6)
+    assert theil_sen(x, y * scale)[0] == pytest.approx(slope * scale, rel=1e-9, abs=1e-6)
+    assert mann_kendall(y + shift) == mann_kendall(y)
+    assert mann_kendall(y * scale) == mann_kendall(y)
+    assert robust_delta(y + shift) == pytest.approx(robust_delta(y), abs=1e-3)
