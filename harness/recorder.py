@@ -223,6 +223,11 @@ class Recorder:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (checkpoints then raise)."""
+        return self._closed
+
     def close(self) -> None:
         """Close the timeline and the probe, and undo the recorder's ``gc.freeze()``."""
         if self._closed:

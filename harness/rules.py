@@ -26,11 +26,12 @@ batch and before the next loop starts. Memory that grows then is freed when the 
 still a leak *inside* the phase (the loop held it; a smaller device runs out of memory before
 the end), so an uncollected sample of the same group back within ``T`` of the loop's start level
 *confirms* the leak ("released when the phase ended"). Otherwise, if the last collected sample
-in that window is back within ``T``, the growth was memory only collection gives back (garbage
-in reference cycles, allocator caches): not a leak, and the check says so. A collected sample
-still above ``T`` confirms the leak as retained. Without a collected sample the in-loop evidence
-stands alone. An END read without collection (the recorder's default) is what tells the two
-apart; a phase recorded with ``collect=True`` makes its END the re-check itself.
+of the same group in that window (other phases' samples never count) is back within ``T``, the
+growth was memory only collection gives back (garbage in reference cycles, allocator caches):
+not a leak, and the check says so. A collected sample still above ``T`` confirms the leak as
+retained. Without a collected sample the in-loop evidence stands alone. An END read without
+collection (the recorder's default) is what tells the two apart; a phase recorded with
+``collect=True`` makes its END the re-check itself.
 
 Peak (P1, ``max_peak``): the highest reading of a group above its first sample; a sample's
 ``peak`` metric (the high-water mark since the previous checkpoint) is used where present, read
@@ -492,15 +493,18 @@ class _Judgement:
     def after_loop(
         self, key: tuple[str | None, int | None], last: int, metric: str, level: float
     ) -> tuple[int | None, int | None]:
-        """Between the loop's last batch and the next loop: the first uncollected sample of the
-        same group, before any collection, at or below ``level``; and the last collected sample.
-        Positions, or None."""
+        """Between the loop's last batch and the next loop, among the samples of the same group:
+        the first uncollected one, before any collection, at or below ``level``; and the last
+        collected one. Positions, or None. Samples of other phases never clear a leak: what the
+        code frees after the phase (a function returning, say) says nothing of the phase."""
         stop = next(
             (i for i in self.loop_positions if i > last and _key(self.samples[i]) != key),
             len(self.samples),
         )
         window = [i for i in range(last + 1, stop) if self.samples[i].get(metric) is not None]
-        collected = [i for i in window if self.samples[i].collected]
+        collected = [
+            i for i in window if self.samples[i].collected and _key(self.samples[i]) == key
+        ]
         before = [i for i in window if not collected or i < collected[0]]
         own = [
             i

@@ -173,8 +173,14 @@ def test_growth_only_collection_gives_back_is_not_a_leak():
     assert check.status == "PASS" and "reclaimed by collection" in check.details
 
 
+def test_memory_freed_after_the_phase_by_other_code_does_not_clear_a_leak():
+    samples = with_after(loop(noisy(64 * KB)), ("TEST_END", "test", BASE, True))
+    (leak,) = judge(samples, Rules(max_growth="5MB")).findings
+    assert leak.kind == "leak" and "no collected re-check" in leak.message
+
+
 def test_growth_still_held_after_collection_is_a_retained_leak():
-    samples = with_after(loop(noisy(64 * KB)), ("AFTER_GC", "epoch", BASE + 11 * MB, True))
+    samples = with_after(loop(noisy(64 * KB)), ("AFTER_GC", "validation", BASE + 11 * MB, True))
     (leak,) = judge(samples, Rules(max_growth="5MB")).findings
     assert "retained after collection (AFTER_GC" in leak.message
     assert leak.evidence[-1].collected

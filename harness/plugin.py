@@ -1,0 +1,243 @@
+"""pytest plugin: the ``memtrace`` fixture, the ``memleak`` marker and ``--memreport``.
+
+A test marked ``@pytest.mark.memleak(...)`` (or using ``memtrace``) gets a :class:`Recorder`
+that samples ``TEST_START`` and, after the test body returns, a collected ``TEST_END``; the
+test's own checkpoints fall between. The marker's rules, over defaults from the ``memleak_*``
+ini options, are judged on every run; a FAIL verdict fails the test with its findings and
+checkpoint table. ``--memreport[=DIR]`` also writes ``DIR/<test>.jsonl`` (the timeline, as it
+is recorded) and ``DIR/<test>.json`` (the verdict). Verdicts travel as user properties, so
+JUnit XML and pytest-xdist's controller see them.
+
+Importing this module does not import torch: tests that never trace pay nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from harness.recorder import Recorder
+    from harness.rules import Rules, Verdict
+
+DEFAULT_DIR = "reports"
+PLUGIN_NAME = "leakgate-state"
+PROPERTY = "leakgate"
+INI = {
+    "phase": "phase(s) judged by memleak, comma-separated (default: every phase with batches)",
+    "max_growth": "growth allowed in a phase after warm-up, e.g. 50MB",
+    "warmup": "batches left out at the start of each phase (default 5)",
+    "max_peak": "peak allowed above a phase's start",
+    "max_drift": "drift allowed for a checkpoint across epochs",
+    "teardown": "memory allowed to remain after the session ends",
+    "metric": "metric judged (default allocated)",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("leakgate", "memory-leak checks")
+    group.addoption(
+        "--memreport",
+        nargs="?",
+        const=DEFAULT_DIR,
+        default=None,
+        metavar="DIR",
+        help=f"write each traced test's timeline and verdict under DIR (default {DEFAULT_DIR}/); "
+        "write it as --memreport=DIR when test paths follow",
+    )
+    for name, help_text in INI.items():
+        parser.addini(f"memleak_{name}", help_text, default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "memleak(phase=None, max_growth=None, warmup=5, max_peak=None, max_drift=None, "
+        "teardown=None, metric='allocated'): judge the test's memory timeline (leakgate)",
+    )
+    config.pluginmanager.register(LeakGate(config), PLUGIN_NAME)
+
+
+@pytest.fixture
+def memtrace(request: pytest.FixtureRequest) -> Iterator[Recorder]:
+    """A :class:`harness.Recorder` bound to this test; its timeline is judged when it ends."""
+    plugin: LeakGate = request.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    trace = plugin.start(request.node)
+    try:
+        yield trace.recorder
+    finally:
+        trace.recorder.close()
+
+
+@pytest.fixture(autouse=True)
+def _memleak_marker(request: pytest.FixtureRequest) -> None:
+    """Trace every test that carries the ``memleak`` marker, with or without ``memtrace``."""
+    if request.node.get_closest_marker("memleak") is not None:
+        request.getfixturevalue("memtrace")
+
+
+def safe_name(nodeid: str) -> str:
+    """A file name for a test id: no separators or dots to climb with, unique by a hash."""
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "_", nodeid.replace(".py::", "__")).strip("_")
+    return f"{readable[:80]}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
+
+
+@dataclass
+class Trace:
+    """One traced test: its recorder, rules and where its files go."""
+
+    recorder: Recorder
+    rules: Rules
+    files: Path | None
+
+
+@dataclass
+class Outcome:
+    """What the terminal summary lists for one traced test."""
+
+    nodeid: str
+    status: str
+    worst_growth: float | None
+    findings: list[str]
+
+
+class LeakGate:
+    """Plugin state: traces of running tests and the outcomes reported so far."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        option = config.getoption("memreport")
+        self.directory = Path(option) if option else None
+        self.traces: dict[str, Trace] = {}
+        self.outcomes: list[Outcome] = []
+
+    def rules_for(self, item: pytest.Item) -> Rules:
+        from harness.rules import Rules
+
+        values: dict[str, Any] = {}
+        for f in fields(Rules):
+            raw = self.config.getini(f"memleak_{f.name}")
+            if raw:
+                values[f.name] = _ini_value(f.name, raw)
+        marker = item.get_closest_marker("memleak")
+        if marker is not None:
+            if marker.args:
+                raise pytest.UsageError(f"{item.nodeid}: memleak takes keyword arguments only")
+            values.update(marker.kwargs)
+        try:
+            return Rules.from_dict(values)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{item.nodeid}: memleak: {exc}") from None
+
+    def start(self, item: pytest.Item) -> Trace:
+        from harness.recorder import Recorder
+
+        rules = self.rules_for(item)
+        files = None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            files = self.directory / safe_name(item.nodeid)
+        recorder = Recorder(
+            timeline=files.with_suffix(".jsonl") if files else None,
+            meta={"test": item.nodeid, "rules": rules.to_dict()},
+        )
+        recorder.checkpoint("TEST_START", phase="test", collect=True)
+        self.traces[item.nodeid] = trace = Trace(recorder, rules, files)
+        return trace
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+        trace = self.traces.get(item.nodeid) if call.when == "call" else None
+        verdict = None
+        if trace is not None and not _skipped(call):
+            verdict = self.finish(item, trace, call)
+        outcome = yield
+        if verdict is None or verdict.status != "FAIL":
+            return
+        report = outcome.get_result()
+        if report.passed:
+            from harness.terminal import failure_message
+
+            report.outcome = "failed"
+            report.longrepr = failure_message(verdict, trace.recorder.samples, trace.rules.metric)
+
+    def finish(self, item: pytest.Item, trace: Trace, call: pytest.CallInfo) -> Verdict:
+        from harness.rules import judge
+        from harness.terminal import worst_growth
+
+        error = call.excinfo.value if call.excinfo is not None else None
+        recorder = trace.recorder
+        if not recorder.closed:
+            recorder.checkpoint("TEST_END", phase="test", collect=True, note=_describe(error))
+        verdict = judge(recorder.samples, trace.rules, error=error)
+        if trace.files is not None:
+            payload = {
+                **verdict.to_dict(),
+                "test": item.nodeid,
+                "timeline": trace.files.with_suffix(".jsonl").name,
+                "header": recorder.header,
+            }
+            trace.files.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+        growth = worst_growth(verdict)
+        summary = {
+            "status": verdict.status,
+            "worst_growth": growth,
+            "findings": [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings],
+        }
+        item.user_properties.append((PROPERTY, json.dumps(summary)))
+        return verdict
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        trace = self.traces.pop(item.nodeid, None)
+        if trace is not None:
+            trace.recorder.close()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == PROPERTY and report.when == "call":
+                data = json.loads(value)
+                self.outcomes.append(
+                    Outcome(report.nodeid, data["status"], data["worst_growth"], data["findings"])
+                )
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.outcomes:
+            return
+        from harness.units import format_mb
+
+        tr = terminalreporter
+        tr.write_sep("=", "leakgate memory verdicts")
+        for o in sorted(self.outcomes, key=lambda o: o.nodeid):
+            growth = format_mb(o.worst_growth, signed=True) if o.worst_growth is not None else "-"
+            tr.write_line(f"{o.status:<5} {growth:>10}  {o.nodeid}")
+            for finding in o.findings:
+                tr.write_line(f"      {finding}")
+        if self.directory is not None:
+            tr.write_line(f"timelines and verdicts in {self.directory}/")
+
+
+def _ini_value(name: str, raw: str) -> Any:
+    if name == "warmup":
+        try:
+            return int(raw)
+        except ValueError:
+            raise pytest.UsageError(f"memleak_warmup: expected an integer, got {raw!r}") from None
+    if name == "phase":
+        return tuple(p.strip() for p in raw.split(",") if p.strip())
+    return raw.strip()
+
+
+def _skipped(call: pytest.CallInfo) -> bool:
+    return call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception)
+
+
+def _describe(error: BaseException | None) -> str | None:
+    return None if error is None else f"test raised {type(error).__name__}: {error}"[:300]

@@ -1,0 +1,73 @@
+"""Short text for a terminal: why a test failed its memory rules, and one line per verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.rules import Verdict
+from harness.sample import Sample
+from harness.units import format_mb
+
+MAX_ROWS = 24
+
+
+def worst_growth(verdict: Verdict) -> float | None:
+    """The largest growth of any judged phase, in bytes (``None`` when nothing was judged)."""
+    growths = [p.growth for p in verdict.phases if p.growth is not None]
+    return max(growths, default=None)
+
+
+def failure_message(verdict: Verdict, samples: Sequence[Sample], metric: str) -> str:
+    """Findings, then the checkpoint table: label, phase, MB, delta against the phase start."""
+    lines = [f"leakgate: memory verdict {verdict.status}"]
+    lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
+    if verdict.error:
+        lines.append(f"  error: {verdict.error}")
+    lines += ["", *checkpoint_table(samples, metric)]
+    return "\n".join(lines)
+
+
+def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
+    """Named checkpoints in full; each run of per-batch samples as its first and last rows."""
+    rows: list[tuple[str, str, str, str]] = []
+    starts: dict[tuple[str | None, int | None], int] = {}
+    shown = _rows_to_show(samples)
+    for i, s in enumerate(samples):
+        value = s.get(metric)
+        if value is None:
+            value = s.get("rss")
+        key = (s.phase, s.epoch)
+        if value is not None:
+            starts.setdefault(key, value)
+        if i not in shown:
+            if shown.get(i - 1) is not None:
+                rows.append(("...", "", "", ""))
+            continue
+        label = s.label if s.batch is None else f"{s.label} #{s.batch}"
+        if s.epoch is not None:
+            label = f"epoch {s.epoch} {label}"
+        delta = format_mb(value - starts[key], signed=True) if value is not None else "n/a"
+        rows.append((label, s.phase or "", format_mb(value), delta))
+    if len(rows) > MAX_ROWS:
+        half = MAX_ROWS // 2
+        rows = [*rows[:half], (f"... {len(rows) - MAX_ROWS} rows ...", "", "", ""), *rows[-half:]]
+    header = ("checkpoint", "phase", metric, "delta")
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
+    return [
+        f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}"
+        for r in [header, *rows]
+    ]
+
+
+def _rows_to_show(samples: Sequence[Sample]) -> dict[int, bool]:
+    """Indices of samples worth a row: every named one, the first and last of a batch run."""
+    shown: dict[int, bool] = {}
+    for i, s in enumerate(samples):
+        if s.batch is None:
+            shown[i] = True
+            continue
+        prev = samples[i - 1] if i else None
+        nxt = samples[i + 1] if i + 1 < len(samples) else None
+        if prev is None or prev.label != s.label or nxt is None or nxt.label != s.label:
+            shown[i] = True
+    return shown

@@ -1,0 +1,240 @@
+"""The pytest plugin, through pytester: verdicts, failure messages, files, xdist, JUnit."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from harness.plugin import safe_name
+
+LOOP = """
+import pytest
+import torch
+
+BATCHES = 176
+HOLD = []
+
+
+def loop(memtrace, *, keep=False, spike_at=None, fail_at=None):
+    kept = []
+    with memtrace.phase("validation", epoch=0):
+        for i in range(BATCHES):
+            size = 16384 * (32 if i == spike_at else 1)  # 64 KB of float32 per batch
+            out = torch.ones(size) * 2
+            if keep:
+                kept.append(out)
+            del out
+            if i == fail_at:
+                raise RuntimeError("boom in batch %d" % i)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+    return len(kept)
+"""
+
+
+def run(pytester: pytest.Pytester, body: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_loop=LOOP + body)
+    return pytester.runpytest("-p", "no:randomly", *args)
+
+
+def test_a_64kb_per_batch_leak_fails_in_validation(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_leaky(memtrace):
+    loop(memtrace, keep=True)
+""",
+        "--memreport=out",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*leakgate: memory verdict FAIL*",
+            "*[[]P0 leak[]]*validation*",
+            "*checkpoint*phase*allocated*delta*",
+            "*VALIDATION_BATCH #0*",
+            "*VALIDATION_BATCH #175*",
+            "*leakgate memory verdicts*",
+            "FAIL*test_loop.py::test_leaky",
+        ]
+    )
+    verdict = json.loads(next((pytester.path / "out").glob("*.json")).read_text())
+    assert verdict["status"] == "FAIL" and verdict["schema_version"] >= 1
+    leaks = [f for f in verdict["findings"] if f["kind"] == "leak"]
+    assert [f["phase"] for f in leaks] == ["validation"]
+    assert leaks[0]["slope"] == pytest.approx(65536, rel=0.15)
+    assert verdict["test"] == "test_loop.py::test_leaky"
+
+
+def test_the_same_loop_without_the_leak_passes_20_of_20(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.parametrize("attempt", range(20))
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_clean(memtrace, attempt):
+    loop(memtrace)
+""",
+    )
+    result.assert_outcomes(passed=20)
+    assert result.stdout.str().count("PASS ") == 20
+
+
+def test_one_32x_batch_fails_only_the_peak_rule(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(phase="validation", max_growth="1MB", max_peak="1MB")
+def test_spike(memtrace):
+    loop(memtrace, spike_at=100)
+""",
+        "--memreport=out",
+    )
+    result.assert_outcomes(failed=1)
+    verdict = json.loads(next((pytester.path / "out").glob("*.json")).read_text())
+    assert {f["kind"] for f in verdict["findings"]} == {"peak"}
+    assert verdict["findings"][0]["severity"] == "P1"
+
+
+def test_a_raising_test_keeps_its_timeline_and_gets_error(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_raises(memtrace):
+    loop(memtrace, fail_at=50)
+""",
+        "--memreport=out",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*RuntimeError: boom in batch 50*", "ERROR*test_raises"])
+    out = pytester.path / "out"
+    verdict = json.loads(next(out.glob("*.json")).read_text())
+    assert verdict["status"] == "ERROR" and "boom in batch 50" in verdict["error"]
+    lines = next(out.glob("*.jsonl")).read_text().splitlines()
+    samples = [json.loads(line) for line in lines[1:]]
+    assert [s["batch"] for s in samples if s["label"] == "VALIDATION_BATCH"] == list(range(50))
+    assert samples[-1]["label"] == "TEST_END" and "RuntimeError" in samples[-1]["note"]
+
+
+def test_marker_alone_traces_the_whole_test_for_teardown(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(teardown="4MB")
+def test_keeps_16mb():
+    HOLD.append(torch.ones(4 * 2**20))
+
+
+@pytest.mark.memleak(teardown="4MB")
+def test_frees_what_it_used():
+    data = torch.ones(4 * 2**20)
+    assert data.sum() > 0
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*[[]P0 teardown[]]*", "FAIL*test_keeps_16mb*"])
+
+
+def test_memreport_defaults_to_reports_and_writes_timeline_and_verdict(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.parametrize("name", ["../../escape", "a/b"])
+def test_named(memtrace, name):
+    loop(memtrace)
+""",
+        "--memreport",
+    )
+    result.assert_outcomes(passed=2)
+    files = sorted(p.name for p in (pytester.path / "reports").iterdir())
+    assert len(files) == 4 and all("/" not in f and not f.startswith(".") for f in files)
+    timeline = next((pytester.path / "reports").glob("*.jsonl")).read_text().splitlines()
+    header = json.loads(timeline[0])
+    assert header["meta"]["test"].startswith("test_loop.py::test_named[")
+    labels = [json.loads(line)["label"] for line in timeline[1:]]
+    assert labels[0] == "TEST_START" and labels[-1] == "TEST_END"
+    assert labels.count("VALIDATION_BATCH") == 176
+
+
+def test_without_memreport_no_file_is_written_but_rules_still_apply(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_leaky(memtrace):
+    loop(memtrace, keep=True)
+""",
+    )
+    result.assert_outcomes(failed=1)
+    assert not (pytester.path / "reports").exists()
+
+
+def test_ini_defaults_apply_and_the_marker_overrides_them(pytester):
+    pytester.makeini("[pytest]\nmemleak_max_growth = 1MB\nmemleak_phase = validation\n")
+    result = run(
+        pytester,
+        """
+def test_from_ini(memtrace):
+    loop(memtrace, keep=True)
+
+
+@pytest.mark.memleak(max_growth="64MB")
+def test_overridden(memtrace):
+    loop(memtrace, keep=True)
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAIL*test_from_ini", "PASS*test_overridden"])
+
+
+def test_bad_marker_arguments_are_a_usage_error(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(max_growth="abc")
+def test_bad():
+    pass
+""",
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*memleak: Rules.max_growth*cannot read 'abc'*"])
+
+
+def test_verdicts_reach_junit_xml(pytester):
+    run(
+        pytester,
+        """
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_leaky(memtrace):
+    loop(memtrace, keep=True)
+""",
+        "--junitxml=junit.xml",
+    )
+    props = ET.parse(pytester.path / "junit.xml").findall(".//property[@name='leakgate']")
+    assert len(props) == 1 and json.loads(props[0].get("value"))["status"] == "FAIL"
+
+
+def test_xdist_workers_write_their_files_and_the_summary_covers_all(pytester):
+    pytester.makepyfile(
+        test_loop=LOOP
+        + """
+@pytest.mark.parametrize("keep", [False, True, False, True])
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_split(memtrace, keep):
+    loop(memtrace, keep=keep)
+"""
+    )
+    result = pytester.runpytest_subprocess("-n", "2", "--memreport=out")
+    result.assert_outcomes(passed=2, failed=2)
+    assert result.stdout.str().count("test_loop.py::test_split[") >= 4
+    assert len(list((pytester.path / "out").glob("*.json"))) == 4
+
+
+@pytest.mark.parametrize(
+    "nodeid", ["t.py::test[../../etc/passwd]", "t.py::test[a/b]", "t.py::test[" + "x" * 300 + "]"]
+)
+def test_safe_name_cannot_escape_and_stays_unique(nodeid):
+    name = safe_name(nodeid)
+    assert "/" not in name and ".." not in name and len(name) <= 89
+    assert safe_name(nodeid) == name != safe_name(nodeid + "x")
