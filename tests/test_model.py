@@ -29,16 +29,6 @@ SMALL = TFTConfig(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Batch-sized tensors gain nothing from intra-op threads and slow down badly when the
-    cores are shared (parallel test workers), so these tests run single-threaded."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_batch(config: TFTConfig, batch_size: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     steps = config.encoder_length + config.decoder_length

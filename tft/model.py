@@ -215,16 +215,17 @@ class TemporalFusionTransformer(nn.Module):
 
 def quantile_loss(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
     """Mean pinball loss of ``prediction`` [..., Q] against ``target`` [...]."""
-    return _pinball(prediction, target, quantiles).mean()
+    return pinball(prediction, target, quantiles).mean()
 
 
 def q_risk(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
     """Normalised quantile risk per quantile [Q]: 2 * sum of pinball losses / sum |target|."""
-    losses = _pinball(prediction, target, quantiles)
+    losses = pinball(prediction, target, quantiles)
     return 2 * losses.reshape(-1, losses.shape[-1]).sum(0) / target.abs().sum()
 
 
-def _pinball(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
+def pinball(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
+    """Pinball loss of each element, shape of ``prediction`` [..., Q]."""
     q = torch.as_tensor(quantiles, dtype=prediction.dtype, device=prediction.device)
     if prediction.shape != (*target.shape, len(q)):
         raise ValueError(

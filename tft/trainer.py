@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from tft.model import quantile_loss
+from tft.model import pinball, quantile_loss
 from tft.qat import prepare_qat, qat_schedule
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,10 @@ class Trainer:
         target = batch["target"]
         loss = quantile_loss(prediction, target, self.quantiles)
         acc.add(
-            loss, _pinball_sums(prediction, target, self.quantiles), target.abs().sum(), len(target)
+            loss,
+            pinball(prediction, target, self.quantiles).flatten(0, -2).sum(0),
+            target.abs().sum(),
+            len(target),
         )
 
     def release_optimizer(self) -> None:
@@ -403,13 +406,6 @@ def baseline_q_risk(train: Dataset, val: Dataset, quantiles: Sequence[float]) ->
     levels = torch.quantile(fitted, torch.tensor(quantiles, dtype=fitted.dtype))
     target = torch.stack([val[i]["target"] for i in range(len(val))])
     prediction = levels.expand(*target.shape, len(quantiles))
-    return (2 * _pinball_sums(prediction, target, quantiles) / target.abs().sum()).tolist()
-
-
-def _pinball_sums(
-    prediction: torch.Tensor, target: torch.Tensor, quantiles: Sequence[float]
-) -> torch.Tensor:
-    """Sum of pinball losses per quantile over a batch (numerator of the normalised q-risk)."""
-    q = torch.tensor(quantiles, device=prediction.device, dtype=prediction.dtype)
-    error = target.unsqueeze(-1) - prediction
-    return torch.maximum(q * error, (q - 1) * error).sum(dim=tuple(range(error.dim() - 1)))
+    return (
+        2 * pinball(prediction, target, quantiles).flatten(0, -2).sum(0) / target.abs().sum()
+    ).tolist()
