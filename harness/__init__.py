@@ -27,6 +27,12 @@ _EXPORTS = {
     "DeviceOutOfMemory": "harness.recorder",
     "Timeline": "harness.timeline",
     "read_timeline": "harness.timeline",
+    "Run": "harness.report",
+    "render_report": "harness.report",
+    "save_run": "harness.artifacts",
+    "write_index": "harness.artifacts",
+    "load_run_document": "harness.artifacts",
+    "compare_runs": "harness.artifacts",
 }
 
 

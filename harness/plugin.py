@@ -5,8 +5,9 @@ that samples ``TEST_START`` and, after the test body returns, a collected ``TEST
 test's own checkpoints fall between. The marker's rules, over defaults from the ``memleak_*``
 ini options, are judged on every run; a FAIL verdict fails the test with its findings and
 checkpoint table. ``--memreport[=DIR]`` also writes ``DIR/<test>.jsonl`` (the timeline, as it
-is recorded) and ``DIR/<test>.json`` (the verdict). Verdicts travel as user properties, so
-JUnit XML and pytest-xdist's controller see them.
+is recorded), ``DIR/<test>.json`` (the verdict) and ``DIR/<test>.md`` (the report), and at the
+end of the session ``DIR/index.md``, one row per test traced in that session. Verdicts travel
+as user properties, so JUnit XML and pytest-xdist's controller see them.
 
 Importing this module does not import torch: tests that never trace pay nothing.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -49,7 +51,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         const=DEFAULT_DIR,
         default=None,
         metavar="DIR",
-        help=f"write each traced test's timeline and verdict under DIR (default {DEFAULT_DIR}/); "
+        help=f"write each traced test's timeline, verdict and report, and an index.md, under DIR "
+        f"(default {DEFAULT_DIR}/); "
         "write it as --memreport=DIR when test paths follow",
     )
     for name, help_text in INI.items():
@@ -116,6 +119,7 @@ class LeakGate:
         option = config.getoption("memreport")
         self.directory = Path(option) if option else None
         self.traces: dict[str, Trace] = {}
+        self.started = time.time()
         self.outcomes: list[Outcome] = []
 
     def rules_for(self, item: pytest.Item) -> Rules:
@@ -178,13 +182,9 @@ class LeakGate:
             recorder.checkpoint("TEST_END", phase="test", collect=True, note=_describe(error))
         verdict = judge(recorder.samples, trace.rules, error=error)
         if trace.files is not None:
-            payload = {
-                **verdict.to_dict(),
-                "test": item.nodeid,
-                "timeline": trace.files.with_suffix(".jsonl").name,
-                "header": recorder.header,
-            }
-            trace.files.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+            from harness.artifacts import save_run
+
+            save_run(trace.files.parent, trace.files.name, recorder, verdict, title=item.nodeid)
         growth = worst_growth(verdict)
         summary = {
             "status": verdict.status,
@@ -208,6 +208,16 @@ class LeakGate:
                     Outcome(report.nodeid, data["status"], data["worst_growth"], data["findings"])
                 )
 
+    def pytest_sessionfinish(self) -> None:
+        """Index this session's reports, once, in the process that saw every test: the
+        controller under pytest-xdist (workers have ``workerinput``)."""
+        if self.directory is None or hasattr(self.config, "workerinput"):
+            return
+        if self.directory.is_dir():
+            from harness.artifacts import write_index
+
+            write_index(self.directory, since=self.started)
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.outcomes:
             return
@@ -221,7 +231,7 @@ class LeakGate:
             for finding in o.findings:
                 tr.write_line(f"      {finding}")
         if self.directory is not None:
-            tr.write_line(f"timelines and verdicts in {self.directory}/")
+            tr.write_line(f"reports in {self.directory}/, index: {self.directory / 'index.md'}")
 
 
 def _ini_value(name: str, raw: str) -> Any:

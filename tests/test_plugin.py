@@ -148,7 +148,8 @@ def test_named(memtrace, name):
     )
     result.assert_outcomes(passed=2)
     files = sorted(p.name for p in (pytester.path / "reports").iterdir())
-    assert len(files) == 4 and all("/" not in f and not f.startswith(".") for f in files)
+    assert len(files) == 7 and all("/" not in f and not f.startswith(".") for f in files)
+    assert sorted(f.rsplit(".", 1)[1] for f in files) == ["json"] * 2 + ["jsonl"] * 2 + ["md"] * 3
     timeline = next((pytester.path / "reports").glob("*.jsonl")).read_text().splitlines()
     header = json.loads(timeline[0])
     assert header["meta"]["test"].startswith("test_loop.py::test_named[")

@@ -1,0 +1,280 @@
+"""``python -m harness``: rebuild a report from a timeline, compare two verdicts, index a folder.
+
+Exit codes: 0 pass (no regression), 1 fail or regression, 2 bad input (a missing or unreadable
+file, not JSON, not a timeline or verdict, a schema too new): one line on stderr, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.artifacts import (
+    DEFAULT_MIN_BYTES,
+    DEFAULT_TOLERANCE,
+    Change,
+    Comparison,
+    compare_runs,
+    load_run_document,
+    write_index,
+    write_run,
+)
+from harness.report import Run, render_report
+from harness.rules import Rules, judge
+from harness.timeline import read_timeline
+from harness.units import format_mb, parse_size
+
+PASS, FAIL, BAD_INPUT = 0, 1, 2
+TABLE_ROWS = 20
+RULE_OPTIONS = ("phase", "max_growth", "warmup", "max_peak", "max_drift", "teardown", "metric")
+
+
+class BadInput(Exception):
+    """Input the command cannot use; its message is the one line printed."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness",
+        description="leakgate: memory reports and verdict comparison.",
+        epilog="exit codes: 0 pass, 1 fail or regression, 2 bad input",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    report = commands.add_parser(
+        "report",
+        help="rebuild the markdown report (and JSON verdict) from a timeline",
+        description="Judge a timeline (a crashed run's too: a torn last line is skipped) and "
+        "write its report. Rules come from the timeline header's meta.rules when present; "
+        "the options below override them one by one.",
+    )
+    report.add_argument("timeline", type=Path, metavar="TIMELINE.jsonl")
+    report.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT.md",
+        help="report path (default: TIMELINE with .md; - for stdout)",
+    )
+    report.add_argument(
+        "--json", type=Path, metavar="OUT.json", help="verdict path (default: OUT with .json)"
+    )
+    report.add_argument("--no-json", action="store_true", help="write no JSON verdict")
+    report.add_argument("--title", help="report title (default: the test id or file name)")
+    report.add_argument("--phase", action="append", help="phase to judge (repeatable)")
+    report.add_argument("--max-growth", metavar="SIZE", help="e.g. 50MB")
+    report.add_argument("--warmup", type=int, metavar="N", help="batches left out per phase")
+    report.add_argument("--max-peak", metavar="SIZE")
+    report.add_argument("--max-drift", metavar="SIZE")
+    report.add_argument("--teardown", metavar="SIZE")
+    report.add_argument("--metric", help="metric judged (default allocated)")
+
+    compare = commands.add_parser(
+        "compare",
+        help="compare two verdicts; exit 1 on a regression beyond the tolerance",
+        description="Compare named checkpoints' readings and each phase's growth and peak rise. "
+        "A value regresses when it grew by more than the tolerance and by more than "
+        "--min-bytes; a base that passed and a new run that did not is a regression too.",
+    )
+    compare.add_argument("base", type=Path, metavar="BASE.json")
+    compare.add_argument("new", type=Path, metavar="NEW.json")
+    compare.add_argument(
+        "--tolerance",
+        type=_percent,
+        default=DEFAULT_TOLERANCE,
+        metavar="PCT",
+        help=f"growth allowed, in percent of the base (default {DEFAULT_TOLERANCE:.0%})",
+    )
+    compare.add_argument(
+        "--min-bytes",
+        type=_size,
+        default=DEFAULT_MIN_BYTES,
+        metavar="SIZE",
+        help="growth always allowed: the noise floor (default 1MiB)",
+    )
+
+    index = commands.add_parser("index", help="rewrite DIR/index.md from the verdicts in DIR")
+    index.add_argument("directory", type=Path, metavar="DIR")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    command = {"report": _report, "compare": _compare, "index": _index}[args.command]
+    try:
+        return command(args)
+    except BadInput as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        timeline = read_timeline(args.timeline)
+    except OSError as exc:
+        raise BadInput(f"{args.timeline}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise BadInput(_one_line(exc)) from None
+    rules = _rules(args, timeline.header)
+    try:
+        verdict = judge(timeline.samples, rules)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise BadInput(f"{args.timeline}: cannot judge its samples ({_one_line(exc)})") from None
+    meta = timeline.header.get("meta")
+    test = meta.get("test") if isinstance(meta, dict) else None
+    to_stdout = args.output == "-"
+    markdown = None if to_stdout else Path(args.output or args.timeline.with_suffix(".md"))
+    document = None
+    if not args.no_json and not to_stdout:
+        document = args.json or markdown.with_suffix(".json")
+    here = markdown.parent if markdown is not None else Path.cwd()
+    run = Run(
+        name=args.timeline.stem,
+        header=timeline.header,
+        samples=timeline.samples,
+        verdict=verdict,
+        title=args.title or (test if isinstance(test, str) else None),
+        torn=timeline.torn,
+        timeline=_relative(args.timeline, here),
+        verdict_file=_relative(document, here) if document is not None else None,
+    )
+    if to_stdout:
+        sys.stdout.write(render_report(run))
+    else:
+        try:
+            for path in (markdown, document):
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+            write_run(run, markdown, document)
+        except OSError as exc:
+            raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror})") from None
+    written = " and ".join(str(p) for p in (markdown, document) if p is not None)
+    summary = f"{verdict.status}: {len(verdict.findings)} finding(s)"
+    if timeline.torn:
+        summary += f", {timeline.torn} torn line skipped"
+    print(
+        summary + (f"; wrote {written}" if written else ""), file=sys.stderr if to_stdout else None
+    )
+    return PASS if verdict.passed else FAIL
+
+
+def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
+    meta = header.get("meta")
+    stored = meta.get("rules") if isinstance(meta, dict) else None
+    values = dict(stored) if isinstance(stored, dict) else {}
+    for name in RULE_OPTIONS:
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = tuple(given) if name == "phase" else given
+    try:
+        return Rules.from_dict(values)
+    except (ValueError, TypeError) as exc:
+        raise BadInput(f"rules: {_one_line(exc)}") from None
+
+
+def _compare(args: argparse.Namespace) -> int:
+    try:
+        base, new = load_run_document(args.base), load_run_document(args.new)
+    except ValueError as exc:
+        raise BadInput(_one_line(exc)) from None
+    comparison = compare_runs(base, new, tolerance=args.tolerance, min_bytes=args.min_bytes)
+    for line in comparison_lines(comparison):
+        print(line)
+    return FAIL if comparison.regressed else PASS
+
+
+def comparison_lines(comparison: Comparison) -> list[str]:
+    """A summary line, then a small table: every value beyond the tolerance (or, when none is,
+    the three largest changes)."""
+    c = comparison
+    limit = f"{c.tolerance:.0%} and {format_mb(c.min_bytes)}"
+    regressions = c.regressions
+    verdict = "REGRESSION" if c.regressed else "OK"
+    lines = [
+        f"compare: {verdict}: {len(regressions)} of {len(c.changes)} values grew by more than "
+        f"{limit}; status {c.base_status} -> {c.new_status}"
+        + (" (a regression)" if c.status_regressed else "")
+    ]
+    if c.only_in_base or c.only_in_new:
+        lines.append(
+            f"not compared: {c.only_in_base} value(s) only in BASE, {c.only_in_new} only in NEW"
+        )
+    beyond = regressions + sorted(
+        (x for x in c.changes if x.improvement), key=lambda x: x.delta or 0
+    )
+    shown = beyond or sorted(c.changes, key=lambda x: -abs(x.delta or 0))[:3]
+    if not shown:
+        return lines
+    if not beyond:
+        lines.append("largest changes, all within tolerance:")
+    rows = [("value", "metric", "base", "new", "change", "")]
+    rows += [_change_row(x) for x in shown[:TABLE_ROWS]]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    for r in rows:
+        cells = [f"{r[0]:<{widths[0]}}", f"{r[1]:<{widths[1]}}"]
+        cells += [f"{r[i]:>{widths[i]}}" for i in (2, 3, 4)] + [r[5]]
+        lines.append("  ".join(cells).rstrip())
+    if len(shown) > TABLE_ROWS:
+        lines.append(f"... {len(shown) - TABLE_ROWS} more")
+    return lines
+
+
+def _change_row(change: Change) -> tuple[str, str, str, str, str, str]:
+    delta = change.delta or 0.0
+    text = format_mb(delta, signed=True)
+    if change.base:
+        text += f" ({100 * delta / abs(change.base):+.1f}%)"
+    mark = "REGRESSION" if change.regression else ("improved" if change.improvement else "")
+    return (
+        change.item,
+        change.metric,
+        format_mb(change.base),
+        format_mb(change.new),
+        text,
+        mark,
+    )
+
+
+def _index(args: argparse.Namespace) -> int:
+    if not args.directory.is_dir():
+        raise BadInput(f"{args.directory}: not a directory")
+    try:
+        path = write_index(args.directory)
+    except OSError as exc:
+        raise BadInput(f"{exc.filename or args.directory}: cannot write ({exc.strerror})") from None
+    print(f"wrote {path}")
+    return PASS
+
+
+def _percent(text: str) -> float:
+    """``10%`` or ``10``: ten percent, as the fraction 0.1."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage like 10%, got {text!r}") from None
+    if not (value >= 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text!r}")
+    return value / 100
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text, what="--min-bytes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _relative(path: Path, start: Path) -> str:
+    try:
+        return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
+    except ValueError:
+        return path.resolve().as_posix()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

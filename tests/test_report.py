@@ -1,0 +1,556 @@
+"""The markdown report, the run's JSON document, the index and the comparison of two runs."""
+
+import json
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
+from harness.chart import MAX_POINTS, memory_chart
+from harness.report import Run, render_report
+from harness.rules import Evidence, Finding, Verdict, judge
+from harness.sample import Sample
+
+MB = 2**20
+SECTIONS = [
+    "# Memory report: ",
+    "## Executive Summary",
+    "## Configuration",
+    "## Memory Profile",
+    "## Memory Over the Run",
+    "## Issues Found",
+    "## Memory Analysis",
+    "## Test Results Summary",
+    "## Final Verdict",
+    "## Logs",
+]
+HEADER = {
+    "leakgate_timeline": 1,
+    "leakgate": "0.1.0",
+    "torch": "2.13.0",
+    "python": "3.11.7",
+    "probe": "cuda:0",
+    "primary": "allocated",
+    "device": "Tesla T4",
+    "capacity": 4096 * MB,
+    "capacity_emulated": False,
+    "started": 1_700_000_000.0,
+    "config": {"batch_size": 1, "validation_batch_size": 1, "epochs": 1, "lr": 0.001},
+    "meta": {"train_samples": 704, "val_samples": 176, "faults": ["val-attention-cache"]},
+}
+RULES = {"phase": "validation", "max_growth": "20MiB", "warmup": 5}
+HOLDER = {
+    "path": "Trainer._attn_cache",
+    "container": "list",
+    "items": 176,
+    "bytes": 2_400_000,
+    "phase": "validation",
+    "sites": ["tft/faults.py:42"],
+}
+
+
+def at(mb, label, phase, epoch=0, batch=None, **extra):
+    return Sample(label, phase, epoch, batch, 1.0, {"allocated": round(mb * MB)}, **extra)
+
+
+def incident(val_batches=40, *, oom=False):
+    """One epoch: training flat at 1611MB, validation growing 1MB per batch (or dying)."""
+    samples = [
+        at(1291, "SESSION_START", "session", epoch=None),
+        at(1291, "EPOCH_START", "training"),
+        *(at(1611, "TRAIN_BATCH", "training", batch=b) for b in range(20)),
+        at(1611, "AFTER_TRAINING", "training"),
+        at(1611, "BEFORE_VALIDATION", "validation"),
+        at(1611, "VALIDATION_START", "validation"),
+        *(at(1611 + b, "VALIDATION_BATCH", "validation", batch=b) for b in range(val_batches)),
+    ]
+    if oom:
+        samples.append(
+            at(4000, "OOM", "validation", batch=val_batches, note="CUDA out of memory. Tried")
+        )
+        return samples
+    return [
+        *samples,
+        at(1611 + val_batches, "VALIDATION_END", "validation"),
+        at(1611, "AFTER_VALIDATION", "validation"),
+        at(1611, "EPOCH_END", "epoch"),
+        at(1611, "SESSION_END", "session", epoch=None),
+    ]
+
+
+def run_of(samples, rules=RULES, header=HEADER, **kwargs):
+    verdict = judge(samples, rules)
+    return Run("incident", header, samples, verdict, **kwargs)
+
+
+def section(text, title):
+    body = text.split(f"## {title}\n", 1)[1]
+    return body.split("\n## ", 1)[0]
+
+
+def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
+    run = run_of(
+        incident(),
+        title="TFT incident",
+        holders=[HOLDER],
+        timeline="x.jsonl",
+        verdict_file="x.json",
+    )
+    text = render_report(run)
+    positions = [text.index(s) for s in SECTIONS]
+    assert positions == sorted(positions)
+    assert text.startswith(
+        "# Memory report: TFT incident\n\n2023-11-14 22:13 UTC · cuda:0: Tesla T4"
+    )
+
+    summary = section(text, "Executive Summary")
+    assert "torch 2.13.0" in summary and "Python 3.11.7" in summary
+    assert "1 of 1 epochs completed" in summary
+    assert "**Verdict:** FAIL: 1 P0 finding(s) in 2 checks" in summary
+    assert re.search(
+        r"Root cause:\*\* leak in validation epoch 0: .*held by `Trainer._attn_cache`"
+        r" \(list, 176 items, 2.3MB\)",
+        summary,
+    )
+
+    config = section(text, "Configuration")
+    for row in (
+        "| Device | cuda:0: Tesla T4 |",
+        "| Capacity | 4096.0MB (real) |",
+        "| Batch size | 1 |",
+        "| Validation batch size | 1 |",
+        "| Epochs | 1 |",
+        "| Training samples | 704 |",
+        "| Validation samples | 176 |",
+        "| Faults | val-attention-cache |",
+        "| Other settings | lr=0.001 |",
+    ):
+        assert row in config
+    assert "| Probe / metric | cuda:0 / allocated" in config
+
+    profile = section(text, "Memory Profile")
+    assert "Epoch 0 AFTER_TRAINING:" in profile
+    assert "1611.0MB / 4096.0MB (39.3% utilization)" in profile
+    assert "SESSION_START:" in profile and "1291.0MB / 4096.0MB (31.5% utilization)" in profile
+    batches = re.findall(r"Epoch 0 VALIDATION_BATCH #(\d+):", profile)
+    assert batches == ["0", "10", "20", "30", "39"]  # first, every 10th, last
+    assert re.findall(r"TRAIN_BATCH #(\d+):", profile) == ["0", "5", "10", "15", "19"]
+
+    chart = section(text, "Memory Over the Run")
+    assert "```mermaid\nxychart-beta" in chart
+    line = re.search(r"line \[([^\]]*)\]", chart).group(1).split(", ")
+    assert len(line) == len(run.samples) and line[0] == "1291.0" and "1650.0" in line
+
+    issues = section(text, "Issues Found")
+    assert "### Issue 1 (P0): Leak in validation epoch 0" in issues
+    assert "Slope +1.0MB/batch" in issues
+    assert "Epoch 0 VALIDATION_BATCH #39 = 1650.0MB (allocated)" in issues
+    assert "**Suspected root cause:** Memory held by `Trainer._attn_cache`" in issues
+    assert "`tft/faults.py:42`" in issues
+    assert "**Recommended fix:** Clear `Trainer._attn_cache` inside the loop" in issues
+
+    analysis = section(text, "Memory Analysis")
+    row = next(r for r in analysis.splitlines() if r.startswith("| validation epoch 0"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == [
+        "validation epoch 0",
+        "35/40",
+        "1611.0MB",
+        "1611.0MB",
+        "+34.0MB",
+        "+40.0MB",
+        "+1.0MB/batch",
+        "20.0MB",
+        "**FAIL**",
+    ]
+    assert "| training epoch 0 | -/20 | 1291.0MB | 1611.0MB | +320.0MB |" in analysis
+
+    results = section(text, "Test Results Summary")
+    assert "| max_growth | validation epoch 0 | **FAIL** |" in results
+    assert "| oom | run | PASS | 0 OOM event(s) |" in results
+
+    final = section(text, "Final Verdict")
+    assert "**ALL CHECKS PASSING: NO**" in final
+    assert "Completion: 1/2 checks passing (50%)" in final
+    assert "Remaining: P0 leak in validation epoch 0" in final
+
+    logs = section(text, "Logs")
+    assert "[x.jsonl](x.jsonl)" in logs and "[x.json](x.json)" in logs
+
+
+def test_growth_within_budget_passes_and_says_yes():
+    samples = [s for s in incident() if s.label != "VALIDATION_BATCH"]
+    samples[24:24] = [at(1611, "VALIDATION_BATCH", "validation", batch=b) for b in range(40)]
+    text = render_report(run_of(samples))
+    assert "**ALL CHECKS PASSING: YES**" in text and "Completion: 2/2 checks passing (100%)" in text
+    assert "Root cause" not in text and "None: no rule was broken." in text
+
+
+def test_an_oom_timeline_renders_oom_error_in_place_and_a_p0():
+    run = run_of(incident(val_batches=30, oom=True))
+    text = render_report(run)
+    profile = section(text, "Memory Profile").splitlines()
+    oom = [line for line in profile if line.startswith("[OOM ERROR]")]
+    assert len(oom) == 1 and oom[0].startswith("[OOM ERROR] Epoch 0 validation batch 30:")
+    assert "4000.0MB / 4096.0MB (97.7% utilization)" in oom[0] and "CUDA out of memory" in oom[0]
+    assert profile.index(oom[0]) == len(profile) - 2  # the last row, before the closing fence
+    assert "### Issue 1 (P0): Leak in validation epoch 0" in text  # the cause, before the symptom
+    assert "(P0): Out of memory in validation epoch 0" in text
+    assert "0 of 1 epochs completed" in text and "stopped at Epoch 0 validation batch 30" in text
+    assert "out of memory at #55 (Epoch 0 validation batch 30)" in text
+    assert "Judged on an incomplete timeline" in text
+
+
+def test_one_oom_event_seen_twice_is_one_issue():
+    samples = incident(val_batches=12, oom=True)
+    samples.insert(
+        -1, at(4000, "VALIDATION_BATCH", "validation", batch=12, note="capacity 4GB exceeded")
+    )
+    text = render_report(run_of(samples))
+    assert len(judge(samples, RULES).of_kind("oom")) == 2
+    assert text.count("Out of memory in validation epoch 0") == 1
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [[], [at(100, "SESSION_START", "session", epoch=None)], [at(5, "X", None, None, batch=0)]],
+    ids=["empty", "single", "lone-batch"],
+)
+def test_tiny_timelines_render(samples):
+    text = render_report(Run("tiny", {}, samples, judge(samples, {}), torn=1))
+    for heading in SECTIONS:
+        assert heading in text or (heading == "## Memory Over the Run" and not samples)
+    assert "device n/a" in text and "date n/a" in text
+    assert "torn last line skipped" in text
+
+
+def test_holders_go_to_findings_of_their_phase_only():
+    samples = incident()
+    samples.append(at(1700, "SESSION_END", "session", epoch=None, collected=True))
+    rules = {**RULES, "teardown": "10MB"}
+    store = {"path": "Trainer.store", "bytes": 10 * MB, "phase": "session"}
+    text = render_report(run_of(samples, rules, holders=[HOLDER, store, "not a dict", {}]))
+    leak = section(text, "Issues Found").split("### Issue 2")[0]
+    teardown = section(text, "Issues Found").split("### Issue 2")[1]
+    assert "`Trainer._attn_cache`" in leak and "`Trainer.store`" not in leak
+    assert "held by `Trainer.store` (10.0MB)" in teardown and "_attn_cache" not in teardown
+    assert "held by an unnamed object" in leak  # the holder without a phase or a path
+
+
+def test_evidence_that_points_elsewhere_and_unknown_kinds_still_render():
+    stray = Evidence(999, "GONE", "validation", 3, 7, "allocated", None)
+    newer = Finding("peak", "training", 0, None, "a kind from a newer rules version")
+    object.__setattr__(newer, "kind", "future-kind")
+    findings = (Finding("oom", None, None, None, "out of memory: boom", evidence=(stray,)), newer)
+    verdict = Verdict("ERROR", findings, error="RuntimeError: boom\nsecond line")
+    text = render_report(Run("odd", HEADER, incident(), verdict))
+    assert "The run raised `RuntimeError: boom second line`" in text
+    assert "(P1): Future-kind in training epoch 0" in text
+    assert "Epoch 3 GONE #7 = n/a" in text
+
+
+def test_markdown_stays_well_formed_with_hostile_text():
+    header = {**HEADER, "device": "a|b\n# not a heading", "meta": {"test": "t.py::x[```|]"}}
+    samples = [at(1, "A ```` B", "p|q", batch=0, note="line\n## two")]
+    text = render_report(Run("x", header, samples, judge(samples, {}), title="T\n# evil"))
+    assert "\n# not a heading" not in text and "\n## two" not in text and "\n# evil" not in text
+    block = section(text, "Memory Profile").split("\n\n", 1)[1]
+    fence = block.split("text", 1)[0]
+    assert len(fence) == 5 and block.rstrip().endswith(fence)
+    assert "a\\|b" in section(text, "Configuration")
+
+
+# -- hypothesis: arbitrary timelines never break the renderer ------------------------------------
+
+LABELS = [
+    "SESSION_START",
+    "EPOCH_START",
+    "TRAIN_BATCH",
+    "VALIDATION_BATCH",
+    "EPOCH_END",
+    "OOM",
+    "SESSION_END",
+    "TEST_END",
+    "x",
+]
+sizes = st.one_of(st.none(), st.integers(0, 2**40))
+samples_strategy = st.lists(
+    st.builds(
+        Sample,
+        label=st.sampled_from(LABELS),
+        phase=st.sampled_from([None, "training", "validation", "session", "test"]),
+        epoch=st.one_of(st.none(), st.integers(0, 3)),
+        batch=st.one_of(st.none(), st.integers(0, 50)),
+        time=st.floats(0, 2e9, allow_subnormal=False),
+        metrics=st.dictionaries(st.sampled_from(["allocated", "rss", "reserved", "peak"]), sizes),
+        collected=st.booleans(),
+        note=st.one_of(st.none(), st.text(max_size=30), st.just("CUDA out of memory")),
+    ),
+    max_size=60,
+)
+json_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_subnormal=False),
+        st.text(max_size=10),
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "probe": json_values,
+        "device": json_values,
+        "capacity": st.one_of(sizes, json_values),
+        "capacity_emulated": json_values,
+        "started": st.one_of(st.floats(allow_subnormal=False), json_values),
+        "config": st.one_of(
+            json_values,
+            st.dictionaries(
+                st.sampled_from(["batch_size", "validation_batch_size", "epochs", "lr"]),
+                json_values,
+            ),
+        ),
+        "meta": st.one_of(
+            json_values,
+            st.dictionaries(
+                st.sampled_from(["train_samples", "val_samples", "faults", "test"]), json_values
+            ),
+        ),
+        "notes": json_values,
+        "git_commit": json_values,
+    },
+)
+holders_strategy = st.lists(
+    st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {},
+            optional={
+                k: json_values for k in ("path", "container", "items", "bytes", "phase", "sites")
+            },
+        ),
+    ),
+    max_size=3,
+)
+rules_strategy = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_growth": st.integers(0, 2**30),
+        "max_peak": st.integers(0, 2**30),
+        "max_drift": st.integers(0, 2**30),
+        "teardown": st.integers(0, 2**30),
+        "warmup": st.integers(0, 10),
+        "phase": st.sampled_from(["training", "validation"]),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(samples_strategy, headers, holders_strategy, rules_strategy, st.integers(0, 1), st.text())
+def test_the_renderer_never_raises(samples, header, holders, rules, torn, title):
+    run = Run("h", header, samples, judge(samples, rules), title, holders, torn, "t.jsonl")
+    text = render_report(run)
+    assert all(s in text for s in SECTIONS if s != "## Memory Over the Run")
+    json.dumps(run_document(run), default=str)
+
+
+# -- chart ---------------------------------------------------------------------------------------
+
+
+def test_a_long_run_is_drawn_in_spans_that_keep_a_one_batch_spike():
+    readings = [100 * MB] * 5000
+    readings[2345] = 900 * MB
+    block = memory_chart({"allocated": readings})
+    values = re.search(r"line \[([^\]]*)\]", "\n".join(block)).group(1).split(", ")
+    assert len(values) == MAX_POINTS and "900.0" in values
+    assert '    x-axis "checkpoint" 0 --> 4999' in block
+
+
+def test_the_capacity_line_appears_only_near_capacity():
+    assert (
+        sum(
+            line.startswith("    line")
+            for line in memory_chart({"a": [MB, 3 * MB]}, capacity=8 * MB)
+        )
+        == 2
+    )
+    assert (
+        sum(
+            line.startswith("    line")
+            for line in memory_chart({"a": [MB, 3 * MB]}, capacity=80 * MB)
+        )
+        == 1
+    )
+    assert memory_chart({"a": [None, None]}) == [] and memory_chart({}) == []
+
+
+# -- files: save_run, the index ------------------------------------------------------------------
+
+
+KINDS = {"json": "json", "md": "md", "timeline": "jsonl"}
+
+
+class FakeRecorder:
+    def __init__(self, samples, header=HEADER):
+        self.samples, self.header = samples, header
+
+
+def test_save_run_writes_the_json_document_and_the_report(tmp_path):
+    (tmp_path / "leaky.jsonl").write_text("{}\n")
+    samples = incident()
+    paths = save_run(
+        tmp_path,
+        "leaky",
+        FakeRecorder(samples),
+        judge(samples, RULES),
+        title="TFT",
+        holders=[HOLDER],
+    )
+    assert paths == {kind: tmp_path / f"leaky.{ext}" for kind, ext in KINDS.items()}
+    doc = load_run_document(paths["json"])
+    assert doc["schema_version"] == 1 and doc["status"] == "FAIL"
+    assert doc["name"] == "leaky" and doc["title"] == "TFT" and doc["report"] == "leaky.md"
+    assert doc["timeline"] == "leaky.jsonl" and doc["header"]["device"] == "Tesla T4"
+    assert doc["attribution"] == [HOLDER] and doc["metric"] == "allocated"
+    assert doc["run"] == {
+        "epochs_completed": 1,
+        "epochs_planned": 1,
+        "samples": len(samples),
+        "torn": 0,
+        "ended": True,
+        "duration_s": 0.0,
+    }
+    named = {c["name"]: c["metrics"]["allocated"] for c in doc["checkpoints"]}
+    assert named["Epoch 0 AFTER_TRAINING"] == 1611 * MB and "Epoch 0 TRAIN_BATCH #0" not in named
+    assert doc["worst_growth"] == pytest.approx(34 * MB)
+    text = paths["md"].read_text()
+    assert "[leaky.jsonl](leaky.jsonl)" in text and "[leaky.json](leaky.json)" in text
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b"])
+def test_save_run_refuses_names_that_are_not_file_names(tmp_path, name):
+    with pytest.raises(ValueError, match="plain file name"):
+        save_run(tmp_path, name, FakeRecorder([]), judge([], {}))
+
+
+def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
+    clean = [s for s in incident() if s.label != "VALIDATION_BATCH"]
+    header = {**HEADER, "meta": {"test": "t.py::test_clean"}}
+    save_run(tmp_path, "a", FakeRecorder(clean, header), judge(clean, RULES))
+    header = {**HEADER, "meta": {"test": "t.py::test_leaky"}, "started": 1_800_000_000.0}
+    save_run(tmp_path, "b", FakeRecorder(incident(), header), judge(incident(), RULES))
+    (tmp_path / "other.json").write_text('{"not": "a verdict"}')
+    lines = write_index(tmp_path).read_text().splitlines()
+    assert lines[0] == "# leakgate memory verdicts"
+    assert lines[2] == (
+        "**2 traced runs: 1 PASS · 1 FAIL · 0 ERROR** · worst growth +34.0MB (`t.py::test_leaky`)"
+    )
+    rows = [line for line in lines if line.startswith("| ")][1:]
+    assert rows[0].startswith(
+        "| **FAIL** | `t.py::test_leaky` | +34.0MB | P0 leak (validation, +34.0MB) | [b.md](b.md) |"
+    )
+    assert rows[1].startswith("| PASS | `t.py::test_clean` | n/a | none | [a.md](a.md) |")
+    assert "1 JSON file(s) here are not leakgate verdicts" in "\n".join(lines)
+    recent = write_index(tmp_path, since=1_750_000_000.0).read_text()
+    assert "**1 traced run: 0 PASS · 1 FAIL" in recent and "test_clean" not in recent
+
+
+def test_an_empty_directory_gets_an_index_that_says_so(tmp_path):
+    assert "No traced run." in write_index(tmp_path / "new").read_text()
+
+
+# -- compare -------------------------------------------------------------------------------------
+
+
+def doc_with(scale=1.0, growth_scale=1.0):
+    samples = incident()
+    doc = run_document(run_of(samples))
+    for point in doc["checkpoints"]:
+        if point["label"] == "VALIDATION_END":
+            point["metrics"] = {"allocated": round(point["metrics"]["allocated"] * scale)}
+    for phase in doc["phases"]:
+        phase["growth"] *= growth_scale
+    return json.loads(json.dumps(doc))
+
+
+def test_compare_flags_a_20_percent_growth_and_ignores_a_2_percent_wobble():
+    base = doc_with()
+    grown = compare_runs(base, doc_with(scale=1.2))
+    assert grown.regressed and [c.item for c in grown.regressions] == ["Epoch 0 VALIDATION_END"]
+    assert grown.regressions[0].delta == pytest.approx(0.2 * 1651 * MB, rel=1e-6)
+    wobble = compare_runs(base, doc_with(scale=1.02, growth_scale=1.02))
+    assert not wobble.regressed and not wobble.regressions
+    shrunk = compare_runs(doc_with(scale=1.2), base)
+    assert not shrunk.regressed and [c.item for c in shrunk.changes if c.improvement] == [
+        "Epoch 0 VALIDATION_END"
+    ]
+
+
+def test_compare_has_a_noise_floor_for_small_numbers_and_gates_on_status():
+    base = doc_with()
+    tiny = doc_with(growth_scale=1.5)  # +17MB on a 34MB growth: beyond 10% and beyond 1MiB
+    assert [c.item for c in compare_runs(base, tiny).regressions] == ["validation epoch 0 growth"]
+    assert not compare_runs(base, tiny, min_bytes=64 * MB).regressed
+    passed = {**base, "status": "PASS"}
+    assert compare_runs(passed, base).regressed and compare_runs(passed, base).status_regressed
+    assert not compare_runs(base, passed).regressed
+
+
+def test_compare_matches_what_both_runs_have():
+    base = doc_with()
+    short = {**base, "checkpoints": base["checkpoints"][:3], "phases": []}
+    result = compare_runs(base, short)
+    assert len(result.changes) == 3 and result.only_in_base > 0 and result.only_in_new == 0
+
+
+# -- the plugin writes reports and an index --------------------------------------------------------
+
+LEAKY = """
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_loop(memtrace, keep):
+    kept = []
+    with memtrace.phase("validation", epoch=0):
+        for i in range(60):
+            out = torch.ones(16384) * 2
+            if keep:
+                kept.append(out)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+"""
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
+def test_memreport_writes_a_report_per_test_and_one_index(pytester, xdist):
+    pytester.makepyfile(test_mem=LEAKY)
+    (pytester.path / "out").mkdir()
+    (pytester.path / "out" / "stale.json").write_text(
+        json.dumps({**doc_with(), "test": "old.py::gone"})
+    )
+    args = ["-p", "no:randomly", "--memreport=out"]
+    run = pytester.runpytest_subprocess if xdist else pytester.runpytest
+    result = run(*args, *(["-n", "2"] if xdist else []))
+    result.assert_outcomes(passed=1, failed=1)
+    out = pytester.path / "out"
+    reports = sorted(p for p in out.glob("*.md") if p.name != "index.md")
+    assert len(reports) == 2
+    for report in reports:
+        text = report.read_text()
+        assert all(s in text for s in SECTIONS)
+        assert f"[{report.stem}.jsonl]({report.stem}.jsonl)" in text
+    index = (out / "index.md").read_text()
+    assert "**2 traced runs: 1 PASS · 1 FAIL · 0 ERROR**" in index and "old.py::gone" not in index
+    assert "test_mem.py::test_loop[True]" in index and "test_mem.py::test_loop[False]" in index
+    assert index.index("[True]") < index.index("[False]")  # the failure first
+    assert "index: out/index.md" in result.stdout.str()
