@@ -239,6 +239,8 @@ def _profile(run: Run) -> list[str]:
     header = [f"{'checkpoint':<{width}}", f"{metric:>10}"]
     if against != metric:
         header.append(right)
+    elif capacity:
+        header[-1] += " / capacity"
     body = ["  ".join(header)]
     for name, i, notes in rows:
         sample = run.samples[i]
