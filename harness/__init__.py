@@ -33,6 +33,11 @@ _EXPORTS = {
     "write_index": "harness.artifacts",
     "load_run_document": "harness.artifacts",
     "compare_runs": "harness.artifacts",
+    "Holder": "harness.attribution",
+    "Snapshot": "harness.attribution",
+    "PhaseAttribution": "harness.attribution",
+    "live_tensors": "harness.attribution",
+    "attribute": "harness.attribution",
 }
 
 

@@ -10,6 +10,7 @@ import platform
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from harness import __version__
+from harness.attribution import Holder, PhaseAttribution
 from harness.probes import Probe, make_probe
 from harness.sample import Sample
 from harness.timeline import TimelineWriter
@@ -58,6 +60,11 @@ class Recorder:
     collections, which makes ``collect=True`` cost what the run itself allocated rather than
     tens of milliseconds for torch's own objects. Garbage cycles already present stay until
     :meth:`close`, which unfreezes them when this recorder was the one to freeze.
+
+    ``attribute=True`` (or a configured :class:`~harness.attribution.PhaseAttribution`) names
+    what holds new memory: live tensors are noted at each phase's START, attributed at its END
+    and at ``OOM`` events, into :attr:`holders`; on CUDA, allocation stacks are recorded while
+    the recorder is open. Without it a checkpoint pays nothing for the feature.
     """
 
     def __init__(
@@ -68,8 +75,12 @@ class Recorder:
         timeline: str | os.PathLike[str] | None = None,
         config: Any = None,
         meta: Mapping[str, Any] | None = None,
+        attribute: bool | PhaseAttribution = False,
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
+        if attribute is True:
+            attribute = PhaseAttribution()
+        self.attribution: PhaseAttribution | None = attribute or None
         self.probe = make_probe(probe)
         self._timeline = None
         try:
@@ -90,6 +101,8 @@ class Recorder:
         self._closed = False
         self._unfreeze = gc.get_freeze_count() == 0
         gc.freeze()
+        if self.attribution is not None:
+            self.attribution.start()
 
     def _header(self, emulated: bool, config: Any, meta: Mapping[str, Any] | None) -> dict:
         if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -173,9 +186,33 @@ class Recorder:
         self.samples.append(sample)
         if self._timeline is not None:
             self._timeline.write(sample)
+        if self.attribution is not None:
+            self._attribute(sample)
         if overflow:
             raise DeviceOutOfMemory(overflow, sample)
         return sample
+
+    def _attribute(self, sample: Sample) -> None:
+        """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,
+        on CPU, out of ``rss``: the heap it used is trimmed, as on a collected checkpoint."""
+        try:
+            acted = self.attribution.observe(sample)
+        except Exception as error:
+            warnings.warn(
+                f"leakgate: attribution at {sample.label!r} failed: {error!r}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return
+        if acted:
+            if self.probe.name == "cpu":
+                self.probe.release()
+            self.probe.reset_peak()
+
+    @property
+    def holders(self) -> list[Holder]:
+        """What the attribution found so far (empty without ``attribute``)."""
+        return self.attribution.holders if self.attribution is not None else []
 
     def _overflow(
         self, label: str, metrics: Mapping[str, int | None], may_raise: bool
@@ -237,6 +274,8 @@ class Recorder:
             if self._timeline is not None:
                 self._timeline.close()
         finally:
+            if self.attribution is not None:
+                self.attribution.close()
             self.probe.close()
             if self._unfreeze:
                 gc.unfreeze()

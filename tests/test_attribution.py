@@ -1,0 +1,378 @@
+import gc
+import sys
+import time
+import weakref
+
+import pytest
+import torch
+from workload import Windows, make_model
+
+from harness import Recorder
+from harness.attribution import (
+    Holder,
+    PhaseAttribution,
+    attribute,
+    live_tensors,
+    record_sites,
+)
+from tft.faults import ValAttentionCache
+from tft.trainer import TrainConfig
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+MODULE = __name__
+CACHE: dict[str, torch.Tensor] = {}
+
+
+def cuda(test):
+    """Mark ``test`` as a CUDA test (``-m cuda``), skipped without a GPU."""
+    return pytest.mark.cuda(needs_gpu(test))
+
+
+class Cache:
+    def __init__(self) -> None:
+        self._items: list[torch.Tensor] = []
+
+
+def floats(n: int, device: str = "cpu") -> torch.Tensor:
+    """A float32 tensor of ``4 * n`` bytes."""
+    return torch.ones(n, device=device)
+
+
+def by_path(holders: list[Holder]) -> dict[str, Holder]:
+    return {h.path: h for h in holders}
+
+
+@pytest.fixture(autouse=True)
+def heap_frozen():
+    """Freeze what exists, as a Recorder does when it starts: attribution's usual setting, and
+    a quicker walk. Tests of the unfrozen heap call ``gc.unfreeze()`` first."""
+    froze = gc.get_freeze_count() == 0
+    gc.freeze()
+    yield
+    if froze:
+        gc.unfreeze()
+
+
+@pytest.fixture
+def global_cache():
+    """Empties the module's ``CACHE`` after the test (which uses the global itself, so that no
+    frame local names it first)."""
+    yield
+    CACHE.clear()
+
+
+def test_an_attribute_list_is_named_by_class_and_attribute():
+    before = live_tensors()
+    cache = Cache()
+    cache._items += [floats(256) for _ in range(4)]
+    [holder] = attribute(before)
+    assert holder.path == "Cache._items"
+    assert (holder.container, holder.items, holder.tensors) == ("list", 4, 4)
+    assert holder.bytes == 4 * 1024
+    assert str(holder) == "Cache._items (list, 4 items, 0.0MB)"
+    del cache
+
+
+def test_a_module_global_dict_is_named_by_module(global_cache):
+    before = live_tensors()
+    CACHE["a"] = floats(512)
+    CACHE["b"] = floats(512)
+    [holder] = attribute(before)
+    assert (holder.path, holder.container, holder.items) == (f"{MODULE}.CACHE", "dict", 2)
+    assert holder.bytes == 4096
+
+
+def test_nested_containers_are_described_where_the_tensors_gather(global_cache):
+    before = live_tensors()
+    CACHE["attn"] = [(floats(64), floats(64)) for _ in range(5)]
+    [holder] = attribute(before)
+    assert holder.path == f"{MODULE}.CACHE['attn']"
+    assert (holder.container, holder.items, holder.tensors) == ("list", 5, 10)
+
+
+def make_closure():
+    kept = [floats(100), floats(100)]
+
+    def read() -> list[torch.Tensor]:
+        return kept
+
+    return read
+
+
+def test_a_closure_cell_is_named_by_the_function_that_defines_it():
+    before = live_tensors()
+    read = make_closure()
+    [holder] = attribute(before)
+    assert (holder.path, holder.container, holder.items) == ("make_closure:kept", "list", 2)
+    assert holder.bytes == 800
+    del read
+
+
+def test_a_frame_local_is_named_by_function_and_variable():
+    gc.unfreeze()
+    before = live_tensors()
+    kept = floats(300)
+    [holder] = attribute(before)
+    assert holder.path == "test_a_frame_local_is_named_by_function_and_variable:kept"
+    assert (holder.container, holder.items, holder.bytes) == ("tensor", 1, 1200)
+    del kept
+
+
+def test_reading_frame_locals_does_not_keep_a_dropped_local_alive():
+    before = live_tensors()
+    kept = floats(1000)
+    gone = weakref.ref(kept)
+    assert attribute(before)
+    del kept
+    assert gone() is None
+
+
+def test_views_share_their_storage_and_count_once():
+    before = live_tensors()
+    base = floats(1000)
+    cache = Cache()
+    cache._items += [base[i * 100 : (i + 1) * 100] for i in range(10)]
+    also = [base[:10], base.view(10, 100)]
+    holders = attribute(before, limit=None)
+    # One storage, three holders of it: it counts once, for the one holding most tensors.
+    assert [(h.path, h.tensors, h.bytes) for h in holders] == [("Cache._items", 10, 4000)]
+    del base, cache, also
+
+
+def test_views_of_older_storage_hold_nothing_new():
+    base = floats(1000)
+    before = live_tensors()
+    cache = Cache()
+    cache._items += [base[:10], base[10:20]]
+    assert attribute(before) == []
+    del cache
+
+
+def test_a_graph_attached_loss_holds_the_activations_its_graph_saved():
+    weight = floats(1000).requires_grad_()
+    before = live_tensors()
+    x = torch.randn(1000)
+    activation = (x * weight).tanh()
+    kept = [activation.sum()]
+    del x, activation
+    [holder] = attribute(before)
+    del kept
+    assert holder.path == "test_a_graph_attached_loss_holds_the_activations_its_graph_saved:kept"
+    # MulBackward saved x (the weight is older), TanhBackward its result: 4000 B each, plus the
+    # loss's own 4 bytes. Without the walk of grad_fn only those 4 bytes would show.
+    assert holder.graph_bytes == 8000
+    assert holder.bytes == 8004
+    assert holder.tensors == 1
+
+
+def test_graphs_shared_by_several_tensors_count_once():
+    weight = floats(1000).requires_grad_()
+    before = live_tensors()
+    hidden = (torch.randn(1000) * weight).exp()
+    cache = Cache()
+    cache._items += [hidden.sum(), hidden.mean()]
+    del hidden
+    [holder] = attribute(before)
+    assert holder.graph_bytes == 8000
+
+
+def test_reference_cycles_terminate_and_are_named(global_cache):
+    before = live_tensors()
+    a: dict = {}
+    b = {"back": a, "tensor": floats(50)}
+    a["forth"] = b
+    CACHE["cycle"] = a
+    del a, b
+    [holder] = attribute(before)
+    assert holder.path == f"{MODULE}.CACHE['cycle']['forth']"
+    assert (holder.container, holder.items, holder.bytes) == ("dict", 2, 200)
+
+
+def test_a_holder_deeper_than_max_depth_is_unnamed(global_cache):
+    before = live_tensors()
+    chain: list = [floats(10)]
+    for _ in range(20):
+        chain = [chain]
+    CACHE["deep"] = chain
+    del chain
+    [shallow] = attribute(before, max_depth=5)
+    assert shallow.path.startswith("<unnamed list>")
+    [deep] = attribute(before, max_depth=30)
+    assert deep.path == f"{MODULE}.CACHE['deep']" + "[0]" * 20
+
+
+def test_the_time_budget_bounds_a_large_heap():
+    before = live_tensors()
+    heap = [[object() for _ in range(100)] for _ in range(2000)]
+    kept = [floats(10) for _ in range(3)]
+    started = time.perf_counter()
+    holders = attribute(before, budget_s=0.0)
+    assert time.perf_counter() - started < 0.5
+    assert [(h.path, h.tensors, h.bytes) for h in holders] == [("<not searched>", 3, 120)]
+    del heap, kept
+
+
+def test_objects_frozen_before_the_snapshot_still_name_their_tensors():
+    cache = Cache()
+    gc.freeze()
+    before = live_tensors()
+    cache._items.append(floats(64))
+    assert gc.get_referrers(cache._items) == []
+    [holder] = attribute(before)
+    assert holder.path == "Cache._items"
+
+
+def test_without_a_snapshot_module_and_optimizer_state_are_left_out():
+    gc.unfreeze()
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    kept = [floats(4096)]
+    holders = by_path(attribute(limit=None))
+    held = holders["test_without_a_snapshot_module_and_optimizer_state_are_left_out:kept"]
+    assert held.bytes == 4 * 4096
+    assert not [p for p in holders if p.startswith(("Linear.", "Adam.", "<outside"))]
+    del model, optimizer, kept
+
+
+def test_snapshots_hold_tensors_weakly():
+    tensor = floats(10)
+    snapshot = live_tensors()
+    assert tensor in snapshot and floats(10) not in snapshot
+    gone = weakref.ref(tensor)
+    del tensor
+    assert gone() is None
+
+
+def test_holders_round_trip_through_dicts():
+    holder = Holder("Trainer._attn_cache", "list", 176, 176, 2_500_000, 2_400_000, ("m.py:3",))
+    data = holder.to_dict()
+    assert {"path", "container", "items", "bytes", "sites", "phase"} <= set(data)
+    assert data["sites"] == ["m.py:3"]
+    assert Holder.from_dict({**data, "unknown": 1}) == holder
+    assert str(holder) == "Trainer._attn_cache (list, 176 items, 2.4MB)"
+
+
+def test_max_depth_must_be_positive():
+    with pytest.raises(ValueError, match="max_depth"):
+        attribute(max_depth=0)
+
+
+# -- the recorder -----------------------------------------------------------------------------
+
+
+def test_a_recorder_without_attribution_takes_no_snapshots():
+    with Recorder("cpu") as rec:
+        with rec.phase("validation"):
+            rec.checkpoint("OOM")
+        assert rec.attribution is None and rec.holders == []
+
+
+def test_a_phase_end_attributes_what_the_phase_left():
+    cache = Cache()
+    with Recorder("cpu", attribute=True) as rec, rec.phase("validation", epoch=2):
+        for batch in range(5):
+            cache._items.append(floats(1024))
+            rec.checkpoint("VALIDATION_BATCH", batch=batch)
+    [holder] = rec.holders
+    assert (holder.path, holder.items, holder.bytes) == ("Cache._items", 5, 5 * 4096)
+    assert (holder.phase, holder.epoch, holder.label) == ("validation", 2, "validation END")
+
+
+def test_an_oom_event_names_what_the_loop_holds_then():
+    cache = Cache()
+    with Recorder("cpu", attribute=True) as rec:
+        rec.checkpoint("VALIDATION_START", phase="validation")
+        for batch in range(3):
+            cache._items.append(floats(1024))
+            rec.checkpoint("VALIDATION_BATCH", phase="validation", batch=batch)
+        rec.checkpoint("OOM", phase="validation", batch=3, note="CUDA out of memory")
+        cache._items.clear()
+        rec.checkpoint("VALIDATION_END", phase="validation")
+    [holder] = rec.holders
+    assert (holder.path, holder.items, holder.label) == ("Cache._items", 3, "OOM")
+
+
+def test_growth_past_the_threshold_attributes_once_mid_phase():
+    cache = Cache()
+    with Recorder("cpu", attribute=PhaseAttribution(growth="1MiB")) as rec, rec.phase("val"):
+        for batch in range(8):
+            cache._items.append(floats(2**17))
+            rec.checkpoint("VALIDATION_BATCH", batch=batch)
+        cache._items.clear()
+    [holder] = rec.holders
+    assert holder.path == "Cache._items" and holder.label == "VALIDATION_BATCH"
+    assert 2 <= holder.items < 8
+
+
+class Incident(ValAttentionCache):
+    """The incident: validation keeps attention with its graph and runs out of memory."""
+
+    batches = 0
+
+    def validate_step(self, batch, acc):
+        prediction = super().validate_step(batch, acc)
+        self.batches += 1
+        if self.batches == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.40 GiB")
+        return prediction
+
+
+def test_the_incident_oom_names_the_attention_cache_and_its_graph():
+    config = TrainConfig(epochs=1, batch_size=2, oom_retries=1)
+    with Recorder("cpu", attribute=True) as rec:
+        Incident(make_model(), config, callbacks=[rec]).fit(Windows(4), Windows(12, seed=1))
+    at_oom = [h for h in rec.holders if h.label == "OOM"]
+    assert at_oom[0].path == "ValAttentionCache.validation_mode:cache"
+    assert (at_oom[0].container, at_oom[0].items, at_oom[0].phase) == ("list", 4, "validation")
+    assert at_oom[0].graph_bytes > 0.9 * at_oom[0].bytes
+
+
+# -- CUDA -------------------------------------------------------------------------------------
+
+
+@cuda
+def test_cuda_holders_carry_their_allocation_site():
+    was_on = record_sites(True)
+    try:
+        before = live_tensors()
+        line = sys._getframe().f_lineno + 1
+        kept = [floats(2**18, "cuda") for _ in range(3)]
+        holder = by_path(attribute(before))["test_cuda_holders_carry_their_allocation_site:kept"]
+    finally:
+        record_sites(was_on)
+    assert holder.bytes == 3 * 2**20
+    assert holder.sites[0].endswith(f"test_attribution.py:{line}")
+    del kept
+
+
+@cuda
+def test_cuda_blocks_without_a_python_holder_are_grouped_by_site():
+    was_on = record_sites(True)
+    try:
+        before = live_tensors()
+        line = sys._getframe().f_lineno + 1
+        pointer = torch.cuda.caching_allocator_alloc(2**20)
+        try:
+            holders = attribute(before)
+        finally:
+            torch.cuda.caching_allocator_delete(pointer)
+    finally:
+        record_sites(was_on)
+    [unheld] = [h for h in holders if h.path.startswith("<no Python holder>")]
+    assert unheld.sites[0].endswith(f"test_attribution.py:{line}")
+    assert unheld.bytes >= 2**20 and unheld.container == "blocks"
+
+
+@cuda
+def test_a_cuda_recorder_records_sites_only_while_open():
+    was_on = torch._C._cuda_isHistoryEnabled()
+    with Recorder("cuda", attribute=True) as rec:
+        assert torch._C._cuda_isHistoryEnabled()
+        with rec.phase("validation"):
+            kept = [floats(2**18, "cuda")]
+    assert torch._C._cuda_isHistoryEnabled() == was_on
+    [holder] = rec.holders
+    assert holder.path.endswith(":kept") and holder.sites
+    del kept
