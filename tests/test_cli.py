@@ -147,6 +147,32 @@ def test_index_command(tmp_path, capsys):
     assert main(["index", str(tmp_path / "missing")]) == 2
 
 
+def test_gate_fails_on_a_failing_verdict_or_a_regression_and_passes_otherwise(tmp_path, capsys):
+    runs, baseline = tmp_path / "runs", tmp_path / "baseline"
+    runs.mkdir(), baseline.mkdir()
+    saved(baseline, "a", clean())
+    saved(runs, "a", clean(), scale=1.02)
+    assert main(["gate", str(runs), "--baseline", str(baseline)]) == 0
+    assert (runs / "index.md").is_file()
+    assert capsys.readouterr().out.splitlines()[-1] == "gate: PASS: 0 of 1 verdicts fail"
+
+    saved(runs, "a", clean(), scale=1.2)
+    assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
+    out = capsys.readouterr().out
+    assert "PASS  a.json (regression against the baseline)" in out and "REGRESSION" in out
+
+    saved(runs, "a", clean())
+    saved(runs, "b", incident())
+    assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  b.json (no baseline)" in out and "gate: FAIL: 1 of 2 verdicts fail" in out
+
+
+def test_gate_on_a_folder_without_verdicts_is_bad_input(tmp_path, capsys):
+    assert main(["gate", str(tmp_path)]) == 2
+    assert "no verdicts to gate" in capsys.readouterr().err
+
+
 def bad_files(tmp_path):
     (tmp_path / "text.jsonl").write_text("hello\n")
     (tmp_path / "broken.jsonl").write_text('{"leakgate_timeline":1}\n{"lab\n{"label":"x"}\n')
