@@ -40,16 +40,23 @@ the primary metric otherwise; samples without ``peak`` use the primary metric. T
 sample's own ``peak`` covers time before the phase and is not used.
 
 Drift (P2, ``max_drift``): every non-batch checkpoint label seen in several epochs, each later
-epoch's first reading against the earliest epoch's. Teardown (P0, ``teardown``): the last
-collected sample at or after ``SESSION_END`` (or after the last batch when there is none) against
-``SESSION_START`` (or the first sample); ``session START``/``session END``, as a recorder's
-``phase("session")`` names them, count too. Both are run-wide and ignore ``rules.phase``.
+epoch's first reading against the earliest epoch's, leaving out the first ``warmup_epochs``
+(default 1: the first epoch creates the optimizer state and the allocator's caches).
+
+Teardown (P0, ``teardown``): the last collected sample at or after ``SESSION_END`` (or after the
+last batch when there is none) against ``SESSION_START`` (or the first sample);
+``session START``/``session END``, as a recorder's ``phase("session")`` names them, count too.
+Drift and teardown are run-wide and ignore ``rules.phase``.
 
 OOM (P0): a sample labelled ``OOM`` or whose note mentions running out of memory (or an
 exceeded emulated capacity), or an ``error`` that is an out-of-memory error. Fragmentation (P2,
 a warning that does not fail the verdict): on CUDA, ``reserved - allocated`` grows with a trend
 by more than ``max(FRAGMENTATION_FLOOR, max_growth)`` while ``allocated`` grows by under a
 quarter of that.
+
+Check (P1): a sample labelled ``CHECK_FAILED`` (:data:`CHECK_FAILED`), which a trainer-invariant
+check records with a note saying what broke; one finding per phase, with the first note and the
+count. Like OOM events, these samples are never part of a loop's series or of drift.
 
 Status: ERROR when ``error`` is given and is not an OOM, else FAIL when any finding other than
 fragmentation exists, else PASS.
@@ -70,12 +77,13 @@ from harness.stats import Trend, edge_window, robust_delta, trend
 from harness.units import format_mb, parse_size
 
 SCHEMA_VERSION = 1
-KINDS = ("leak", "peak", "drift", "teardown", "oom", "fragmentation")
+KINDS = ("leak", "peak", "drift", "teardown", "oom", "check", "fragmentation")
 SEVERITY = {
     "oom": "P0",
     "leak": "P0",
     "teardown": "P0",
     "peak": "P1",
+    "check": "P1",
     "drift": "P2",
     "fragmentation": "P2",
 }
@@ -83,6 +91,7 @@ ALPHA = 0.01
 MIN_TREND_POINTS = 6
 FRAGMENTATION_FLOOR = 64 * 2**20
 FALLBACK_METRIC = "rss"
+CHECK_FAILED = "CHECK_FAILED"
 
 _SIZE_FIELDS = ("max_growth", "max_peak", "max_drift", "teardown")
 _OOM_TEXT = re.compile(r"(?i:out of memory|\bcapacity\b.*\bexceeded\b)|\bOOM\b")
@@ -101,6 +110,7 @@ class Rules:
     warmup: int = 5
     max_peak: int | str | None = None
     max_drift: int | str | None = None
+    warmup_epochs: int = 1
     teardown: int | str | None = None
     metric: str = "allocated"
 
@@ -119,6 +129,14 @@ class Rules:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(
                 f"Rules.warmup: expected a number of batches >= 0, got {self.warmup!r}"
+            )
+        if (
+            isinstance(self.warmup_epochs, bool)
+            or not isinstance(self.warmup_epochs, int)
+            or self.warmup_epochs < 0
+        ):
+            raise ValueError(
+                f"Rules.warmup_epochs: expected a number of epochs >= 0, got {self.warmup_epochs!r}"
             )
         if not isinstance(self.metric, str) or not self.metric:
             raise ValueError(f"Rules.metric: expected a metric name, got {self.metric!r}")
@@ -325,6 +343,7 @@ class _Judgement:
         self.judge_phases()
         self.judge_drift()
         self.judge_teardown()
+        self.judge_checks()
         message = self.judge_oom(error)
         if message is not None:
             status = "ERROR"
@@ -595,13 +614,13 @@ class _Judgement:
             return
         firsts: dict[str, dict[int, int]] = {}
         for i, s in enumerate(self.samples):
-            if s.batch is None and s.epoch is not None and not _is_oom(s):
+            if s.batch is None and s.epoch is not None and not _is_event(s):
                 firsts.setdefault(s.label, {}).setdefault(s.epoch, i)
         failures: list[Finding] = []
         for label, by_epoch in firsts.items():
-            if len(by_epoch) < 2:
+            epochs = sorted(by_epoch)[self.rules.warmup_epochs :]
+            if len(epochs) < 2:
                 continue
-            epochs = sorted(by_epoch)
             ref = by_epoch[epochs[0]]
             worst: tuple[int, int, str] | None = None
             for e in epochs[1:]:
@@ -690,6 +709,24 @@ class _Judgement:
         )
         evidence = (self.evidence(start, metric), self.evidence(at, metric))
         self.findings.append(Finding("teardown", "session", None, residue, message, None, evidence))
+
+    def judge_checks(self) -> None:
+        """One ``check`` finding per phase with ``CHECK_FAILED`` samples."""
+        by_phase: dict[str | None, list[int]] = {}
+        for i, s in enumerate(self.samples):
+            if s.label == CHECK_FAILED:
+                by_phase.setdefault(s.phase, []).append(i)
+        for phase, failed in by_phase.items():
+            first = self.samples[failed[0]]
+            note = (first.note or "no note").strip().splitlines()[0]
+            count = f" ({len(failed)} failures)" if len(failed) > 1 else ""
+            message = f"check failed at {_where(first)}: {note}{count}"
+            scope = phase if phase is not None else "(no phase)"
+            self.checks.append(Check("check", scope, "FAIL", f"{len(failed)} CHECK_FAILED: {note}"))
+            evidence = tuple(self.evidence(i, None) for i in dict.fromkeys((failed[0], failed[-1])))
+            self.findings.append(
+                Finding("check", phase, first.epoch, None, message, None, evidence)
+            )
 
     def judge_oom(self, error: BaseException | str | None) -> str | None:
         """Add OOM findings and checks; return the error message when it is not an OOM."""
@@ -790,7 +827,12 @@ def _peak_base(s: Sample, metric: str) -> str:
 
 
 def _in_loop(s: Sample) -> bool:
-    return s.batch is not None and not _is_oom(s)
+    return s.batch is not None and not _is_event(s)
+
+
+def _is_event(s: Sample) -> bool:
+    """An OOM or a failed check: something that happened, not a reading of the loop."""
+    return _is_oom(s) or s.label == CHECK_FAILED
 
 
 def _key(s: Sample) -> tuple[str | None, int | None]:

@@ -217,7 +217,7 @@ def test_each_epoch_is_judged_and_the_worst_is_reported():
 
 def test_drift_of_a_checkpoint_across_epochs():
     samples = epochs([0, 0, 0], drift=30 * MB)
-    verdict = judge(samples, Rules(max_drift="50MB"))
+    verdict = judge(samples, Rules(max_drift="50MB", warmup_epochs=0))
     (drift,) = verdict.findings
     assert (drift.kind, drift.severity, drift.epoch) == ("drift", "P2", 2)
     assert drift.bytes == pytest.approx(60 * MB, abs=16 * KB)
@@ -228,7 +228,16 @@ def test_drift_of_a_checkpoint_across_epochs():
     assert by_label["EPOCH_START"].status == "FAIL"
     assert by_label["EPOCH_START"].measured == 60 * MB
     assert verdict.status == "FAIL"
-    assert judge(samples, Rules(max_drift="100MB")).status == "PASS"
+    assert judge(samples, Rules(max_drift="100MB", warmup_epochs=0)).status == "PASS"
+
+
+def test_drift_leaves_out_the_first_epoch_by_default():
+    samples = epochs([0, 0, 0], drift=30 * MB)
+    assert judge(samples, Rules(max_drift="50MB")).status == "PASS"  # epoch 2 vs 1: +30MB
+    assert judge(samples, Rules(max_drift="20MB")).of_kind("drift")[0].evidence[0].epoch == 1
+    two = [s for s in samples if s.epoch != 2]
+    checks = judge(two, Rules(max_drift="1MB")).checks
+    assert not [c for c in checks if c.rule == "max_drift"]
 
 
 def test_teardown_compares_the_collected_end_with_the_session_start():
@@ -385,7 +394,8 @@ def test_verdict_round_trips_through_json():
     samples.append(
         Sample("OOM", "validation", 1, 7, 0.0, {"allocated": BASE}, note="out of memory")
     )
-    verdict = judge(samples, Rules(max_growth="5MB", max_drift="10MB", max_peak="1GB"))
+    rules = Rules(max_growth="5MB", max_drift="10MB", max_peak="1GB", warmup_epochs=0)
+    verdict = judge(samples, rules)
     data = json.loads(json.dumps(verdict.to_dict()))
     assert next(iter(data)) == "schema_version" and data["schema_version"] == SCHEMA_VERSION
     assert {f["kind"] for f in data["findings"]} == {"leak", "drift", "oom"}

@@ -202,3 +202,15 @@ def test_checkpoint_loading_refuses_arbitrary_objects(tmp_path):
     trainer = Trainer(make_model(), TrainConfig())
     with pytest.raises(pickle.UnpicklingError):
         trainer.load_checkpoint(path)
+
+
+def test_fit_flushes_subnormals_only_while_it_runs():
+    seen = []
+
+    def probe(label, **_):
+        if label == "TRAIN_BATCH":
+            seen.append(float(torch.tensor(1e-40) * 1))
+
+    fit(epochs=1, callbacks=[probe], batch_size=4)
+    assert set(seen) == {0.0}
+    assert float(torch.tensor(1e-40) * 1) != 0.0
