@@ -15,8 +15,7 @@ from harness.attribution import (
     live_tensors,
     record_sites,
 )
-from tft.faults import ValAttentionCache
-from tft.trainer import TrainConfig
+from tft.trainer import TrainConfig, Trainer
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MODULE = __name__
@@ -306,15 +305,23 @@ def test_growth_past_the_threshold_attributes_once_mid_phase():
     assert 2 <= holder.items < 8
 
 
-class Incident(ValAttentionCache):
-    """The incident: validation keeps attention with its graph and runs out of memory."""
+class IncidentTrainer(Trainer):
+    """The incident: validation keeps each batch's attention with its graph (run with grad, on
+    a copy of the batch) and runs out of memory at the fourth batch."""
 
-    batches = 0
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._attn_cache: list[torch.Tensor] = []
 
     def validate_step(self, batch, acc):
         prediction = super().validate_step(batch, acc)
-        self.batches += 1
-        if self.batches == 4:
+        keep = self.model.attention.register_forward_hook(
+            lambda module, inputs, output: self._attn_cache.append(output[1])
+        )
+        with torch.inference_mode(False), torch.enable_grad():
+            self.model({k: v.clone() for k, v in batch.items()})
+        keep.remove()
+        if len(self._attn_cache) == 4:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.40 GiB")
         return prediction
 
@@ -322,11 +329,11 @@ class Incident(ValAttentionCache):
 def test_the_incident_oom_names_the_attention_cache_and_its_graph():
     config = TrainConfig(epochs=1, batch_size=2, oom_retries=1)
     with Recorder("cpu", attribute=True) as rec:
-        Incident(make_model(), config, callbacks=[rec]).fit(Windows(4), Windows(12, seed=1))
-    at_oom = [h for h in rec.holders if h.label == "OOM"]
-    assert at_oom[0].path == "ValAttentionCache.validation_mode:cache"
-    assert (at_oom[0].container, at_oom[0].items, at_oom[0].phase) == ("list", 4, "validation")
-    assert at_oom[0].graph_bytes > 0.9 * at_oom[0].bytes
+        IncidentTrainer(make_model(), config, callbacks=[rec]).fit(Windows(4), Windows(12, seed=1))
+    top = next(h for h in rec.holders if h.label == "OOM")
+    assert (top.path, top.container, top.items) == ("IncidentTrainer._attn_cache", "list", 4)
+    assert top.phase == "validation"
+    assert top.graph_bytes > 0.9 * top.bytes
 
 
 # -- CUDA -------------------------------------------------------------------------------------
