@@ -78,6 +78,8 @@ class Recorder:
         attribute: bool | PhaseAttribution = False,
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
+        if not isinstance(attribute, (bool, PhaseAttribution)):
+            raise ValueError(f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}")
         if attribute is True:
             attribute = PhaseAttribution()
         self.attribution: PhaseAttribution | None = attribute or None

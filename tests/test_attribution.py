@@ -268,6 +268,11 @@ def test_a_recorder_without_attribution_takes_no_snapshots():
         assert rec.attribution is None and rec.holders == []
 
 
+def test_attribute_takes_a_bool_or_a_phase_attribution():
+    with pytest.raises(ValueError, match="attribute"):
+        Recorder("cpu", attribute="yes")
+
+
 def test_a_phase_end_attributes_what_the_phase_left():
     cache = Cache()
     with Recorder("cpu", attribute=True) as rec, rec.phase("validation", epoch=2):
