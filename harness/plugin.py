@@ -64,8 +64,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "memleak(phase=None, max_growth=None, warmup=5, max_peak=None, max_drift=None, "
-        "warmup_epochs=1, teardown=None, metric='allocated'): "
-        "judge the test's memory timeline (leakgate)",
+        "warmup_epochs=1, teardown=None, metric='allocated', attribute=False): "
+        "judge the test's memory timeline (leakgate); attribute=True names who holds new "
+        "tensors at every phase end",
     )
     config.pluginmanager.register(LeakGate(config), PLUGIN_NAME)
 
@@ -101,6 +102,7 @@ class Trace:
     recorder: Recorder
     rules: Rules
     files: Path | None
+    holders: tuple[str, ...] = ()
 
 
 @dataclass
@@ -136,16 +138,19 @@ class LeakGate:
         if marker is not None:
             if marker.args:
                 raise pytest.UsageError(f"{item.nodeid}: memleak takes keyword arguments only")
-            values.update(marker.kwargs)
+            values.update((k, v) for k, v in marker.kwargs.items() if k != "attribute")
         try:
             return Rules.from_dict(values)
         except ValueError as exc:
             raise pytest.UsageError(f"{item.nodeid}: memleak: {exc}") from None
 
     def start(self, item: pytest.Item) -> Trace:
+        from harness.attribution import PhaseAttribution
         from harness.recorder import Recorder
 
         rules = self.rules_for(item)
+        marker = item.get_closest_marker("memleak")
+        asked = marker is not None and bool(marker.kwargs.get("attribute", False))
         files = None
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -153,6 +158,7 @@ class LeakGate:
         recorder = Recorder(
             timeline=files.with_suffix(".jsonl") if files else None,
             meta={"test": item.nodeid, "rules": rules.to_dict()},
+            attribute=PhaseAttribution(growth=rules.max_growth) if asked else False,
         )
         recorder.checkpoint("TEST_START", phase="test", collect=True)
         self.traces[item.nodeid] = trace = Trace(recorder, rules, files)
@@ -172,7 +178,9 @@ class LeakGate:
             from harness.terminal import failure_message
 
             report.outcome = "failed"
-            report.longrepr = failure_message(verdict, trace.recorder.samples, trace.rules.metric)
+            report.longrepr = failure_message(
+                verdict, trace.recorder.samples, trace.rules.metric, trace.holders
+            )
 
     def finish(self, item: pytest.Item, trace: Trace, call: pytest.CallInfo) -> Verdict:
         from harness.rules import judge
@@ -183,10 +191,19 @@ class LeakGate:
         if not recorder.closed:
             recorder.checkpoint("TEST_END", phase="test", collect=True, note=_describe(error))
         verdict = judge(recorder.samples, trace.rules, error=error)
+        holders = _holders(recorder, verdict)
+        trace.holders = tuple(_describe_holder(h) for h in holders[:3])
         if trace.files is not None:
             from harness.artifacts import save_run
 
-            save_run(trace.files.parent, trace.files.name, recorder, verdict, title=item.nodeid)
+            save_run(
+                trace.files.parent,
+                trace.files.name,
+                recorder,
+                verdict,
+                title=item.nodeid,
+                holders=holders,
+            )
         growth = worst_growth(verdict)
         summary = {
             "status": verdict.status,
@@ -245,6 +262,24 @@ def _ini_value(name: str, raw: str) -> Any:
     if name == "phase":
         return tuple(p.strip() for p in raw.split(",") if p.strip())
     return raw.strip()
+
+
+def _holders(recorder: Recorder, verdict: Verdict) -> list[dict[str, Any]]:
+    """Who holds memory: what the recorder attributed when asked; otherwise, only after a leak,
+    teardown or OOM finding, a search of the tensors still alive (what outlived the test)."""
+    if recorder.holders:
+        return [h.to_dict() for h in recorder.holders]
+    if not any(f.kind in ("leak", "teardown", "oom") for f in verdict.findings):
+        return []
+    from harness.attribution import attribute
+
+    return [h.to_dict() for h in attribute(limit=5)]
+
+
+def _describe_holder(holder: dict[str, Any]) -> str:
+    from harness.attribution import Holder
+
+    return str(Holder.from_dict(holder))
 
 
 def _skipped(call: pytest.CallInfo) -> bool:

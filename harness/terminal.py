@@ -17,10 +17,14 @@ def worst_growth(verdict: Verdict) -> float | None:
     return max(growths, default=None)
 
 
-def failure_message(verdict: Verdict, samples: Sequence[Sample], metric: str) -> str:
-    """Findings, then the checkpoint table: label, phase, MB, delta against the phase start."""
+def failure_message(
+    verdict: Verdict, samples: Sequence[Sample], metric: str, holders: Sequence[str] = ()
+) -> str:
+    """Findings and who holds the memory, then the checkpoint table: label, phase, MB, delta
+    against the phase start."""
     lines = [f"leakgate: memory verdict {verdict.status}"]
     lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
+    lines += [f"  held by {h}" for h in holders]
     if verdict.error:
         lines.append(f"  error: {verdict.error}")
     lines += ["", *checkpoint_table(samples, metric)]

@@ -239,3 +239,41 @@ def test_safe_name_cannot_escape_and_stays_unique(nodeid):
     name = safe_name(nodeid)
     assert "/" not in name and ".." not in name and len(name) <= 89
     assert safe_name(nodeid) == name != safe_name(nodeid + "x")
+
+
+def test_attribute_names_the_holder_of_an_in_phase_leak(pytester):
+    result = run(
+        pytester,
+        """
+class Cache:
+    def __init__(self):
+        self.items = []
+
+
+@pytest.mark.memleak(phase="validation", max_growth="1MB", attribute=True)
+def test_cached(memtrace):
+    cache = Cache()
+    with memtrace.phase("validation", epoch=0):
+        for i in range(BATCHES):
+            cache.items.append(torch.ones(16384))
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+""",
+        "--memreport=out",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*held by Cache.items (list, 176 items, *MB)*"])
+    verdict = json.loads(next((pytester.path / "out").glob("*.json")).read_text())
+    assert verdict["attribution"][0]["path"] == "Cache.items"
+
+
+def test_a_teardown_leak_is_attributed_after_the_failure_without_asking(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(teardown="4MB")
+def test_keeps_16mb():
+    HOLD.append(torch.ones(4 * 2**20))
+""",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*held by test_loop.HOLD (list, 1 items, 16.0MB)*"])
