@@ -1,14 +1,20 @@
 """``python -m tft.train``: train the TFT on 1-minute futures bars.
 
 Without ``--parquet-file`` the default synthetic file (704 training and 176 validation windows)
-is generated into the cache folder. Exit codes: 0 done, 1 out of memory, 2 bad input.
+is generated into the cache folder. ``--inject-fault NAME`` trains a known faulty variant
+(:mod:`tft.faults`). ``--memreport DIR`` traces memory at the trainer's checkpoints, judges the
+timeline with :data:`MEMORY_RULES` and writes ``DIR/<run>.jsonl``, ``.json`` and ``.md``;
+``--capacity`` emulates a smaller device (and traces the run too). Exit codes: 0 done (with a
+passing verdict when traced), 1 out of memory or a failing verdict, 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import resource
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -16,13 +22,35 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
+from torch.utils.data import Dataset, default_collate
 
-from tft.data import DataError, default_parquet, load
+from tft import faults
+from tft.checks import watch
+from tft.data import DataError, Split, default_parquet, load
 from tft.model import TemporalFusionTransformer, TFTConfig
 from tft.qat import export_int8
-from tft.trainer import EpochStats, TrainConfig, Trainer, baseline_q_risk
+from tft.trainer import (
+    Batch,
+    Callback,
+    EpochStats,
+    TrainConfig,
+    Trainer,
+    baseline_q_risk,
+    resolve_device,
+)
 
 log = logging.getLogger("tft.train")
+
+MEMORY_RULES: dict[str, object] = {
+    "phase": ("training", "validation"),
+    "max_growth": "40KiB",
+    "warmup": 5,
+    "max_peak": "8MiB",
+    "teardown": "384KiB",
+}
+"""The ``harness.Rules`` a traced run is judged by, from measurements of the default workload
+(704 training and 176 validation windows, batch size 1) on a CPU; ``reports/README.md`` has
+the numbers behind them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", type=Path, help="save every epoch here (and resume from)")
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/last.pt")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--inject-fault",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="train a known faulty variant, repeatable ('list' describes them): "
+        + ", ".join(faults.FAULTS),
+    )
+    p.add_argument(
+        "--memreport",
+        type=Path,
+        metavar="DIR",
+        help="trace memory, judge it and write DIR/<run>.jsonl, <run>.json and <run>.md",
+    )
+    p.add_argument(
+        "--capacity", metavar="SIZE", help="emulate a device of SIZE (e.g. 600MB); traces the run"
+    )
     return p
 
 
@@ -100,8 +145,13 @@ def format_epoch(stats: EpochStats, epochs: int, device: torch.device) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s", stream=sys.stderr)
+    if "list" in args.inject_fault:
+        for fault in faults.FAULTS.values():
+            print(f"{fault.name:<22} {fault.summary}")
+        return 0
     try:
         config = TrainConfig(
             batch_size=args.batch_size,
@@ -113,43 +163,67 @@ def main(argv: Sequence[str] | None = None) -> int:
             qat=args.qat,
             checkpoint_dir=str(args.checkpoint_dir) if args.checkpoint_dir else None,
         )
+        config = faults.configure(config, args.inject_fault)
         split = load(args.parquet_file or default_parquet())
-        torch.manual_seed(args.seed)
-        model = TemporalFusionTransformer(
-            TFTConfig(
-                static_cardinalities=split.train.static_cardinalities,
-                n_observed=split.train.n_observed,
-                n_known=split.train.n_known,
-                encoder_length=split.train.spec.encoder_length,
-                decoder_length=split.train.spec.decoder_length,
-                hidden_size=args.hidden_size,
-            )
+        model_config = TFTConfig(
+            static_cardinalities=split.train.static_cardinalities,
+            n_observed=split.train.n_observed,
+            n_known=split.train.n_known,
+            encoder_length=split.train.spec.encoder_length,
+            decoder_length=split.train.spec.decoder_length,
+            hidden_size=args.hidden_size,
         )
     except (DataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    trainer = Trainer(model, config)
+    if args.resume and not (Path(config.checkpoint_dir or ".") / "last.pt").is_file():
+        print(
+            f"error: --resume needs {Path(config.checkpoint_dir or '.') / 'last.pt'}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.memreport is not None or args.capacity is not None:
+        return traced(args, config, model_config, split, argv)
+    try:
+        train(args, config, model_config, split)
+    except torch.OutOfMemoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def train(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    model_config: TFTConfig,
+    split: Split,
+    callbacks: Sequence[Callback] = (),
+    sink: Callback | None = None,
+) -> None:
+    """Build the model and the trainer (with the faults asked for), train and log the outcome.
+
+    ``sink`` receives failed trainer-invariant checks. Nothing built here outlives the call
+    unless a fault keeps it. Raises ``torch.OutOfMemoryError`` when training runs out of memory.
+    """
+    torch.manual_seed(args.seed)
+    model = TemporalFusionTransformer(model_config)
+    trainer = faults.trainer_class(args.inject_fault)(model, config, callbacks)
     trainer.callbacks.append(Progress(trainer, len(split.train), len(split.val), sys.stderr))
+    if sink is not None:
+        watch(trainer, sink)
     if args.resume:
-        last = Path(config.checkpoint_dir or ".") / "last.pt"
-        if not last.is_file():
-            print(f"error: --resume needs {last}", file=sys.stderr)
-            return 2
-        trainer.load_checkpoint(last)
+        trainer.load_checkpoint(Path(config.checkpoint_dir or ".") / "last.pt")
     log.info(
-        "%d training / %d validation windows, batch %d / validation batch %d, device %s",
+        "%d training / %d validation windows, batch %d / validation batch %d, device %s%s",
         len(split.train),
         len(split.val),
         config.batch_size,
         config.validation_batch_size,
         trainer.device,
+        f", faults: {', '.join(args.inject_fault)}" if args.inject_fault else "",
     )
     started = time.perf_counter()
-    try:
-        history = trainer.fit(split.train, split.val)
-    except torch.OutOfMemoryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    history = trainer.fit(split.train, split.val)
     base = baseline_q_risk(split.train, split.val, trainer.quantiles)
     final = history[-1].q_risk
     log.info(
@@ -164,7 +238,102 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = Path(config.checkpoint_dir) / "model-int8.pt"
         torch.save(export_int8(trainer.model), path)
         log.info("INT8 export written to %s", path)
-    return 0
+
+
+def traced(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    model_config: TFTConfig,
+    split: Split,
+    argv: Sequence[str],
+) -> int:
+    """Train under a memory recorder, judge the timeline with :data:`MEMORY_RULES`, print the
+    verdict and, with ``--memreport``, save the run; 1 when the verdict is not PASS.
+
+    The session is framed by collected ``session START``/``session END`` checkpoints taken
+    before the model exists and after everything :func:`train` built is gone, so the
+    teardown rule sees what a finished session leaves behind.
+    """
+    # The one exception to "tft never imports harness": tracing from the command line. The
+    # import stays inside this function, so the model, data, trainer and faults load without it.
+    from harness import Recorder, Rules, judge, parse_size, save_run
+
+    try:
+        capacity = None if args.capacity is None else parse_size(args.capacity, what="--capacity")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    warm_up(faults.trainer_class(args.inject_fault), config, model_config, split)
+    name = "tft-train-" + ("+".join(args.inject_fault) or "clean")
+    meta = {
+        "train_samples": len(split.train),
+        "val_samples": len(split.val),
+        "faults": list(args.inject_fault),
+        "command": shlex.join(["python", "-m", "tft.train", *argv]),
+    }
+    recorder = Recorder(
+        str(resolve_device(config.device)),
+        capacity=capacity,
+        timeline=None if args.memreport is None else args.memreport / f"{name}.jsonl",
+        config=config,
+        meta=meta,
+    )
+    # The session's peak window starts from the released level: the warm-up's is not its own.
+    gc.collect()
+    recorder.probe.release()
+    recorder.probe.reset_peak()
+    error = None
+    started = time.perf_counter()
+    with recorder:
+        with recorder.phase("session", collect=True):
+            try:
+                train(args, config, model_config, split, [recorder], sink=recorder)
+            except torch.OutOfMemoryError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                error = exc.with_traceback(None)
+        faults.reset()
+        verdict = judge(recorder.samples, Rules(**MEMORY_RULES), error=error)
+    print(f"memory verdict: {verdict.status} ({time.perf_counter() - started:.1f}s traced)")
+    for finding in verdict.findings:
+        print(f"  [{finding.severity} {finding.kind}] {finding.message}")
+    if args.memreport is not None:
+        title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
+        paths = save_run(args.memreport, name, recorder, verdict, title=title)
+        print(f"report: {paths['md']}")
+    return 0 if verdict.status == "PASS" else 1
+
+
+def warm_up(
+    trainer_class: type[Trainer], config: TrainConfig, model_config: TFTConfig, split: Split
+) -> None:
+    """Run every batch shape a session can meet once, with a throwaway model and trainer of the
+    session's class, so that one-time allocations happen before a traced session starts.
+
+    Measured on a CPU: the first forward pass leaves about 33 MB allocated for good, and oneDNN
+    caches its LSTM primitives per batch size and autograd mode (about 165 KB per LSTM for each
+    new one). The shapes are each configured batch size, the sizes out-of-memory back-off can
+    halve it to, and the last, partial batch of each.
+    """
+    trainer = trainer_class(TemporalFusionTransformer(model_config), config)
+
+    def batch(data: Dataset, size: int) -> Batch:
+        rows = default_collate([data[i] for i in range(size)])
+        return {k: v.to(trainer.device) for k, v in rows.items()}
+
+    for size in batch_shapes(len(split.train), config.batch_size, config.oom_retries):
+        trainer.train_step(batch(split.train, size))
+    trainer.model.eval()
+    with trainer.validation_mode():
+        for size in batch_shapes(len(split.val), config.validation_batch_size, config.oom_retries):
+            trainer.model(batch(split.val, size))
+
+
+def batch_shapes(n: int, size: int, halvings: int) -> list[int]:
+    """Batch sizes ``n`` windows can come in: ``size`` and up to ``halvings`` halvings of it,
+    each with its last, partial batch."""
+    sizes = [max(1, size >> k) for k in range(halvings + 1)]
+    shapes = {min(n, s) for s in sizes} | {n % s for s in sizes if n % s}
+    return sorted(shapes, reverse=True)
 
 
 if __name__ == "__main__":
