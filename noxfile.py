@@ -32,6 +32,7 @@ TORCH = os.environ.get("LEAKGATE_TORCH", "" if REUSE_TORCH else "torch==2.13.0")
 VENV_PARAMS = ["--system-site-packages"] if REUSE_TORCH else []
 REPORTS = Path("reports")
 BASELINE = REPORTS / "baseline"
+BENCH_PEERS = ("pytest-memray", "pytorch-forecasting")
 
 
 def install(session: nox.Session, extra: str) -> None:
@@ -86,11 +87,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def bench(session: nox.Session) -> None:
-    """Benchmarks: checkpoint cost, noise floor and leak sensitivity."""
+    """Benchmarks side by side in one run, written to ``reports/bench.md``: checkpoint cost,
+    harness overhead, pytest-memray, pytorch-forecasting, time to verdict and sensitivity.
+
+    The peers are installed here only, pinned to the torch already installed. Arguments after
+    ``--`` go to ``benchmarks/run.py`` (``--reps N``, ``--sensitivity-runs N``, ``-- -k ...``).
+    """
     install(session, "test")
-    session.run("pytest", "benchmarks/bench_checkpoint.py", *session.posargs)
-    session.run("python", "benchmarks/bench_checkpoint.py")
-    session.run("python", "benchmarks/sensitivity.py")
+    code = "import torch; print(torch.__version__)"
+    torch_now = session.run("python", "-c", code, silent=True).strip().splitlines()[-1]
+    session.install(*BENCH_PEERS, f"torch=={torch_now}")
+    session.run("python", "benchmarks/run.py", *session.posargs)
 
 
 def _device(session: nox.Session) -> str:

@@ -3,7 +3,8 @@
     pytest benchmarks/bench_checkpoint.py
 
 Run as a script, it prints the CPU noise floor instead: the spread of ``rss`` and
-``allocated`` over 176 idle checkpoints after a warm-up, plain and collected.
+``allocated`` over 176 checkpoints after a warm-up, plain and collected, idle and with a small
+training step between them.
 
     python benchmarks/bench_checkpoint.py
 """
@@ -61,11 +62,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None
     optimizer.step()
 
 
-def noise_floor(checkpoints: int = 176, warmup: int = 20) -> None:
-    """Print the spread of the CPU metrics over checkpoints after a warm-up: idle, and with a
-    small training step (a 256x256 linear layer, Adam) between checkpoints."""
+def noise_floor(checkpoints: int = 176, warmup: int = 20) -> list[dict[str, object]]:
+    """The spread of the CPU metrics over checkpoints after a warm-up: idle, and with a small
+    training step (a 256x256 linear layer, Adam) between checkpoints; one row per case and
+    metric, in bytes."""
     model = torch.nn.Linear(256, 256)
     optimizer = torch.optim.Adam(model.parameters())
+    rows = []
     for work in (False, True):
         for collect in (False, True):
             with Recorder("cpu") as rec:
@@ -77,13 +80,21 @@ def noise_floor(checkpoints: int = 176, warmup: int = 20) -> None:
             for metric in ("rss", "allocated"):
                 values = [s.get(metric) for s in samples]
                 steps = [b - a for a, b in itertools.pairwise(values)]
-                print(
-                    f"{'train step' if work else 'idle':10} collect={collect!s:5} {metric:9}"
-                    f" max-min {(max(values) - min(values)) / 1024:7.1f} KB"
-                    f"  end-start {(values[-1] - values[0]) / 1024:7.1f} KB"
-                    f"  step stdev {statistics.pstdev(steps) / 1024:6.2f} KB"
+                rows.append(
+                    {
+                        "between": "train step" if work else "idle",
+                        "collect": collect,
+                        "metric": metric,
+                        "range": max(values) - min(values),
+                        "end_minus_start": values[-1] - values[0],
+                        "step_stdev": statistics.pstdev(steps),
+                    }
                 )
+    return rows
 
 
 if __name__ == "__main__":
-    noise_floor()
+    from report import noise_table
+
+    torch.set_num_threads(1)
+    print(noise_table(noise_floor()))

@@ -11,15 +11,19 @@ of it fails with a ``leak`` finding.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from collections.abc import Sequence
 
 import torch
+from report import sensitivity_table
 
 from harness import Recorder, judge
 from harness.rules import Rules
 from tft.model import TemporalFusionTransformer, TFTConfig
 
 BATCHES = 176
+SIZES = (0, 128, 256, 384, 512, 768, 1024)
 
 
 def one_run(model: TemporalFusionTransformer, batch: dict, leak: int, rules: Rules) -> tuple:
@@ -36,14 +40,12 @@ def one_run(model: TemporalFusionTransformer, batch: dict, leak: int, rules: Rul
     return bool(verdict.of_kind("leak")), stats.slope or 0.0, stats.growth or 0.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--max-growth", default="64KiB")
-    parser.add_argument("--sizes", default="0,128,256,384,512,768,1024")
-    args = parser.parse_args()
+def sensitivity(
+    runs: int = 50, max_growth: str = "64KiB", sizes: Sequence[int] = SIZES
+) -> list[dict[str, float]]:
+    """One row per leak size: runs flagged, median slope (B/batch), largest growth (bytes) and
+    seconds per run."""
     torch.manual_seed(0)
-    torch.set_num_threads(1)
     config = TFTConfig()
     model = TemporalFusionTransformer(config).eval()
     batch = {
@@ -52,24 +54,37 @@ def main() -> None:
         "known": torch.randn(1, config.encoder_length + config.decoder_length, config.n_known),
         "target": torch.randn(1, config.decoder_length),
     }
-    rules = Rules(phase="validation", max_growth=args.max_growth, warmup=5)
+    rules = Rules(phase="validation", max_growth=max_growth, warmup=5)
+    rows = []
+    for size in sizes:
+        started = time.perf_counter()
+        results = [one_run(model, batch, size, rules) for _ in range(runs)]
+        rows.append(
+            {
+                "leak": size,
+                "flagged": sum(r[0] for r in results),
+                "runs": runs,
+                "median_slope": statistics.median(r[1] for r in results),
+                "max_growth": max(r[2] for r in results),
+                "seconds_per_run": (time.perf_counter() - started) / runs,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--max-growth", default="64KiB")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
     print(
         f"{args.runs} runs x {BATCHES} batches per size, max_growth {args.max_growth}, torch "
         f"{torch.__version__}"
     )
-    print("| leak B/batch | flagged | median slope B/batch | max growth KB | s/run |")
-    print("|---:|---:|---:|---:|---:|")
-    for size in (int(s) for s in args.sizes.split(",")):
-        started = time.perf_counter()
-        results = [one_run(model, batch, size, rules) for _ in range(args.runs)]
-        flagged = sum(r[0] for r in results)
-        slopes = sorted(r[1] for r in results)
-        worst = max(r[2] for r in results) / 1000
-        per_run = (time.perf_counter() - started) / args.runs
-        print(
-            f"| {size} | {flagged}/{args.runs} | {slopes[len(slopes) // 2]:.0f} | "
-            f"{worst:.1f} | {per_run:.2f} |"
-        )
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(sensitivity_table(sensitivity(args.runs, args.max_growth, sizes)))
 
 
 if __name__ == "__main__":

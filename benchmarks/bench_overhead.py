@@ -1,0 +1,59 @@
+"""Harness overhead on real work: one TFT epoch at the incident's size, recorded or not.
+
+One epoch is 704 training and 176 validation windows at batch 1 on the CPU, through
+``tft.Trainer``. ``recorded`` attaches a ``Recorder("cpu")`` writing a JSONL timeline as the
+trainer's callback, so it samples at every named checkpoint (889 per epoch); ``plain`` has no
+callback. Repetitions alternate the two (``common.alternating``), and each builds the same
+model from the same seed, so both variants do the same arithmetic. Judging the recorded
+timeline is timed apart.
+
+    pytest benchmarks/bench_overhead.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from common import alternating, incident_config, incident_split
+from torch.utils.data import Subset
+
+from harness import Recorder, Rules, judge
+from tft.data import Split
+from tft.model import TemporalFusionTransformer
+from tft.trainer import TrainConfig, Trainer
+
+CONFIG = TrainConfig(epochs=1, batch_size=1, device="cpu")
+RULES = Rules(phase=("training", "validation"), max_growth="256KB", warmup=5, max_peak="16MB")
+
+
+@pytest.fixture(scope="module")
+def split() -> Split:
+    """The incident's windows, after an untimed short epoch has warmed torch's kernels."""
+    split = incident_split()
+    warm = Trainer(TemporalFusionTransformer(incident_config(split)), CONFIG)
+    warm.fit(Subset(split.train, range(32)), Subset(split.val, range(8)))
+    return split
+
+
+@pytest.mark.parametrize(("rep", "variant"), alternating(("plain", "recorded")))
+def test_epoch(benchmark, split, variant, rep, tmp_path):
+    recorders: list[Recorder] = []
+
+    def setup() -> tuple[tuple[Trainer], dict]:
+        torch.manual_seed(0)
+        if variant == "recorded":
+            recorders.append(Recorder("cpu", timeline=tmp_path / "epoch.jsonl"))
+        model = TemporalFusionTransformer(incident_config(split))
+        return (Trainer(model, CONFIG, callbacks=recorders),), {}
+
+    benchmark.pedantic(lambda trainer: trainer.fit(split.train, split.val), setup=setup, rounds=1)
+    benchmark.extra_info["batches"] = len(split.train) + len(split.val)
+    for recorder in recorders:
+        started = time.perf_counter()
+        verdict = judge(recorder.samples, RULES)
+        benchmark.extra_info["judge_s"] = time.perf_counter() - started
+        benchmark.extra_info["checkpoints"] = len(recorder.samples)
+        benchmark.extra_info["verdict"] = verdict.status
+        recorder.close()

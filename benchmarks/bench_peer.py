@@ -1,0 +1,167 @@
+"""The TFT against pytorch-forecasting's ``TemporalFusionTransformer``, on the same windows.
+
+Both models get hidden size 32, 4 attention heads, encoder 60 and decoder 10 steps, dropout 0.1,
+the quantiles (0.1, 0.5, 0.9) and batch 1; pytorch-forecasting's ``hidden_continuous_size`` is
+set to the hidden size too, as the TFT here embeds each real input at the hidden size. Each
+model runs the same plain loop, without Lightning: forward, the model's own quantile loss,
+backward, gradient clipping at 1.0 and a fused Adam step (lr 1e-3), with subnormals flushed as
+``tft.Trainer`` does; validation is forward and loss under ``torch.inference_mode``. Batches are
+built before timing, in each model's input format.
+
+Each measurement is a fresh worker process, ``python benchmarks/bench_peer.py MODEL`` (``tft``
+or ``pytorch-forecasting``), which prints one JSON line: training and validation samples per
+second (after 16 and 8 untimed warm-up batches) and memory: the peak resident memory above the
+level before the model was built (``VmHWM``, reset then), and the process's ``ru_maxrss``
+(imports included). Workers alternate between the models.
+
+    pytest benchmarks/bench_peer.py
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+from common import alternating, incident_config, incident_split, peak_rss, reset_peak_rss, rss
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from tft.model import TemporalFusionTransformer, TFTConfig, quantile_loss
+
+MODELS = ("tft", "pytorch-forecasting")
+WARMUP_TRAIN, WARMUP_VAL = 16, 8
+Batch = dict[str, torch.Tensor]
+Step = Callable[[Batch], torch.Tensor]
+
+
+@pytest.mark.parametrize(("rep", "model"), alternating(MODELS))
+def test_model(benchmark, model, rep):
+    if model == "pytorch-forecasting":
+        pytest.importorskip("pytorch_forecasting")
+    command = [sys.executable, __file__, model]
+    done = benchmark.pedantic(
+        subprocess.run, (command,), {"capture_output": True, "text": True}, rounds=1
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    benchmark.extra_info.update(json.loads(done.stdout.splitlines()[-1]))
+
+
+def ours(config: TFTConfig) -> tuple[nn.Module, Step]:
+    """The TFT here and its loss."""
+    model = TemporalFusionTransformer(config)
+    return model, lambda b: quantile_loss(model(b), b["target"], config.quantiles)
+
+
+def theirs(config: TFTConfig) -> tuple[nn.Module, Step]:
+    """pytorch-forecasting's TFT at the same sizes, and its own loss."""
+    from pytorch_forecasting import TemporalFusionTransformer as Peer
+    from pytorch_forecasting.data.encoders import TorchNormalizer
+    from pytorch_forecasting.metrics import QuantileLoss
+
+    reals = [*observed_names(config), *known_names(config)]
+    model = Peer(
+        hidden_size=config.hidden_size,
+        attention_head_size=config.n_heads,
+        dropout=config.dropout,
+        hidden_continuous_size=config.hidden_size,
+        output_size=len(config.quantiles),
+        loss=QuantileLoss(list(config.quantiles)),
+        max_encoder_length=config.encoder_length,
+        static_categoricals=["symbol"],
+        embedding_sizes={"symbol": (config.static_cardinalities[0], config.hidden_size)},
+        x_categoricals=["symbol"],
+        x_reals=reals,
+        time_varying_reals_encoder=reals,
+        time_varying_reals_decoder=known_names(config),
+        output_transformer=TorchNormalizer(method="identity"),
+    )
+    return model, lambda b: model.loss(model(b)["prediction"], (b["target"], None))
+
+
+def observed_names(config: TFTConfig) -> list[str]:
+    return [f"observed_{i}" for i in range(config.n_observed)]
+
+
+def known_names(config: TFTConfig) -> list[str]:
+    return [f"known_{i}" for i in range(config.n_known)]
+
+
+def forecasting_batch(batch: Batch, config: TFTConfig) -> Batch:
+    """A window of ours in pytorch-forecasting's input format (unscaled targets)."""
+    n, t_enc, t_dec = len(batch["target"]), config.encoder_length, config.decoder_length
+    symbol = batch["static"][:, None, :]
+    future_observed = torch.zeros(n, t_dec, config.n_observed)
+    return {
+        "encoder_cat": symbol.expand(n, t_enc, 1),
+        "decoder_cat": symbol.expand(n, t_dec, 1),
+        "encoder_cont": torch.cat([batch["observed"], batch["known"][:, :t_enc]], -1),
+        "decoder_cont": torch.cat([future_observed, batch["known"][:, t_enc:]], -1),
+        "encoder_lengths": torch.full((n,), t_enc),
+        "decoder_lengths": torch.full((n,), t_dec),
+        "target_scale": torch.tensor([[0.0, 1.0]]).expand(n, 2),
+        "target": batch["target"],
+    }
+
+
+def measure(name: str) -> dict[str, float]:
+    """One model's training epoch and validation pass, timed, with its peak memory."""
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    split = incident_split()
+    config = incident_config(split)
+    build = ours if name == "tft" else theirs
+    if build is theirs:
+        import pytorch_forecasting  # noqa: F401  (imports stay out of the peak)
+
+    def batches(windows: Dataset) -> list[Batch]:
+        rows = [default_collate([w]) for w in windows]
+        return rows if build is ours else [forecasting_batch(b, config) for b in rows]
+
+    train, val = batches(split.train), batches(split.val)
+    # The first optimizer imports some 800 modules of torch (about 70 MB): an import, not the
+    # model's memory, and pytorch-forecasting's own imports have done it already.
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)
+    torch.manual_seed(0)
+    level = rss()
+    reset_peak_rss()
+    model, loss = build(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+
+    def step(batch: Batch) -> None:
+        loss(batch).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    for batch in train[:WARMUP_TRAIN]:
+        step(batch)
+    started = time.perf_counter()
+    for batch in train:
+        step(batch)
+    train_s = time.perf_counter() - started
+    model.eval()
+    with torch.inference_mode():
+        for batch in val[:WARMUP_VAL]:
+            loss(batch)
+        started = time.perf_counter()
+        for batch in val:
+            loss(batch)
+        val_s = time.perf_counter() - started
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_samples_per_s": len(train) / train_s,
+        "val_samples_per_s": len(val) / val_s,
+        "peak_rise_bytes": peak_rss() - level,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1])))
