@@ -60,7 +60,7 @@ import sys
 import time
 import types
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -205,7 +205,10 @@ class PhaseAttribution:
     size such as ``"50MB"``), the first checkpoint of a phase whose ``allocated`` reading
     (``rss`` when there is none) exceeds the phase's START by more than that attributes too:
     a loop that frees what it kept once it ends is named while it still keeps it. With
-    ``sites`` (the default) CUDA allocation stacks are recorded while the recorder is open.
+    ``at_end=False`` an END attributes nothing: only growth past ``growth`` and OOM events do,
+    so a run that stays within its budget pays for snapshots (well under a millisecond with
+    the recorder's frozen heap) and never for a search. With ``sites`` (the default) CUDA
+    allocation stacks are recorded while the recorder is open.
     Each result is kept in :attr:`holders`, tagged with the checkpoint's phase, epoch and label.
     """
 
@@ -213,12 +216,14 @@ class PhaseAttribution:
         self,
         *,
         growth: int | str | None = None,
+        at_end: bool = True,
         limit: int | None = 5,
         max_depth: int = 8,
         budget_s: float = 5.0,
         sites: bool = True,
     ) -> None:
         self.growth = None if growth is None else parse_size(growth, what="growth")
+        self.at_end = at_end
         self.limit = limit
         self.max_depth = max_depth
         self.budget_s = budget_s
@@ -254,8 +259,9 @@ class PhaseAttribution:
             return False
         if word == "END":
             del self._open[sample.phase]
-            self.attribute(sample, opened.snapshot)
-            return True
+            if self.at_end:
+                self.attribute(sample, opened.snapshot)
+            return self.at_end
         if self.growth is not None and not opened.grown:
             grown = _growth(opened.start, sample)
             if grown is not None and grown > self.growth:
@@ -275,6 +281,32 @@ class PhaseAttribution:
         ]
         self.holders.extend(tagged)
         return tagged
+
+
+def explain(holders: Sequence[Holder], findings: Iterable[Any]) -> list[Holder]:
+    """Who to name for a verdict's leak, teardown and OOM findings, largest first, each path
+    once (a holder seen at several checkpoints is named at its largest).
+
+    A leak or OOM is explained by the ``holders`` a recorder found during the run in the
+    finding's phase. A teardown residue, or a leak or OOM nobody was found for, takes a search
+    of the tensors alive now (no snapshot: what outlived the run). Nothing to explain, nothing
+    searched: a passing run pays nothing.
+    """
+    named: list[Holder] = []
+    search = False
+    for finding in findings:
+        kind = getattr(finding, "kind", None)
+        if kind not in ("leak", "teardown", "oom"):
+            continue
+        found = [h for h in holders if h.phase == finding.phase and h not in named]
+        search = search or kind == "teardown" or not found
+        named += found
+    if search:
+        named += attribute(limit=5)
+    largest: dict[str, Holder] = {}
+    for holder in sorted(named, key=lambda h: -h.bytes):
+        largest.setdefault(holder.path, holder)
+    return list(largest.values())
 
 
 @dataclass

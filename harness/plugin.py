@@ -191,8 +191,10 @@ class LeakGate:
         if not recorder.closed:
             recorder.checkpoint("TEST_END", phase="test", collect=True, note=_describe(error))
         verdict = judge(recorder.samples, trace.rules, error=error)
-        holders = _holders(recorder, verdict)
-        trace.holders = tuple(_describe_holder(h) for h in holders[:3])
+        from harness.attribution import explain
+
+        holders = explain(recorder.holders, verdict.findings)
+        trace.holders = tuple(str(h) for h in holders[:3])
         if trace.files is not None:
             from harness.artifacts import save_run
 
@@ -202,7 +204,7 @@ class LeakGate:
                 recorder,
                 verdict,
                 title=item.nodeid,
-                holders=holders,
+                holders=[h.to_dict() for h in holders],
             )
         growth = worst_growth(verdict)
         summary = {
@@ -262,24 +264,6 @@ def _ini_value(name: str, raw: str) -> Any:
     if name == "phase":
         return tuple(p.strip() for p in raw.split(",") if p.strip())
     return raw.strip()
-
-
-def _holders(recorder: Recorder, verdict: Verdict) -> list[dict[str, Any]]:
-    """Who holds memory: what the recorder attributed when asked; otherwise, only after a leak,
-    teardown or OOM finding, a search of the tensors still alive (what outlived the test)."""
-    if recorder.holders:
-        return [h.to_dict() for h in recorder.holders]
-    if not any(f.kind in ("leak", "teardown", "oom") for f in verdict.findings):
-        return []
-    from harness.attribution import attribute
-
-    return [h.to_dict() for h in attribute(limit=5)]
-
-
-def _describe_holder(holder: dict[str, Any]) -> str:
-    from harness.attribution import Holder
-
-    return str(Holder.from_dict(holder))
 
 
 def _skipped(call: pytest.CallInfo) -> bool:

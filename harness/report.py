@@ -20,7 +20,7 @@ from typing import Any
 from harness.chart import MAX_POINTS, memory_chart, shows_capacity
 from harness.rules import Finding, PhaseStats, Verdict
 from harness.sample import Sample
-from harness.units import format_mb
+from harness.units import format_mb, format_size
 
 FALLBACK_METRIC = "rss"
 START_LABELS = ("SESSION_START", "session START", "TEST_START")
@@ -306,7 +306,7 @@ def _issues(run: Run) -> list[str]:
         lines.append("")
     if not verdict.findings:
         return [*lines, "None: no rule was broken."]
-    for n, finding in enumerate(_distinct(verdict.findings), start=1):
+    for n, finding in enumerate(_ranked(verdict.findings), start=1):
         holders = _holders_for(run, finding)
         lines += [
             f"### Issue {n} ({finding.severity}): "
@@ -366,7 +366,7 @@ def _final(run: Run) -> list[str]:
         "",
         completion + ".",
     ]
-    remaining = [f for f in _distinct(verdict.findings) if f.blocking]
+    remaining = [f for f in _ranked(verdict.findings) if f.blocking]
     if remaining:
         listed = "; ".join(f"{f.severity} {_line(f.message)}" for f in remaining)
         lines += ["", f"Remaining: {listed}"]
@@ -458,20 +458,9 @@ def _root_cause(run: Run) -> str | None:
     return text + ("" if text.endswith(".") else ".")
 
 
-def _distinct(findings: Sequence[Finding]) -> list[Finding]:
-    """Findings by rank, with one OOM per failing batch: a capacity exceeded at a checkpoint and
-    the trainer's OOM event that follows it are one out-of-memory error."""
-    seen = set()
-    kept = []
-    for f in sorted(findings, key=_rank):
-        if f.kind == "oom" and f.evidence:
-            e = f.evidence[0]
-            key = (e.phase, e.epoch, e.batch)
-            if key in seen:
-                continue
-            seen.add(key)
-        kept.append(f)
-    return kept
+def _ranked(findings: Sequence[Finding]) -> list[Finding]:
+    """Findings, causes before their symptoms (see :data:`ROOT_CAUSE_ORDER`)."""
+    return sorted(findings, key=_rank)
 
 
 def _order(kind: str) -> int:
@@ -584,7 +573,7 @@ def _holder_text(holder: Mapping[str, Any]) -> str:
         details.append(f"{items} item{'s' * (items != 1)}")
     size = _int(holder.get("bytes"))
     if size is not None:
-        details.append(format_mb(size))
+        details.append(format_size(size))
     path = holder.get("path")
     text = f"held by `{_line(str(path))}`" if path else "held by an unnamed object"
     if details:
@@ -641,7 +630,7 @@ def _cause(
         )
     if finding.kind == "peak":
         return (
-            f"One {phase} batch needed {format_mb(_int(finding.bytes))} above the phase's start: "
+            f"One {phase} batch needed {format_size(_int(finding.bytes))} above the phase's start: "
             "a bigger batch than the others (check the batch size this phase really uses) or an "
             "unusually large input."
         )
@@ -734,10 +723,10 @@ def _phase_row(p: PhaseStats) -> tuple[str, ...]:
         f"{p.judged}/{p.batches}",
         format_mb(p.start),
         format_mb(p.end),
-        format_mb(p.growth, signed=True),
-        format_mb(p.peak_rise, signed=True),
+        format_size(p.growth, signed=True),
+        format_size(p.peak_rise, signed=True),
         _rate(p.slope),
-        format_mb(p.budget) if p.budget is not None else "n/a",
+        format_size(p.budget) if p.budget is not None else "n/a",
         _status(p.status),
     )
 
@@ -764,8 +753,8 @@ def _analysis_rows(run: Run) -> list[tuple[str, ...]]:
                 f"-/{len(batches)}",
                 format_mb(values[0]),
                 format_mb(values[-1]),
-                format_mb(values[-1] - values[0], signed=True),
-                format_mb(max(values) - values[0], signed=True),
+                format_size(values[-1] - values[0], signed=True),
+                format_size(max(values) - values[0], signed=True),
                 "n/a",
                 "n/a",
                 "not judged",
@@ -779,7 +768,7 @@ def _rules_text(verdict: Verdict) -> str:
     parts = [f"phase {', '.join(rules.phase) if rules.phase else 'all'}"]
     for name in ("max_growth", "max_peak", "max_drift", "teardown"):
         value = getattr(rules, name)
-        parts.append(f"{name} {format_mb(value) if value is not None else 'off'}")
+        parts.append(f"{name} {format_size(value) if value is not None else 'off'}")
     parts += [f"warmup {rules.warmup}", f"metric {rules.metric}"]
     return " · ".join(parts)
 

@@ -74,7 +74,7 @@ import numpy as np
 
 from harness.sample import Sample
 from harness.stats import Trend, edge_window, robust_delta, trend
-from harness.units import format_mb, parse_size
+from harness.units import format_size, parse_size
 
 SCHEMA_VERSION = 1
 KINDS = ("leak", "peak", "drift", "teardown", "oom", "check", "fragmentation")
@@ -475,7 +475,7 @@ class _Judgement:
             return []
         t = fit.trend
         summary = (
-            f"{format_mb(fit.growth, signed=True)} over {fit.span:g} batches after warm-up, "
+            f"{format_size(fit.growth, signed=True)} over {fit.span:g} batches after warm-up, "
             f"{_rate(t.slope)}, trend p={t.p:.2g}"
         )
         if not (t.p < ALPHA and fit.growth > limit):
@@ -502,8 +502,8 @@ class _Judgement:
             Check("max_growth", scope, "FAIL", f"{summary}; {note}", fit.growth, limit)
         )
         message = (
-            f"leak in {scope}: {_rate(t.slope)}, {format_mb(fit.growth, signed=True)} "
-            f"> max_growth {format_mb(limit)} (trend p={t.p:.2g}); {note}"
+            f"leak in {scope}: {_rate(t.slope)}, {format_size(fit.growth, signed=True)} "
+            f"> max_growth {format_size(limit)} (trend p={t.p:.2g}); {note}"
         )
         return [
             Finding("leak", key[0], key[1], round(fit.growth), message, t.slope, tuple(evidence))
@@ -556,13 +556,13 @@ class _Judgement:
         limit = self.rules.max_peak
         assert limit is not None
         where = _where(self.samples[peak.at])
-        rise = format_mb(peak.rise, signed=True)
-        details = f"peak {format_mb(peak.value)} at {where}, {rise} above start"
+        rise = format_size(peak.rise, signed=True)
+        details = f"peak {format_size(peak.value)} at {where}, {rise} above start"
         if peak.rise <= limit:
             self.checks.append(Check("max_peak", scope, "PASS", details, peak.rise, limit))
             return []
         self.checks.append(Check("max_peak", scope, "FAIL", details, peak.rise, limit))
-        message = f"peak in {scope}: {rise} above start at {where} > max_peak {format_mb(limit)}"
+        message = f"peak in {scope}: {rise} above start at {where} > max_peak {format_size(limit)}"
         evidence = (self.evidence(peak.start, peak.base), self.evidence(peak.at, peak.metric))
         return [Finding("peak", key[0], key[1], peak.rise, message, None, evidence)]
 
@@ -582,16 +582,16 @@ class _Judgement:
         assert gap is not None and allocated is not None
         limit = max(FRAGMENTATION_FLOOR, self.rules.max_growth or 0)
         details = (
-            f"reserved - allocated {format_mb(gap.growth, signed=True)}, "
-            f"allocated {format_mb(allocated.growth, signed=True)}"
+            f"reserved - allocated {format_size(gap.growth, signed=True)}, "
+            f"allocated {format_size(allocated.growth, signed=True)}"
         )
         if not (gap.trend.p < ALPHA and gap.growth > limit and allocated.growth < gap.growth / 4):
             self.checks.append(Check("fragmentation", scope, "PASS", details, gap.growth, limit))
             return []
         self.checks.append(Check("fragmentation", scope, "WARN", details, gap.growth, limit))
         message = (
-            f"fragmentation in {scope}: reserved grew {format_mb(gap.growth, signed=True)} "
-            f"more than allocated ({format_mb(allocated.growth, signed=True)})"
+            f"fragmentation in {scope}: reserved grew {format_size(gap.growth, signed=True)} "
+            f"more than allocated ({format_size(allocated.growth, signed=True)})"
         )
         evidence = tuple(self.evidence(i, "reserved") for i in (judged[0], judged[-1]))
         return [
@@ -636,14 +636,14 @@ class _Judgement:
             drift, at, metric = worst
             details = (
                 f"epoch {self.samples[at].epoch} vs epoch {epochs[0]}: "
-                f"{format_mb(drift, signed=True)} ({metric})"
+                f"{format_size(drift, signed=True)} ({metric})"
             )
             status = "FAIL" if drift > limit else "PASS"
             self.checks.append(Check("max_drift", label, status, details, drift, limit))
             if status == "FAIL":
                 message = (
-                    f"drift at {label}: {format_mb(drift, signed=True)} from epoch {epochs[0]} "
-                    f"to epoch {self.samples[at].epoch} > max_drift {format_mb(limit)}"
+                    f"drift at {label}: {format_size(drift, signed=True)} from epoch {epochs[0]} "
+                    f"to epoch {self.samples[at].epoch} > max_drift {format_size(limit)}"
                 )
                 evidence = (self.evidence(ref, metric), self.evidence(at, metric))
                 failures.append(
@@ -696,7 +696,7 @@ class _Judgement:
             return
         residue = self.samples[at].get(metric) - self.samples[start].get(metric)
         details = (
-            f"{self.samples[at].label} {format_mb(residue, signed=True)} vs "
+            f"{self.samples[at].label} {format_size(residue, signed=True)} vs "
             f"{self.samples[start].label} ({metric})"
         )
         if residue <= limit:
@@ -704,8 +704,8 @@ class _Judgement:
             return
         self.checks.append(Check("teardown", "session", "FAIL", details, residue, limit))
         message = (
-            f"teardown: {format_mb(residue, signed=True)} still held after the session and "
-            f"collection > teardown {format_mb(limit)}"
+            f"teardown: {format_size(residue, signed=True)} still held after the session and "
+            f"collection > teardown {format_size(limit)}"
         )
         evidence = (self.evidence(start, metric), self.evidence(at, metric))
         self.findings.append(Finding("teardown", "session", None, residue, message, None, evidence))
@@ -731,8 +731,16 @@ class _Judgement:
     def judge_oom(self, error: BaseException | str | None) -> str | None:
         """Add OOM findings and checks; return the error message when it is not an OOM."""
         ooms = [i for i, s in enumerate(self.samples) if _is_oom(s)]
+        # A checkpoint over an emulated capacity and the OOM event the trainer then reports
+        # for the same batch are one failure: one finding, with both samples as evidence.
+        events: list[list[int]] = []
         for i in ooms:
-            s = self.samples[i]
+            if events and _place(self.samples[events[-1][0]]) == _place(self.samples[i]):
+                events[-1].append(i)
+            else:
+                events.append([i])
+        for event in events:
+            s = self.samples[event[0]]
             metric = next(
                 (m for m in ("peak", self.rules.metric, FALLBACK_METRIC) if s.get(m) is not None),
                 None,
@@ -747,7 +755,7 @@ class _Judgement:
                     s.get(metric) if metric else None,
                     message,
                     None,
-                    (self.evidence(i, metric),),
+                    tuple(self.evidence(i, metric) for i in event),
                 )
             )
         text = None if error is None else _error_text(error)
@@ -755,7 +763,7 @@ class _Judgement:
         if error_is_oom and not ooms:
             self.findings.append(Finding("oom", None, None, None, f"out of memory: {text}"))
         failed = bool(ooms) or error_is_oom
-        details = f"{len(ooms)} OOM event(s)" + (f"; raised {text}" if error_is_oom else "")
+        details = f"{len(events)} OOM event(s)" + (f"; raised {text}" if error_is_oom else "")
         self.checks.append(Check("oom", "run", "FAIL" if failed else "PASS", details))
         if error is None or error_is_oom:
             return None
@@ -773,7 +781,7 @@ class _Judgement:
     def reading(self, i: int, metric: str, fit: _Fit) -> str:
         """``LABEL +x.xMB`` relative to the loop's starting level."""
         value = self.samples[i].get(metric)
-        return f"{self.samples[i].label} {format_mb(value - fit.baseline, signed=True)}"
+        return f"{self.samples[i].label} {format_size(value - fit.baseline, signed=True)}"
 
     def pair_metric(self, a: int, b: int) -> str | None:
         for m in dict.fromkeys((self.rules.metric, FALLBACK_METRIC)):
@@ -837,6 +845,10 @@ def _is_event(s: Sample) -> bool:
 
 def _key(s: Sample) -> tuple[str | None, int | None]:
     return (s.phase, s.epoch)
+
+
+def _place(s: Sample) -> tuple[str | None, int | None, int | None]:
+    return s.phase, s.epoch, s.batch
 
 
 def _is_oom(s: Sample) -> bool:

@@ -44,3 +44,15 @@ def format_mb(nbytes: float | None, *, signed: bool = False) -> str:
     if nbytes is None:
         return "n/a"
     return f"{nbytes / 2**20:{'+' if signed else ''}.1f}MB"
+
+
+def format_size(nbytes: float | None, *, signed: bool = False) -> str:
+    """Format bytes in the largest binary unit that keeps the number >= 1 (``40.0KB``,
+    ``1.5GB``), for messages where thresholds range from bytes to gigabytes."""
+    if nbytes is None:
+        return "n/a"
+    sign = "+" if signed else ""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:{sign}.1f}{unit}"
+    return f"{nbytes:{sign}.0f}B"

@@ -12,6 +12,7 @@ from harness.attribution import (
     Holder,
     PhaseAttribution,
     attribute,
+    explain,
     live_tensors,
     record_sites,
 )
@@ -310,6 +311,14 @@ def test_growth_past_the_threshold_attributes_once_mid_phase():
     assert 2 <= holder.items < 8
 
 
+@pytest.mark.parametrize("at_end", [True, False])
+def test_at_end_false_leaves_phase_ends_unsearched(at_end):
+    cache = Cache()
+    with Recorder("cpu", attribute=PhaseAttribution(at_end=at_end)) as rec, rec.phase("val"):
+        cache._items.append(floats(2**17))
+    assert [h.label for h in rec.holders] == (["val END"] if at_end else [])
+
+
 class IncidentTrainer(Trainer):
     """The incident: validation keeps each batch's attention with its graph (run with grad, on
     a copy of the batch) and runs out of memory at the fourth batch."""
@@ -388,3 +397,30 @@ def test_a_cuda_recorder_records_sites_only_while_open():
     [holder] = rec.holders
     assert holder.path.endswith(":kept") and holder.sites
     del kept
+
+
+def finding(kind, phase):
+    return type("Finding", (), {"kind": kind, "phase": phase})()
+
+
+def test_explain_names_the_holders_of_the_failing_phase_and_searches_only_when_needed(
+    monkeypatch,
+):
+    searched = []
+    monkeypatch.setattr(
+        "harness.attribution.attribute",
+        lambda **_: searched.append(1) or [Holder("mod.STORE", "list", 1, 1, 10)],
+    )
+    held = [
+        Holder("Adam.state", "defaultdict", 9, 18, 5000, phase="training"),
+        Holder("Cache.items", "list", 176, 176, 9000, phase="validation"),
+        Holder("Trainer.small", "list", 1, 1, 100, phase="validation"),
+    ]
+    assert explain(held, [finding("peak", "validation")]) == [] and not searched
+    named = explain(held, [finding("leak", "validation")])
+    assert [h.path for h in named] == ["Cache.items", "Trainer.small"] and not searched
+    named = explain(held, [finding("oom", "validation"), finding("teardown", "session")])
+    assert [h.path for h in named] == ["Cache.items", "Trainer.small", "mod.STORE"]
+    assert explain([], [finding("leak", "training")])[0].path == "mod.STORE"
+    twice = [*held, Holder("Cache.items", "list", 300, 300, 20000, phase="validation")]
+    assert [h.items for h in explain(twice, [finding("leak", "validation")])] == [300, 1]

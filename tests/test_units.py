@@ -1,6 +1,6 @@
 import pytest
 
-from harness.units import format_mb, parse_size
+from harness.units import format_mb, format_size, parse_size
 
 
 @pytest.mark.parametrize(
@@ -30,3 +30,11 @@ def test_format_mb():
     assert format_mb(1611 * 2**20) == "1611.0MB"
     assert format_mb(-39 * 2**20, signed=True) == "-39.0MB"
     assert format_mb(None) == "n/a"
+
+
+def test_format_size_picks_the_unit():
+    assert format_size(40 * 1024) == "40.0KB"
+    assert format_size(8 * 2**20, signed=True) == "+8.0MB"
+    assert format_size(3 * 2**29) == "1.5GB"
+    assert format_size(-512, signed=True) == "-512B"
+    assert format_size(None) == "n/a"
