@@ -30,7 +30,7 @@ PROFILE_BATCH_ROWS = 6
 Nth, highest, last)."""
 HIGHEST_MARGIN = 2**20 // 10
 """How far a loop's highest reading must rise above its first and last to get its own row."""
-HOLDER_KINDS = ("leak", "teardown", "oom")
+HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
 ROOT_CAUSE_ORDER = ("leak", "peak", "teardown", "check", "drift", "oom", "fragmentation")
 """Which finding the Executive Summary names as the root cause: causes before symptoms (a leak
 or a peak explains an OOM)."""

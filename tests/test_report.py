@@ -240,6 +240,14 @@ def test_holders_go_to_findings_of_their_phase_only():
     assert "held by an unnamed object" in leak  # the holder without a phase or a path
 
 
+def test_a_peak_root_cause_names_the_holder_of_its_phase():
+    samples = incident(val_batches=30, oom=True)
+    rules = {**RULES, "max_growth": None, "max_peak": "100MB"}
+    text = render_report(run_of(samples, rules, holders=[HOLDER]))
+    cause = next(line for line in text.splitlines() if line.startswith("- **Root cause:**"))
+    assert "peak in validation" in cause and "`Trainer._attn_cache`" in cause
+
+
 def test_evidence_that_points_elsewhere_and_unknown_kinds_still_render():
     stray = Evidence(999, "GONE", "validation", 3, 7, "allocated", None)
     newer = Finding("peak", "training", 0, None, "a kind from a newer rules version")
