@@ -30,14 +30,17 @@ def render(doc: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     peer = peer_comparison(runs["test_model"])
     verdict = time_to_verdict(runs["test_time_to_verdict"])
     checkpoints = runs["test_checkpoint"] + runs["test_checkpoint_collect"]
+    measured = [
+        (checkpoint_section(checkpoints, overhead), checkpoints),
+        (overhead_section(overhead), runs["test_epoch"]),
+        (loops_section(loops), runs["test_loops"]),
+        (peer_section(peer), runs["test_model"]),
+        (verdict_section(verdict), runs["test_time_to_verdict"]),
+    ]
     sections = [
         header(doc, context),
         goals(checkpoints, overhead, loops, peer, verdict),
-        checkpoint_section(checkpoints, overhead),
-        overhead_section(overhead),
-        loops_section(loops),
-        peer_section(peer),
-        verdict_section(verdict),
+        *("\n\n".join(filter(None, (text, load_range(b)))) for text, b in measured if text),
         sensitivity_section(context["sensitivity"], context["noise"]),
     ]
     return "\n\n".join(s for s in sections if s) + "\n"
@@ -92,6 +95,14 @@ def ratio_of(a: float, b: float) -> float:
 
 def met(ok: bool | None) -> str:
     return "n/a" if ok is None else ("**met**" if ok else "**missed**")
+
+
+def load_range(benches: Iterable[Bench]) -> str:
+    """The 1-minute load averages seen at the end of ``benches``, as a sentence."""
+    loads = [b["extra_info"]["load_1min"] for b in benches if "load_1min" in b["extra_info"]]
+    if not loads:
+        return ""
+    return f"1-minute load average at the end of these runs: {min(loads):.2f}-{max(loads):.2f}."
 
 
 def pairs(benches: Sequence[Bench], key: str) -> dict[int, dict[str, Bench]]:
