@@ -5,8 +5,9 @@ How torch is chosen, in order:
 1. ``LEAKGATE_TORCH`` set: that pip requirement line is installed (for example
    ``"torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"``); empty means install
    nothing and let the project's ``torch>=2.4`` resolve.
-2. The interpreter running nox has torch: the sessions' environments see its site-packages
-   and reuse that build (a CUDA build on a GPU machine), so nothing large is downloaded.
+2. The interpreter running nox (not a virtual environment) has torch: the sessions'
+   environments see its site-packages and reuse that build (a CUDA build on a GPU machine),
+   so nothing large is downloaded.
 3. Otherwise ``torch==2.13.0`` (a CUDA build from PyPI on Linux x86_64, or a local CPU wheel
    where pip finds one).
 
@@ -19,6 +20,7 @@ import importlib.util
 import os
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -27,7 +29,13 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests", "lint"]
 
-REUSE_TORCH = "LEAKGATE_TORCH" not in os.environ and importlib.util.find_spec("torch") is not None
+# A virtual environment's packages are invisible to the environments nox makes from it (their
+# base is the original interpreter), so only a base interpreter's torch can be reused.
+REUSE_TORCH = (
+    "LEAKGATE_TORCH" not in os.environ
+    and sys.prefix == sys.base_prefix
+    and importlib.util.find_spec("torch") is not None
+)
 TORCH = os.environ.get("LEAKGATE_TORCH", "" if REUSE_TORCH else "torch==2.13.0")
 VENV_PARAMS = ["--system-site-packages"] if REUSE_TORCH else []
 REPORTS = Path("reports")
@@ -62,7 +70,7 @@ def gpu_leak(session: nox.Session) -> None:
     args = [a for a in args if a != "--update-baseline"]
     install(session, "test")
     for stale in REPORTS.glob("*.*"):
-        if stale.name != "README.md":
+        if stale.name not in ("README.md", "bench.md"):
             stale.unlink()
     train = ["python", "-m", "tft.train", "--epochs", "5", "--batch-size", "1"]
     session.run(*train, "--memreport", str(REPORTS), *args, success_codes=[0, 1])

@@ -117,7 +117,7 @@ def _tolerance_options(parser: argparse.ArgumentParser) -> None:
         type=_percent,
         default=DEFAULT_TOLERANCE,
         metavar="PCT",
-        help=f"growth allowed, in percent of the base (default {DEFAULT_TOLERANCE:.0%})",
+        help=f"growth allowed, in percent of the base (default {DEFAULT_TOLERANCE * 100:.0f}%%)",
     )
     parser.add_argument(
         "--min-bytes",

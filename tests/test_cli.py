@@ -229,3 +229,10 @@ def test_python_dash_m_harness_runs_the_cli(tmp_path):
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == f"error: {timeline}: not JSON"
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "index", "gate"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0 and "usage: python -m harness" in capsys.readouterr().out

@@ -20,6 +20,7 @@ def test_validation_batch_size_follows_batch_size_by_default():
         (["--parquet-file", "missing.parquet"], "missing.parquet: no such file"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--batch-size", "0"], "batch_size must be a positive integer"),
+        (["--threads", "0"], "--threads must be at least 1"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, message, small_file, capsys):
