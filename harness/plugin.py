@@ -242,12 +242,12 @@ class LeakGate:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.outcomes:
             return
-        from harness.units import format_mb
+        from harness.units import format_size
 
         tr = terminalreporter
         tr.write_sep("=", "leakgate memory verdicts")
         for o in sorted(self.outcomes, key=lambda o: o.nodeid):
-            growth = format_mb(o.worst_growth, signed=True) if o.worst_growth is not None else "-"
+            growth = format_size(o.worst_growth, signed=True) if o.worst_growth is not None else "-"
             tr.write_line(f"{o.status:<5} {growth:>10}  {o.nodeid}")
             for finding in o.findings:
                 tr.write_line(f"      {finding}")
