@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
 from harness.chart import MAX_POINTS, memory_chart
 from harness.report import Run, render_report
-from harness.rules import Evidence, Finding, Verdict, judge
+from harness.rules import SCHEMA_VERSION, Evidence, Finding, Verdict, judge
 from harness.sample import Sample
 
 MB = 2**20
@@ -425,7 +425,7 @@ def test_save_run_writes_the_json_document_and_the_report(tmp_path):
     )
     assert paths == {kind: tmp_path / f"leaky.{ext}" for kind, ext in KINDS.items()}
     doc = load_run_document(paths["json"])
-    assert doc["schema_version"] == 1 and doc["status"] == "FAIL"
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["status"] == "FAIL"
     assert doc["name"] == "leaky" and doc["title"] == "TFT" and doc["report"] == "leaky.md"
     assert doc["timeline"] == "leaky.jsonl" and doc["header"]["device"] == "Tesla T4"
     assert doc["attribution"] == [HOLDER] and doc["metric"] == "allocated"

@@ -1,0 +1,180 @@
+"""Judge a memory timeline: ``judge(samples, rules) -> Verdict``.
+
+Every rule is registered by name (:mod:`harness.rules.registry`); the built-in ones live in
+:mod:`harness.rules.loop` (leak, peak, fragmentation: per ``(phase, epoch)``) and
+:mod:`harness.rules.run` (drift, teardown, trainer checks, OOM). They share one statistics pass
+(:class:`~harness.rules.context.Context`). Per phase, the worst group's finding of each rule is
+reported; every group's numbers and checks are kept.
+
+Status: ERROR when ``error`` is given and is not an OOM, else FAIL when any blocking finding
+exists, else PASS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from harness import labels
+from harness.rules import loop, run  # noqa: F401  (registers the built-in rules)
+from harness.rules.context import Context, Group
+from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS
+from harness.rules.registry import Rule, register_rule, registered, unregister_rule
+from harness.sample import Sample
+from harness.verdict import (
+    KINDS,
+    SCHEMA_VERSION,
+    SEVERITY,
+    Check,
+    CheckStatus,
+    Evidence,
+    Finding,
+    Kind,
+    PhaseStats,
+    Rules,
+    Status,
+    Verdict,
+)
+
+__all__ = [
+    "ALPHA",
+    "FRAGMENTATION_FLOOR",
+    "KINDS",
+    "MIN_TREND_POINTS",
+    "SCHEMA_VERSION",
+    "SEVERITY",
+    "Check",
+    "Context",
+    "Evidence",
+    "Finding",
+    "Group",
+    "PhaseStats",
+    "Rule",
+    "Rules",
+    "Verdict",
+    "judge",
+    "register_rule",
+    "registered",
+    "unregister_rule",
+]
+
+
+def judge(
+    samples: Iterable[Sample],
+    rules: Rules | Mapping[str, Any] | None = None,
+    *,
+    error: BaseException | str | None = None,
+) -> Verdict:
+    """Judge ``samples`` (in timeline order) against ``rules`` (a :class:`Rules` or a mapping
+    of its fields). ``error`` is what the run raised, if anything: an out-of-memory error
+    becomes an ``oom`` finding, anything else makes the status ERROR (the timeline is still
+    judged)."""
+    if rules is None:
+        rules = Rules()
+    elif not isinstance(rules, Rules):
+        rules = Rules.from_dict(rules)
+    ctx = Context(list(samples), rules)
+    findings: list[Finding] = []
+    phases: list[PhaseStats] = []
+    for phase in rules.phase or ():
+        if all(g.phase != phase for g in ctx.groups):
+            ctx.check("phase", phase, "SKIP", f"no per-batch samples in phase {phase!r}")
+    phase_rules = [r for r in registered() if r.scope == "phase"]
+    by_phase: dict[str | None, list[list[Finding]]] = {}
+    for group in ctx.groups:
+        if rules.selects(group.phase):
+            found, stats = _judge_group(ctx, group, phase_rules)
+            phases.append(stats)
+            by_phase.setdefault(group.phase, []).append(found)
+    for results in by_phase.values():
+        findings += _worst_per_rule(results)
+    for rule in registered():
+        if rule.scope == "run":
+            enabled, option = rule.enabled_with(rules)
+            if enabled:
+                findings += rule.function(ctx, option)
+    message = _judge_error(ctx, findings, error)
+    if message is not None:
+        status = Status.ERROR
+    elif any(f.blocking for f in findings):
+        status = Status.FAIL
+    else:
+        status = Status.PASS
+    return Verdict(status, tuple(findings), tuple(phases), tuple(ctx.checks), rules, message)
+
+
+def _judge_group(ctx: Context, group: Group, rules: list[Rule]) -> tuple[list[Finding], PhaseStats]:
+    before = len(ctx.checks)
+    found: list[Finding] = []
+    if group.metric is None or not group.series:
+        ctx.check("readings", group.scope, "SKIP", f"no {ctx.rules.metric} or rss readings")
+    else:
+        for rule in rules:
+            enabled, option = rule.enabled_with(ctx.rules)
+            if enabled:
+                found += rule.function(ctx, group, option)
+    statuses = {c.status for c in ctx.checks[before:]}
+    status = next((s for s in ("FAIL", "WARN", "PASS", "SKIP") if s in statuses), "PASS")
+    fit, peak = group.fit, group.peak
+    metric = group.metric
+    stats = PhaseStats(
+        phase=group.phase,
+        epoch=group.epoch,
+        label=group.label,
+        metric=metric,
+        status=status,
+        batches=len(group.series) if metric else len(group.looped),
+        judged=len(group.judged),
+        start=ctx.samples[group.start].get(metric) if metric and group.start is not None else None,
+        end=ctx.samples[group.end].get(metric) if metric and group.end is not None else None,
+        growth=fit.growth if fit else None,
+        slope=fit.trend.slope if fit else None,
+        p_value=fit.trend.p if fit else None,
+        noise=fit.trend.noise if fit else None,
+        peak=peak.value if peak else None,
+        peak_rise=peak.rise if peak else None,
+        budget=ctx.rules.max_growth,
+        peak_metric=peak.base if peak else None,
+    )
+    return found, stats
+
+
+def _worst_per_rule(results: list[list[Finding]]) -> list[Finding]:
+    """One finding per rule for a phase: its worst epoch, saying how many epochs broke it."""
+    worst: list[Finding] = []
+    for rule in [r.name for r in registered()]:
+        hits = [f for found in results for f in found if f.rule == rule]
+        if not hits:
+            continue
+        top = max(hits, key=lambda f: f.bytes or 0)
+        if len(results) > 1:
+            top = replace(top, message=f"{top.message} ({len(hits)} of {len(results)} epochs)")
+        worst.append(top)
+    return worst
+
+
+def _judge_error(
+    ctx: Context, findings: list[Finding], error: BaseException | str | None
+) -> str | None:
+    """Add the run-wide OOM check (and a finding for an OOM the run raised without an OOM
+    event); return the error's text when it is not an OOM."""
+    ooms = [f for f in findings if f.kind == Kind.OOM]
+    text = None if error is None else _error_text(error)
+    error_is_oom = error is not None and labels.is_oom_error(error)
+    if error_is_oom and not ooms:
+        findings.append(Finding(Kind.OOM, None, None, None, f"out of memory: {text}", rule="oom"))
+    failed = bool(ooms) or error_is_oom
+    details = f"{len(ooms)} OOM event(s)" + (f"; raised {text}" if error_is_oom else "")
+    ctx.check("oom", "run", CheckStatus.FAIL if failed else CheckStatus.PASS, details)
+    if error is None or error_is_oom:
+        return None
+    ctx.check("error", "run", CheckStatus.ERROR, f"raised {text}")
+    return text
+
+
+def _error_text(error: BaseException | str) -> str:
+    if isinstance(error, BaseException):
+        text = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    return error.strip().splitlines()[0] if error.strip() else "error"

@@ -1,0 +1,179 @@
+"""Rules judged per ``(phase, epoch)`` loop: leak, peak and fragmentation.
+
+Leak (P0, ``max_growth``): after ``warmup`` batches, the series is a leak when the
+Mann-Kendall test finds an increasing trend (one-sided p < :data:`ALPHA`, at least
+:data:`MIN_TREND_POINTS` batches), its growth exceeds the budget, and no re-check clears it.
+The re-check follows PyTorch's own CUDA leak check: memory released when the phase ended is
+still a leak *inside* the phase (``released``); a collected reading still above the budget
+confirms it (``retained``); a collected reading back within the budget clears it (reclaimed by
+collection); without one the in-loop evidence stands (``unchecked``). See ``docs/rules.md``.
+"""
+
+from __future__ import annotations
+
+from harness.rules.context import Context, Fit, Group, rate, where
+from harness.rules.registry import register_rule
+from harness.sample import Sample
+from harness.units import format_size
+from harness.verdict import Finding, Kind, Outcome
+
+ALPHA = 0.01
+MIN_TREND_POINTS = 6
+FRAGMENTATION_FLOOR = 64 * 2**20
+
+
+@register_rule("max_growth", scope="phase", option="max_growth")
+def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
+    fit, judged, metric = group.fit, group.judged, group.metric
+    if fit is None or metric is None or len(judged) < MIN_TREND_POINTS:
+        ctx.check(
+            "max_growth",
+            group.scope,
+            "SKIP",
+            f"{len(judged)} batches after {ctx.rules.warmup} warm-up: too few for a trend"
+            f" (need {MIN_TREND_POINTS})",
+            None,
+            limit,
+        )
+        return []
+    t = fit.trend
+    summary = (
+        f"{format_size(fit.growth, signed=True)} over {fit.span:g} batches after warm-up, "
+        f"{rate(t.slope)}, trend p={t.p:.2g}"
+    )
+    if not (t.p < ALPHA and fit.growth > limit):
+        ctx.check("max_growth", group.scope, "PASS", summary, fit.growth, limit)
+        return []
+    released, recheck = after_loop(ctx, group, judged[-1], metric, fit.baseline + limit)
+    evidence = [ctx.evidence(i, metric) for i in (judged[0], judged[-1])]
+    if released is not None:
+        outcome = Outcome.RELEASED
+        note = f"released when the phase ended ({_reading(ctx, released, metric, fit)})"
+        evidence.append(ctx.evidence(released, metric))
+    elif recheck is not None and ctx.value(recheck, metric) <= fit.baseline + limit:
+        details = (
+            f"{summary}, but collected {_reading(ctx, recheck, metric, fit)} is back within "
+            "max_growth: reclaimed by collection, not a leak"
+        )
+        ctx.check("max_growth", group.scope, "PASS", details, fit.growth, limit)
+        return []
+    elif recheck is not None:
+        outcome = Outcome.RETAINED
+        note = f"retained after collection ({_reading(ctx, recheck, metric, fit)})"
+        evidence.append(ctx.evidence(recheck, metric))
+    else:
+        outcome = Outcome.UNCHECKED
+        note = "no collected re-check after the loop"
+    ctx.check("max_growth", group.scope, "FAIL", f"{summary}; {note}", fit.growth, limit)
+    message = (
+        f"leak in {group.scope}: {rate(t.slope)}, {format_size(fit.growth, signed=True)} "
+        f"> max_growth {format_size(limit)} (trend p={t.p:.2g}); {note}"
+    )
+    return [
+        Finding(
+            Kind.LEAK,
+            group.phase,
+            group.epoch,
+            round(fit.growth),
+            message,
+            t.slope,
+            tuple(evidence),
+            rule="max_growth",
+            outcome=outcome,
+        )
+    ]
+
+
+@register_rule("max_peak", scope="phase", option="max_peak")
+def peak(ctx: Context, group: Group, limit: int) -> list[Finding]:
+    top = group.peak
+    if top is None:
+        ctx.check("max_peak", group.scope, "SKIP", "no readings", None, limit)
+        return []
+    at = where(ctx.samples[top.at])
+    rise = format_size(top.rise, signed=True)
+    details = f"peak {format_size(top.value)} at {at}, {rise} above start"
+    if top.rise <= limit:
+        ctx.check("max_peak", group.scope, "PASS", details, top.rise, limit)
+        return []
+    ctx.check("max_peak", group.scope, "FAIL", details, top.rise, limit)
+    message = f"peak in {group.scope}: {rise} above start at {at} > max_peak {format_size(limit)}"
+    evidence = (ctx.evidence(top.start, top.base), ctx.evidence(top.at, top.metric))
+    return [
+        Finding(
+            Kind.PEAK, group.phase, group.epoch, top.rise, message, None, evidence, rule="max_peak"
+        )
+    ]
+
+
+@register_rule("fragmentation", scope="phase", option=None)
+def fragmentation(ctx: Context, group: Group, _: None) -> list[Finding]:
+    """On CUDA, ``reserved - allocated`` grows with a trend by more than
+    ``max(FRAGMENTATION_FLOOR, max_growth)`` while ``allocated`` grows by under a quarter of
+    that: a warning that does not fail the verdict."""
+    judged = group.judged
+    if len(judged) < MIN_TREND_POINTS or any(
+        ctx.samples[i].get("reserved") is None or ctx.samples[i].get("allocated") is None
+        for i in judged
+    ):
+        return []
+    x, reserved = ctx.values(judged, "reserved")
+    x, used = ctx.values(judged, "allocated")
+    allocated = Fit.of(x, used)
+    gap = Fit.of(x, [r - a for r, a in zip(reserved, used, strict=True)])
+    assert gap is not None and allocated is not None
+    limit = max(FRAGMENTATION_FLOOR, ctx.rules.max_growth or 0)
+    details = (
+        f"reserved - allocated {format_size(gap.growth, signed=True)}, "
+        f"allocated {format_size(allocated.growth, signed=True)}"
+    )
+    if not (gap.trend.p < ALPHA and gap.growth > limit and allocated.growth < gap.growth / 4):
+        ctx.check("fragmentation", group.scope, "PASS", details, gap.growth, limit)
+        return []
+    ctx.check("fragmentation", group.scope, "WARN", details, gap.growth, limit)
+    message = (
+        f"fragmentation in {group.scope}: reserved grew {format_size(gap.growth, signed=True)} "
+        f"more than allocated ({format_size(allocated.growth, signed=True)})"
+    )
+    evidence = tuple(ctx.evidence(i, "reserved") for i in (judged[0], judged[-1]))
+    return [
+        Finding(
+            Kind.FRAGMENTATION,
+            group.phase,
+            group.epoch,
+            round(gap.growth),
+            message,
+            gap.trend.slope,
+            evidence,
+            rule="fragmentation",
+        )
+    ]
+
+
+def after_loop(
+    ctx: Context, group: Group, last: int, metric: str, level: float
+) -> tuple[int | None, int | None]:
+    """Between the loop's last batch and the next loop, among the samples of the same group:
+    the first uncollected one, before any collection, at or below ``level``; and the last
+    collected one. Positions, or None. Samples of other phases never clear a leak: what the
+    code frees after the phase (a function returning, say) says nothing of the phase."""
+    samples = ctx.samples
+    stop = next(
+        (i for i in ctx.loop_positions if i > last and _key(samples[i]) != group.key),
+        len(samples),
+    )
+    window = [i for i in range(last + 1, stop) if samples[i].get(metric) is not None]
+    collected = [i for i in window if samples[i].collected and _key(samples[i]) == group.key]
+    before = [i for i in window if not collected or i < collected[0]]
+    own = [i for i in before if _key(samples[i]) == group.key and ctx.value(i, metric) <= level]
+    return (own[0] if own else None), (collected[-1] if collected else None)
+
+
+def _reading(ctx: Context, i: int, metric: str, fit: Fit) -> str:
+    """``LABEL +x.xMB`` relative to the loop's starting level."""
+    value = ctx.value(i, metric)
+    return f"{ctx.samples[i].label} {format_size(value - fit.baseline, signed=True)}"
+
+
+def _key(s: Sample) -> tuple[str | None, int | None]:
+    return (s.phase, s.epoch)

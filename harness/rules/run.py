@@ -1,0 +1,179 @@
+"""Rules judged once per run: drift, teardown, failed trainer checks and out-of-memory events.
+
+Drift (P2, ``max_drift``): every non-batch label seen in several epochs, each later epoch's first
+reading against the earliest judged epoch's, leaving out the first ``warmup_epochs``. Teardown
+(P0, ``teardown``): the last collected sample at or after the run's end against its start.
+Check (P1): samples labelled ``CHECK_FAILED``, one finding per phase. OOM (P0): OOM events, one
+finding per failing batch; an error the run raised that is an OOM counts too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness import labels
+from harness.rules.context import FALLBACK_METRIC, Context, where
+from harness.rules.registry import register_rule
+from harness.sample import Sample
+from harness.units import format_size
+from harness.verdict import Finding, Kind
+
+
+@register_rule("max_drift", option="max_drift")
+def drift(ctx: Context, limit: int) -> list[Finding]:
+    samples = ctx.samples
+    firsts: dict[str, dict[int, int]] = {}
+    for i, s in enumerate(samples):
+        if s.batch is None and s.epoch is not None and not labels.is_event(s):
+            firsts.setdefault(s.label, {}).setdefault(s.epoch, i)
+    failures: list[Finding] = []
+    for label, by_epoch in firsts.items():
+        epochs = sorted(by_epoch)[ctx.rules.warmup_epochs :]
+        if len(epochs) < 2:
+            continue
+        ref = by_epoch[epochs[0]]
+        worst: tuple[int, int, str] | None = None
+        for e in epochs[1:]:
+            metric = ctx.pair_metric(ref, by_epoch[e])
+            if metric is None:
+                continue
+            amount = ctx.value(by_epoch[e], metric) - ctx.value(ref, metric)
+            if worst is None or amount > worst[0]:
+                worst = (amount, by_epoch[e], metric)
+        if worst is None:
+            ctx.check("max_drift", label, "SKIP", "no comparable readings")
+            continue
+        amount, at, metric = worst
+        details = (
+            f"epoch {samples[at].epoch} vs epoch {epochs[0]}: "
+            f"{format_size(amount, signed=True)} ({metric})"
+        )
+        status = "FAIL" if amount > limit else "PASS"
+        ctx.check("max_drift", label, status, details, amount, limit)
+        if status == "FAIL":
+            message = (
+                f"drift at {label}: {format_size(amount, signed=True)} from epoch {epochs[0]} "
+                f"to epoch {samples[at].epoch} > max_drift {format_size(limit)}"
+            )
+            evidence = (ctx.evidence(ref, metric), ctx.evidence(at, metric))
+            failures.append(
+                Finding(
+                    Kind.DRIFT,
+                    samples[at].phase,
+                    samples[at].epoch,
+                    amount,
+                    message,
+                    None,
+                    evidence,
+                    rule="max_drift",
+                )
+            )
+    if not failures:
+        return []
+    worst_finding = max(failures, key=lambda f: f.bytes or 0)
+    if len(failures) > 1:
+        worst_finding = replace(
+            worst_finding, message=f"{worst_finding.message} ({len(failures)} labels drift)"
+        )
+    return [worst_finding]
+
+
+@register_rule("teardown", option="teardown")
+def teardown(ctx: Context, limit: int) -> list[Finding]:
+    samples = ctx.samples
+    starts = [i for i, s in enumerate(samples) if labels.canonical(s.label) == labels.SESSION_START]
+    ends = [i for i, s in enumerate(samples) if labels.canonical(s.label) == labels.SESSION_END]
+    start = starts[0] if starts else 0
+    last_batch = ctx.loop_positions[-1] if ctx.loop_positions else -1
+    end = ends[-1] if ends else last_batch + 1
+    after = [i for i in range(end, len(samples)) if samples[i].collected]
+    if not after:
+        ctx.check(
+            "teardown", "session", "SKIP", "no collected sample after the session end", None, limit
+        )
+        return []
+    at = after[-1]
+    metric = ctx.pair_metric(start, at)
+    if metric is None:
+        ctx.check("teardown", "session", "SKIP", "no comparable readings")
+        return []
+    residue = ctx.value(at, metric) - ctx.value(start, metric)
+    details = (
+        f"{samples[at].label} {format_size(residue, signed=True)} vs "
+        f"{samples[start].label} ({metric})"
+    )
+    if residue <= limit:
+        ctx.check("teardown", "session", "PASS", details, residue, limit)
+        return []
+    ctx.check("teardown", "session", "FAIL", details, residue, limit)
+    message = (
+        f"teardown: {format_size(residue, signed=True)} still held after the session and "
+        f"collection > teardown {format_size(limit)}"
+    )
+    evidence = (ctx.evidence(start, metric), ctx.evidence(at, metric))
+    return [
+        Finding(Kind.TEARDOWN, "session", None, residue, message, None, evidence, rule="teardown")
+    ]
+
+
+@register_rule("check", option=None)
+def failed_checks(ctx: Context, _: None) -> list[Finding]:
+    """One ``check`` finding per phase with ``CHECK_FAILED`` samples."""
+    by_phase: dict[str | None, list[int]] = {}
+    for i, s in enumerate(ctx.samples):
+        if labels.is_check_failed(s):
+            by_phase.setdefault(s.phase, []).append(i)
+    findings = []
+    for phase, failed in by_phase.items():
+        first = ctx.samples[failed[0]]
+        note = ((first.note or "").strip().splitlines() or ["no note"])[0]
+        count = f" ({len(failed)} failures)" if len(failed) > 1 else ""
+        message = f"check failed at {where(first)}: {note}{count}"
+        scope = phase if phase is not None else "(no phase)"
+        ctx.check("check", scope, "FAIL", f"{len(failed)} CHECK_FAILED: {note}")
+        evidence = tuple(ctx.evidence(i, None) for i in dict.fromkeys((failed[0], failed[-1])))
+        findings.append(
+            Finding(Kind.CHECK, phase, first.epoch, None, message, None, evidence, rule="check")
+        )
+    return findings
+
+
+@register_rule("oom", option=None)
+def oom(ctx: Context, _: None) -> list[Finding]:
+    """One finding per failing batch: a checkpoint over an emulated capacity and the OOM
+    event the trainer then reports for the same batch are one failure, with both samples as
+    evidence. The error the run raised is judged by :func:`harness.rules.judge`."""
+    samples = ctx.samples
+    events: list[list[int]] = []
+    for i, s in enumerate(samples):
+        if not labels.is_oom(s):
+            continue
+        if events and _place(samples[events[-1][0]]) == _place(s):
+            events[-1].append(i)
+        else:
+            events.append([i])
+    findings = []
+    for event in events:
+        s = samples[event[0]]
+        metric = next(
+            (m for m in ("peak", ctx.rules.metric, FALLBACK_METRIC) if s.get(m) is not None),
+            None,
+        )
+        note = ((s.note or "").strip().splitlines() or ["out of memory"])[0]
+        findings.append(
+            Finding(
+                Kind.OOM,
+                s.phase,
+                s.epoch,
+                s.get(metric) if metric else None,
+                f"out of memory at {where(s)}: {note}",
+                None,
+                tuple(ctx.evidence(i, metric) for i in event),
+                rule="oom",
+            )
+        )
+    return findings
+
+
+def _place(s: Sample) -> tuple[str | None, int | None, int | None]:
+    return s.phase, s.epoch, s.batch

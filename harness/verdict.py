@@ -1,0 +1,413 @@
+"""The verdict model: what a timeline must satisfy (:class:`Rules`) and what was found
+(:class:`Verdict` of :class:`Finding` and :class:`Check`), with their JSON form.
+
+Statuses, kinds, severities and outcomes are string enums, so they compare equal to, and are
+written to JSON as, their plain names. The JSON form is ``SCHEMA_VERSION`` 2; version 1
+documents (without ``rule`` and ``outcome`` on findings) still load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import Field, asdict, dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+from harness.units import parse_size
+
+SCHEMA_VERSION = 2
+
+
+class Status(StrEnum):
+    """A verdict's or a phase's outcome."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    ERROR = "ERROR"
+
+
+class CheckStatus(StrEnum):
+    """One rule applied to one scope: WARN does not fail a verdict, SKIP judged nothing."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    WARN = "WARN"
+    SKIP = "SKIP"
+    ERROR = "ERROR"
+
+
+class Kind(StrEnum):
+    """What a finding is about."""
+
+    LEAK = "leak"
+    PEAK = "peak"
+    DRIFT = "drift"
+    TEARDOWN = "teardown"
+    OOM = "oom"
+    CHECK = "check"
+    FRAGMENTATION = "fragmentation"
+
+
+class Severity(StrEnum):
+    P0 = "P0"
+    P1 = "P1"
+    P2 = "P2"
+
+
+class Outcome(StrEnum):
+    """What the re-check after a leaking loop saw: the memory was ``released`` when the phase
+    ended, ``retained`` after a collection, or ``unchecked`` (no collected reading after it)."""
+
+    RELEASED = "released"
+    RETAINED = "retained"
+    UNCHECKED = "unchecked"
+
+
+KINDS = tuple(Kind)
+SEVERITY = {
+    Kind.OOM: Severity.P0,
+    Kind.LEAK: Severity.P0,
+    Kind.TEARDOWN: Severity.P0,
+    Kind.PEAK: Severity.P1,
+    Kind.CHECK: Severity.P1,
+    Kind.DRIFT: Severity.P2,
+    Kind.FRAGMENTATION: Severity.P2,
+}
+
+
+def _option(help: str, kind: str = "str", **extra: Any) -> Any:
+    """A :class:`Rules` field's metadata: its help text and how text is read into it."""
+    return {"help": help, "kind": kind, **extra}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a timeline must satisfy. Sizes take bytes or strings such as ``"50MB"``/``"512KiB"``
+    and are stored as ints (``written`` keeps them as given, for messages); ``None`` switches a
+    rule off. ``phase`` takes a name or several (stored as a tuple); ``None`` judges every phase
+    that has per-batch samples. ``custom`` holds the options of registered rules, by name.
+    """
+
+    phase: str | tuple[str, ...] | None = field(
+        default=None,
+        metadata=_option(
+            "phase(s) judged, comma-separated (default: every phase with batches)", "phases"
+        ),
+    )
+    max_growth: int | str | None = field(
+        default=None, metadata=_option("growth allowed in a phase after warm-up, e.g. 50MB", "size")
+    )
+    warmup: int = field(
+        default=5, metadata=_option("batches left out at the start of each phase", "count")
+    )
+    max_peak: int | str | None = field(
+        default=None, metadata=_option("peak allowed above a phase's start", "size")
+    )
+    max_drift: int | str | None = field(
+        default=None, metadata=_option("drift allowed for a checkpoint across epochs", "size")
+    )
+    warmup_epochs: int = field(
+        default=1, metadata=_option("epochs left out of the drift comparison", "count")
+    )
+    teardown: int | str | None = field(
+        default=None, metadata=_option("memory allowed to remain after the run ends", "size")
+    )
+    metric: str = field(default="allocated", metadata=_option("metric judged", "name"))
+    custom: Mapping[str, Any] = field(
+        default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
+    )
+    written: Mapping[str, str] = field(
+        default_factory=dict, compare=False, repr=False, metadata={"kind": "internal"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.phase is not None:
+            phases = (self.phase,) if isinstance(self.phase, str) else self.phase
+            if not isinstance(phases, Sequence) or not phases:
+                raise ValueError(f"Rules.phase: expected a phase name or names, got {phases!r}")
+            if not all(isinstance(p, str) and p for p in phases):
+                raise ValueError(f"Rules.phase: phase names must be non-empty strings: {phases!r}")
+            object.__setattr__(self, "phase", tuple(phases))
+        written = dict(self.written)
+        for name in size_fields():
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, str):
+                    written.setdefault(name, " ".join(value.split()))
+                object.__setattr__(self, name, parse_size(value, what=f"Rules.{name}"))
+            else:
+                written.pop(name, None)
+        object.__setattr__(self, "written", written)
+        for name in ("warmup", "warmup_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Rules.{name}: expected a whole number >= 0, got {value!r}")
+        if not isinstance(self.metric, str) or not self.metric:
+            raise ValueError(f"Rules.metric: expected a metric name, got {self.metric!r}")
+        if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
+            raise ValueError(f"Rules.custom: expected a mapping of rule names, got {self.custom!r}")
+        object.__setattr__(self, "custom", dict(self.custom))
+
+    def selects(self, phase: str | None) -> bool:
+        """Whether the per-phase rules apply to ``phase``."""
+        return self.phase is None or phase in self.phase
+
+    def shown(self, name: str) -> str:
+        """A size rule as the user wrote it (``"50MB"``), or its bytes when given as an int."""
+        value = getattr(self, name)
+        if value is None:
+            return "off"
+        return self.written.get(name) or f"{value}B"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        data = asdict(self)
+        data["phase"] = list(self.phase) if self.phase is not None else None
+        data["written"] = dict(self.written)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rules:
+        """Build from a mapping (a marker's keywords, a JSON object); unknown keys are errors."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"rules: expected a mapping, got {type(data).__name__}")
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"unknown rule(s) {sorted(map(str, unknown))}; known rules: "
+                + ", ".join(option_names())
+            )
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"rules: {exc}") from None
+
+
+def options() -> Iterator[Field[Any]]:
+    """The :class:`Rules` fields a user sets (marker keywords, ini options, CLI flags)."""
+    return (f for f in fields(Rules) if f.metadata.get("kind") not in ("internal", "mapping"))
+
+
+def option_names() -> list[str]:
+    return [f.name for f in options()]
+
+
+def size_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(Rules) if f.metadata.get("kind") == "size")
+
+
+def parse_option(name: str, text: str) -> Any:
+    """A rule option given as text (an ini value, a CLI flag) in its field's type.
+
+    Raises ``ValueError`` naming the option for text that does not read as one.
+    """
+    kind = next((f.metadata["kind"] for f in options() if f.name == name), None)
+    if kind is None:
+        raise ValueError(f"unknown rule {name!r}; known rules: {', '.join(option_names())}")
+    text = text.strip()
+    if kind == "count":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{name}: expected a whole number, got {text!r}") from None
+    if kind == "phases":
+        return tuple(p.strip() for p in text.split(",") if p.strip()) or None
+    if kind == "size":
+        parse_size(text, what=name)
+    return text
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One sample that shows a finding: its position in the judged list and its reading."""
+
+    index: int
+    label: str
+    phase: str | None
+    epoch: int | None
+    batch: int | None
+    metric: str | None
+    value: int | None
+    collected: bool = False
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A rule broken (or, for fragmentation, a warning). ``bytes`` is the amount judged: growth,
+    peak rise, drift, teardown residue, the reading at an OOM, or the allocator-cache growth;
+    ``slope`` is bytes per batch where a trend applies. ``severity`` follows ``kind``; ``rule``
+    names the rule that found it; ``outcome`` says what a leak's re-check saw.
+    """
+
+    kind: Kind
+    phase: str | None
+    epoch: int | None
+    bytes: int | None
+    message: str
+    slope: float | None = None
+    evidence: tuple[Evidence, ...] = ()
+    severity: Severity = Severity.P0
+    rule: str = ""
+    outcome: Outcome | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            kind = Kind(self.kind)
+        except ValueError:
+            raise ValueError(
+                f"Finding.kind: {self.kind!r} is not one of {', '.join(KINDS)}"
+            ) from None
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "severity", SEVERITY[kind])
+        object.__setattr__(self, "rule", self.rule or kind.value)
+        if self.outcome is not None:
+            object.__setattr__(self, "outcome", Outcome(self.outcome))
+        object.__setattr__(self, "evidence", tuple(self.evidence))
+
+    @property
+    def blocking(self) -> bool:
+        """Whether this finding fails the verdict (every kind but fragmentation)."""
+        return self.kind != Kind.FRAGMENTATION
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        """Inverse of :meth:`to_dict`."""
+        values = _known(cls, data)
+        values["evidence"] = tuple(_build(Evidence, e) for e in values.get("evidence", ()))
+        return _build(cls, values)
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """One ``(phase, epoch)`` group's numbers, in bytes of ``metric``.
+
+    ``start``/``end`` are its first and last readings; ``growth`` (after warm-up, the larger of
+    slope x span and the robust delta), ``slope`` (per batch), ``p_value`` (Mann-Kendall, for
+    increase) and ``noise`` (robust residual spread) describe the series ``label``; ``peak`` is
+    the highest reading and ``peak_rise`` its rise above ``start``, in ``peak_metric``.
+    ``batches`` counts the series' samples and ``judged`` those after warm-up; ``budget`` is
+    ``max_growth``.
+    """
+
+    phase: str | None
+    epoch: int | None
+    label: str
+    metric: str | None
+    status: str
+    batches: int = 0
+    judged: int = 0
+    start: int | None = None
+    end: int | None = None
+    growth: float | None = None
+    slope: float | None = None
+    p_value: float | None = None
+    noise: float | None = None
+    peak: int | None = None
+    peak_rise: int | None = None
+    budget: int | None = None
+    peak_metric: str | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule applied to one scope, with its outcome (a :class:`CheckStatus`)."""
+
+    rule: str
+    scope: str
+    status: str
+    details: str
+    measured: float | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of a timeline: status, findings, per-group statistics, every check."""
+
+    status: Status
+    findings: tuple[Finding, ...] = ()
+    phases: tuple[PhaseStats, ...] = ()
+    checks: tuple[Check, ...] = ()
+    rules: Rules = field(default_factory=Rules)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
+
+    @property
+    def passed(self) -> bool:
+        """``status == "PASS"``."""
+        return self.status == Status.PASS
+
+    def of_kind(self, kind: str) -> list[Finding]:
+        """The findings of one kind."""
+        return [f for f in self.findings if f.kind == kind]
+
+    def worst(self) -> Finding | None:
+        """The most severe finding (blocking before warnings, P0 before P1, larger first)."""
+        ranked = sorted(self.findings, key=lambda f: (not f.blocking, f.severity, -(f.bytes or 0)))
+        return ranked[0] if ranked else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, ``schema_version`` first."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "status": self.status,
+            "error": self.error,
+            "rules": self.rules.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+            "phases": [asdict(p) for p in self.phases],
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        """Inverse of :meth:`to_dict`; reads schema 1 and 2, refuses newer ones."""
+        version = data.get("schema_version")
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or not (1 <= version <= SCHEMA_VERSION)
+        ):
+            raise ValueError(
+                f"verdict schema_version {version!r} is not readable (1 to {SCHEMA_VERSION})"
+            )
+        rules = data.get("rules") or {}
+        if not isinstance(rules, Mapping):
+            raise ValueError("rules: expected an object")
+        rules = {k: v for k, v in rules.items() if version > 1 or k != "written"}
+        if isinstance(rules.get("phase"), list):
+            rules["phase"] = tuple(rules["phase"])
+        return cls(
+            status=data["status"],
+            error=data.get("error"),
+            rules=Rules.from_dict(rules),
+            findings=tuple(Finding.from_dict(f) for f in _list(data, "findings")),
+            phases=tuple(_build(PhaseStats, p) for p in _list(data, "phases")),
+            checks=tuple(_build(Check, c) for c in _list(data, "checks")),
+        )
+
+
+def _list(data: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise ValueError(f"{key}: expected a list of objects")
+    return value
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _build(cls: type, data: Mapping[str, Any]) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"cannot read {cls.__name__} from {data!r}")
+    try:
+        return cls(**_known(cls, data))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cannot read {cls.__name__}: {exc}") from None
