@@ -324,6 +324,15 @@ def test_interrupted_write_leaves_no_file(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_synthetic_names_stay_importable_from_data_and_the_package():
+    import tft
+    from tft import synthetic
+
+    for name in ("synth", "synth_bars", "default_parquet", "cache_dir", "DEFAULT_ROWS"):
+        assert getattr(data, name) is getattr(synthetic, name)
+    assert tft.synth is synthetic.synth  # the function, not a module of that name
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 
