@@ -8,7 +8,6 @@ file, not JSON, not a timeline or verdict, a schema too new): one line on stderr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,25 +21,15 @@ from harness.artifacts import (
     compare_runs,
     load_run_document,
     write_index,
-    write_run,
 )
-from harness.report import Run, render_report
-from harness.rules import Rules, judge
+from harness.finish import finish_run, rules_of, summary_line
+from harness.report import render_report
 from harness.timeline import read_timeline
 from harness.units import format_mb, parse_size
+from harness.verdict import Rules, options
 
 PASS, FAIL, BAD_INPUT = 0, 1, 2
 TABLE_ROWS = 20
-RULE_OPTIONS = (
-    "phase",
-    "max_growth",
-    "warmup",
-    "max_peak",
-    "max_drift",
-    "warmup_epochs",
-    "teardown",
-    "metric",
-)
 
 
 class BadInput(Exception):
@@ -74,14 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--no-json", action="store_true", help="write no JSON verdict")
     report.add_argument("--title", help="report title (default: the test id or file name)")
-    report.add_argument("--phase", action="append", help="phase to judge (repeatable)")
-    report.add_argument("--max-growth", metavar="SIZE", help="e.g. 50MB")
-    report.add_argument("--warmup", type=int, metavar="N", help="batches left out per phase")
-    report.add_argument("--max-peak", metavar="SIZE")
-    report.add_argument("--max-drift", metavar="SIZE")
-    report.add_argument("--warmup-epochs", type=int, metavar="N", help="epochs left out of drift")
-    report.add_argument("--teardown", metavar="SIZE")
-    report.add_argument("--metric", help="metric judged (default allocated)")
+    for option in options():
+        kind = option.metadata["kind"]
+        flag = "--" + option.name.replace("_", "-")
+        text = option.metadata["help"].replace("%", "%%")
+        if kind == "phases":
+            report.add_argument(flag, action="append", help=f"{text} (repeatable)")
+        else:
+            report.add_argument(
+                flag,
+                type=int if kind == "count" else str,
+                metavar={"count": "N", "size": "SIZE"}.get(kind, "NAME"),
+                help=text,
+            )
 
     compare = commands.add_parser(
         "compare",
@@ -147,57 +141,51 @@ def _report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(_one_line(exc)) from None
     rules = _rules(args, timeline.header)
-    try:
-        verdict = judge(timeline.samples, rules)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise BadInput(f"{args.timeline}: cannot judge its samples ({_one_line(exc)})") from None
-    meta = timeline.header.get("meta")
-    test = meta.get("test") if isinstance(meta, dict) else None
     to_stdout = args.output == "-"
     markdown = None if to_stdout else Path(args.output or args.timeline.with_suffix(".md"))
     document = None
-    if not args.no_json and not to_stdout:
+    if markdown is not None and not args.no_json:
         document = args.json or markdown.with_suffix(".json")
-    here = markdown.parent if markdown is not None else Path.cwd()
-    run = Run(
-        name=args.timeline.stem,
-        header=timeline.header,
-        samples=timeline.samples,
-        verdict=verdict,
-        title=args.title or (test if isinstance(test, str) else None),
-        torn=timeline.torn,
-        timeline=_relative(args.timeline, here),
-        verdict_file=_relative(document, here) if document is not None else None,
-    )
+    try:
+        for path in (markdown, document):
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        finished = finish_run(
+            timeline,
+            rules,
+            name=args.timeline.stem,
+            markdown=markdown,
+            document=document,
+            timeline=args.timeline,
+            title=args.title,
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise BadInput(f"{args.timeline}: cannot judge its samples ({_one_line(exc)})") from None
+    except OSError as exc:
+        raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror})") from None
     if to_stdout:
-        sys.stdout.write(render_report(run))
-    else:
-        try:
-            for path in (markdown, document):
-                if path is not None:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-            write_run(run, markdown, document)
-        except OSError as exc:
-            raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror})") from None
+        sys.stdout.write(render_report(finished.run))
     written = " and ".join(str(p) for p in (markdown, document) if p is not None)
-    summary = f"{verdict.status}: {len(verdict.findings)} finding(s)"
+    summary = summary_line(finished.verdict)
     if timeline.torn:
         summary += f", {timeline.torn} torn line skipped"
     print(
         summary + (f"; wrote {written}" if written else ""), file=sys.stderr if to_stdout else None
     )
-    return PASS if verdict.passed else FAIL
+    return PASS if finished.verdict.passed else FAIL
 
 
 def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
-    meta = header.get("meta")
-    stored = meta.get("rules") if isinstance(meta, dict) else None
-    values = dict(stored) if isinstance(stored, dict) else {}
-    for name in RULE_OPTIONS:
-        given = getattr(args, name)
-        if given is not None:
-            values[name] = tuple(given) if name == "phase" else given
+    """The timeline's stored rules, each overridden by an option given on the command line."""
     try:
+        values = rules_of(header).to_dict()
+        values.pop("written", None)
+        for option in options():
+            given = getattr(args, option.name)
+            if given is not None:
+                values[option.name] = tuple(given) if option.name == "phase" else given
+        if isinstance(values.get("phase"), list):
+            values["phase"] = tuple(values["phase"])
         return Rules.from_dict(values)
     except (ValueError, TypeError) as exc:
         raise BadInput(f"rules: {_one_line(exc)}") from None
@@ -325,13 +313,6 @@ def _size(text: str) -> int:
         return parse_size(text, what="--min-bytes")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _relative(path: Path, start: Path) -> str:
-    try:
-        return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
-    except ValueError:
-        return path.resolve().as_posix()
 
 
 def _one_line(exc: BaseException) -> str:

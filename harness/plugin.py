@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from harness.verdict import options, parse_option
+
 if TYPE_CHECKING:
     from harness.recorder import Recorder
     from harness.rules import Rules, Verdict
@@ -32,16 +34,6 @@ if TYPE_CHECKING:
 DEFAULT_DIR = "reports"
 PLUGIN_NAME = "leakgate-state"
 PROPERTY = "leakgate"
-INI = {
-    "phase": "phase(s) judged by memleak, comma-separated (default: every phase with batches)",
-    "max_growth": "growth allowed in a phase after warm-up, e.g. 50MB",
-    "warmup": "batches left out at the start of each phase (default 5)",
-    "max_peak": "peak allowed above a phase's start",
-    "max_drift": "drift allowed for a checkpoint across epochs",
-    "warmup_epochs": "epochs left out of the drift comparison (default 1)",
-    "teardown": "memory allowed to remain after the session ends",
-    "metric": "metric judged (default allocated)",
-}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,17 +48,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(default {DEFAULT_DIR}/); "
         "write it as --memreport=DIR when test paths follow",
     )
-    for name, help_text in INI.items():
-        parser.addini(f"memleak_{name}", help_text, default=None)
+    for option in options():
+        parser.addini(f"memleak_{option.name}", option.metadata["help"], default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    keywords = ", ".join(f"{o.name}={o.default!r}" for o in options())
     config.addinivalue_line(
         "markers",
-        "memleak(phase=None, max_growth=None, warmup=5, max_peak=None, max_drift=None, "
-        "warmup_epochs=1, teardown=None, metric='allocated', attribute=False): "
-        "judge the test's memory timeline (leakgate); attribute=True names who holds new "
-        "tensors at every phase end",
+        f"memleak({keywords}, attribute=False, **registered_rules): judge the test's memory "
+        "timeline (leakgate); attribute=True names who holds new tensors at every phase end",
     )
     config.pluginmanager.register(LeakGate(config), PLUGIN_NAME)
 
@@ -127,20 +118,26 @@ class LeakGate:
         self.outcomes: list[Outcome] = []
 
     def rules_for(self, item: pytest.Item) -> Rules:
+        """The marker's rules over the ``memleak_*`` ini defaults; keywords naming a
+        registered rule become its option. A bad value is a usage error naming the test."""
         from harness.rules import Rules
+        from harness.rules.registry import is_custom
 
         values: dict[str, Any] = {}
-        for name in INI:
-            raw = self.config.getini(f"memleak_{name}")
-            if raw:
-                values[name] = _ini_value(name, raw)
-        marker = item.get_closest_marker("memleak")
-        if marker is not None:
-            if marker.args:
-                raise pytest.UsageError(f"{item.nodeid}: memleak takes keyword arguments only")
-            values.update((k, v) for k, v in marker.kwargs.items() if k != "attribute")
+        custom: dict[str, Any] = {}
         try:
-            return Rules.from_dict(values)
+            for option in options():
+                raw = self.config.getini(f"memleak_{option.name}")
+                if raw:
+                    values[option.name] = parse_option(option.name, raw)
+            marker = item.get_closest_marker("memleak")
+            if marker is not None:
+                if marker.args:
+                    raise ValueError("memleak takes keyword arguments only")
+                for key, value in marker.kwargs.items():
+                    if key != "attribute":
+                        (custom if is_custom(key) else values)[key] = value
+            return Rules.from_dict({**values, "custom": custom} if custom else values)
         except ValueError as exc:
             raise pytest.UsageError(f"{item.nodeid}: memleak: {exc}") from None
 
@@ -157,7 +154,8 @@ class LeakGate:
             files = self.directory / safe_name(item.nodeid)
         recorder = Recorder(
             timeline=files.with_suffix(".jsonl") if files else None,
-            meta={"test": item.nodeid, "rules": rules.to_dict()},
+            meta={"test": item.nodeid},
+            rules=rules,
             attribute=PhaseAttribution(growth=rules.max_growth) if asked else False,
         )
         recorder.checkpoint("TEST_START", phase="test", collect=True)
@@ -183,33 +181,27 @@ class LeakGate:
             )
 
     def finish(self, item: pytest.Item, trace: Trace, call: pytest.CallInfo) -> Verdict:
-        from harness.rules import judge
+        from harness.finish import finish_run
         from harness.terminal import worst_growth
 
         error = call.excinfo.value if call.excinfo is not None else None
         recorder = trace.recorder
         if not recorder.closed:
             recorder.checkpoint("TEST_END", phase="test", collect=True, note=_describe(error))
-        verdict = judge(recorder.samples, trace.rules, error=error)
-        from harness.attribution import explain
-
-        holders = explain(recorder.holders, verdict.findings)
-        trace.holders = tuple(str(h) for h in holders[:3])
-        if trace.files is not None:
-            from harness.artifacts import save_run
-
-            save_run(
-                trace.files.parent,
-                trace.files.name,
-                recorder,
-                verdict,
-                title=item.nodeid,
-                holders=[h.to_dict() for h in holders],
-            )
-        growth = worst_growth(verdict)
+        files = trace.files
+        finished = finish_run(
+            recorder,
+            trace.rules,
+            name=files.name if files else safe_name(item.nodeid),
+            error=error,
+            directory=files.parent if files else None,
+            title=item.nodeid,
+        )
+        verdict = finished.verdict
+        trace.holders = tuple(str(h) for h in finished.holders[:3])
         summary = {
             "status": verdict.status,
-            "worst_growth": growth,
+            "worst_growth": worst_growth(verdict),
             "findings": [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings],
         }
         item.user_properties.append((PROPERTY, json.dumps(summary)))
@@ -253,17 +245,6 @@ class LeakGate:
                 tr.write_line(f"      {finding}")
         if self.directory is not None:
             tr.write_line(f"reports in {self.directory}/, index: {self.directory / 'index.md'}")
-
-
-def _ini_value(name: str, raw: str) -> Any:
-    if name in ("warmup", "warmup_epochs"):
-        try:
-            return int(raw)
-        except ValueError:
-            raise pytest.UsageError(f"memleak_{name}: expected an integer, got {raw!r}") from None
-    if name == "phase":
-        return tuple(p.strip() for p in raw.split(",") if p.strip())
-    return raw.strip()
 
 
 def _skipped(call: pytest.CallInfo) -> bool:

@@ -10,9 +10,11 @@ import platform
 import socket
 import subprocess
 import time
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ from harness.probes import Probe, make_probe
 from harness.sample import Sample
 from harness.timeline import TimelineWriter
 from harness.units import format_mb, parse_size
+from harness.verdict import Rules
 
 
 class DeviceOutOfMemory(torch.OutOfMemoryError):
@@ -76,6 +79,7 @@ class Recorder:
         config: Any = None,
         meta: Mapping[str, Any] | None = None,
         attribute: bool | PhaseAttribution = False,
+        rules: Rules | None = None,
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
         if not isinstance(attribute, (bool, PhaseAttribution)):
@@ -89,6 +93,8 @@ class Recorder:
             self._limit_at_checkpoints = limit is not None and not self.probe.limit(limit)
             self.capacity = limit if limit is not None else self.probe.capacity
             self.header = self._header(limit is not None, config, meta)
+            if rules is not None:
+                self.header["rules"] = rules.to_dict()
             if timeline is not None:
                 self._timeline = TimelineWriter(timeline, self.header)
         except BaseException:
@@ -113,6 +119,7 @@ class Recorder:
             raise ValueError(f"config: expected a mapping or a dataclass, got {config!r}")
         return {
             "leakgate": __version__,
+            "run_id": uuid.uuid4().hex,
             "torch": torch.__version__,
             "python": platform.python_version(),
             "probe": self.probe.name,
@@ -210,6 +217,16 @@ class Recorder:
             if self.probe.name == "cpu":
                 self.probe.release()
             self.probe.reset_peak()
+
+    @property
+    def run_id(self) -> str:
+        """This run's id, in the timeline header and in the verdict saved for it."""
+        return str(self.header["run_id"])
+
+    @property
+    def timeline_path(self) -> Path | None:
+        """Where the timeline is streamed, or None."""
+        return self._timeline.path if self._timeline is not None else None
 
     @property
     def holders(self) -> list[Holder]:

@@ -266,8 +266,9 @@ def traced(
     """
     # The one exception to "tft never imports harness": tracing from the command line. The
     # import stays inside this function, so the model, data, trainer and faults load without it.
-    from harness import Recorder, Rules, judge, parse_size, save_run
-    from harness.attribution import PhaseAttribution, explain
+    from harness import Recorder, Rules, parse_size
+    from harness.attribution import PhaseAttribution
+    from harness.finish import finish_run
 
     try:
         capacity = None if args.capacity is None else parse_size(args.capacity, what="--capacity")
@@ -289,6 +290,7 @@ def traced(
         config=config,
         meta=meta,
         attribute=PhaseAttribution(growth=MEMORY_RULES["max_growth"], at_end=False),
+        rules=Rules(**MEMORY_RULES),
     )
     # The session's peak window starts from the released level: the warm-up's is not its own.
     gc.collect()
@@ -303,26 +305,16 @@ def traced(
             except torch.OutOfMemoryError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 error = exc.with_traceback(None)
-        verdict = judge(recorder.samples, Rules(**MEMORY_RULES), error=error)
-        holders = explain(recorder.holders, verdict.findings)
-        faults.reset()
-    print(f"memory verdict: {verdict.status} ({time.perf_counter() - started:.1f}s traced)")
-    for finding in verdict.findings:
-        print(f"  [{finding.severity} {finding.kind}] {finding.message}")
-    for holder in holders[:3]:
-        print(f"  held by {holder}")
-    if args.memreport is not None:
         title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
-        paths = save_run(
-            args.memreport,
-            name,
-            recorder,
-            verdict,
-            title=title,
-            holders=[h.to_dict() for h in holders],
+        finished = finish_run(
+            recorder, name=name, error=error, directory=args.memreport, title=title
         )
-        print(f"report: {paths['md']}")
-    return 0 if verdict.status == "PASS" else 1
+        faults.reset()
+    print(f"traced in {time.perf_counter() - started:.1f}s")
+    print("\n".join(finished.lines()))
+    if "md" in finished.paths:
+        print(f"report: {finished.paths['md']}")
+    return 0 if finished.verdict.passed else 1
 
 
 def warm_up(

@@ -1,0 +1,154 @@
+"""The one finishing step every entry point takes: judge, attribute, save, summarise.
+
+The pytest plugin, ``python -m tft.train --memreport`` and ``python -m harness report`` all
+call :func:`finish_run`: with a live :class:`~harness.recorder.Recorder` (holders still alive
+are named) or with a :class:`~harness.timeline.Timeline` read back from disk (nothing alive to
+name). Rules come from the caller, else from the timeline header, where the recorder wrote
+them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.report import Run
+from harness.rules import judge
+from harness.timeline import Timeline
+from harness.units import format_size
+from harness.verdict import Rules, Verdict
+
+if TYPE_CHECKING:
+    from harness.attribution import Holder
+    from harness.recorder import Recorder
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished run: its verdict, the holders named for it, and the files written."""
+
+    run: Run
+    holders: Sequence[Holder] = ()
+    paths: Mapping[str, Path] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.run.verdict
+
+    def lines(self, *, holders: int = 3) -> list[str]:
+        """The verdict for a terminal: a status line, one line per finding, the top holders."""
+        verdict = self.verdict
+        lines = [
+            f"memory verdict: {verdict.status}" + (f" ({verdict.error})" if verdict.error else "")
+        ]
+        lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
+        lines += [f"  held by {h}" for h in self.holders[:holders]]
+        return lines
+
+
+def rules_of(header: Mapping[str, Any]) -> Rules:
+    """The rules a timeline was recorded under (``header["rules"]``, or an older timeline's
+    ``meta.rules``); default rules when it names none. ``ValueError`` when they do not read."""
+    stored = header.get("rules")
+    if stored is None:
+        meta = header.get("meta")
+        stored = meta.get("rules") if isinstance(meta, Mapping) else None
+    if stored is None:
+        return Rules()
+    if not isinstance(stored, Mapping):
+        raise ValueError("the header's rules are not an object")
+    values = dict(stored)
+    if isinstance(values.get("phase"), list):
+        values["phase"] = tuple(values["phase"])
+    return Rules.from_dict(values)
+
+
+def finish_run(
+    record: Recorder | Timeline,
+    rules: Rules | None = None,
+    *,
+    name: str,
+    error: BaseException | str | None = None,
+    directory: str | os.PathLike[str] | None = None,
+    markdown: Path | None = None,
+    document: Path | None = None,
+    timeline: Path | None = None,
+    title: str | None = None,
+) -> Finished:
+    """Judge ``record`` against ``rules`` (default: the ones its header names), name the
+    holders of what failed while they are alive (a recorder's run only), and write the report
+    and the JSON verdict: to ``directory/<name>.md`` and ``.json``, or to ``markdown`` and
+    ``document`` (either may be None). ``timeline`` is the timeline file the report links to
+    (default: the recorder's, or ``directory/<name>.jsonl`` when it exists).
+    """
+    from harness.recorder import Recorder
+
+    if isinstance(record, Recorder):
+        header, samples, torn = record.header, list(record.samples), 0
+        found = record.holders
+        timeline = timeline or record.timeline_path
+    else:
+        header, samples, torn, found = record.header, record.samples, record.torn, []
+    if rules is None:
+        rules = rules_of(header)
+    verdict = judge(samples, rules, error=error)
+    holders = _explain(found, verdict) if isinstance(record, Recorder) else []
+    if directory is not None:
+        folder = Path(directory)
+        markdown, document = folder / f"{name}.md", folder / f"{name}.json"
+        if timeline is None and (folder / f"{name}.jsonl").exists():
+            timeline = folder / f"{name}.jsonl"
+    here = (markdown or document or Path(".")).parent
+    run = Run(
+        name=name,
+        header=dict(header),
+        samples=samples,
+        verdict=verdict,
+        title=title or _test_of(header),
+        holders=[h.to_dict() for h in holders],
+        torn=torn,
+        timeline=_relative(timeline, here) if timeline is not None else None,
+        verdict_file=_relative(document, here) if document is not None else None,
+    )
+    paths: dict[str, Path] = {}
+    if markdown is not None or document is not None:
+        from harness.artifacts import write_run
+
+        write_run(run, markdown, document)
+        paths = {k: p for k, p in (("md", markdown), ("json", document)) if p is not None}
+        if timeline is not None:
+            paths["timeline"] = timeline
+    return Finished(run, holders, paths)
+
+
+def summary_line(verdict: Verdict) -> str:
+    """``FAIL: 2 finding(s), worst leak +3.2MB`` for a command's last line."""
+    text = f"{verdict.status}: {len(verdict.findings)} finding(s)"
+    worst = verdict.worst()
+    if worst is not None and worst.bytes is not None:
+        text += f", worst {worst.kind} {format_size(worst.bytes, signed=worst.kind != 'oom')}"
+    return text
+
+
+def _explain(found: Sequence[Holder], verdict: Verdict) -> list[Holder]:
+    if verdict.passed:
+        return []
+    from harness.attribution import explain
+
+    return explain(found, verdict.findings)
+
+
+def _test_of(header: Mapping[str, Any]) -> str | None:
+    meta = header.get("meta")
+    test = meta.get("test") if isinstance(meta, Mapping) else None
+    return test if isinstance(test, str) else None
+
+
+def _relative(path: Path, here: Path) -> str:
+    try:
+        return os.path.relpath(path, here)
+    except ValueError:
+        return str(path)
