@@ -6,20 +6,31 @@ Names are imported lazily so that loading the pytest plugin does not import torc
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import Any
 
-__version__ = "0.1.0"
+try:
+    __version__ = metadata.version("leakgate")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 _EXPORTS = {
     "parse_size": "harness.units",
     "Sample": "harness.sample",
     "judge": "harness.rules",
-    "Rules": "harness.rules",
-    "Verdict": "harness.rules",
-    "Finding": "harness.rules",
-    "Evidence": "harness.rules",
-    "PhaseStats": "harness.rules",
-    "Check": "harness.rules",
+    "register_rule": "harness.rules",
+    "Context": "harness.rules",
+    "Group": "harness.rules",
+    "Rules": "harness.verdict",
+    "Verdict": "harness.verdict",
+    "Finding": "harness.verdict",
+    "Evidence": "harness.verdict",
+    "PhaseStats": "harness.verdict",
+    "Check": "harness.verdict",
+    "Kind": "harness.verdict",
+    "Status": "harness.verdict",
+    "Outcome": "harness.verdict",
+    "finish_run": "harness.finish",
     "Probe": "harness.probes",
     "CpuProbe": "harness.probes",
     "CudaProbe": "harness.probes",

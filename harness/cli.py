@@ -38,7 +38,7 @@ class BadInput(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m harness",
+        prog="leakgate",
         description="leakgate: memory reports and verdict comparison.",
         epilog="exit codes: 0 pass, 1 fail or regression, 2 bad input",
     )

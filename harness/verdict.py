@@ -152,6 +152,12 @@ class Rules:
         """Whether the per-phase rules apply to ``phase``."""
         return self.phase is None or phase in self.phase
 
+    def size(self, name: str) -> int | None:
+        """A size rule in bytes (``None`` when off)."""
+        value = getattr(self, name)
+        assert value is None or isinstance(value, int)
+        return value
+
     def shown(self, name: str) -> str:
         """A size rule as the user wrote it (``"50MB"``), or its bytes when given as an int."""
         value = getattr(self, name)

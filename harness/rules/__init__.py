@@ -134,7 +134,7 @@ def _judge_group(ctx: Context, group: Group, rules: list[Rule]) -> tuple[list[Fi
         noise=fit.trend.noise if fit else None,
         peak=peak.value if peak else None,
         peak_rise=peak.rise if peak else None,
-        budget=ctx.rules.max_growth,
+        budget=ctx.rules.size("max_growth"),
         peak_metric=peak.base if peak else None,
     )
     return found, stats
