@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from tft.model import TemporalFusionTransformer
 from tft.trainer import Batch, Callback, TrainConfig, Trainer
 
 
@@ -72,7 +73,7 @@ class QatLrStale(Trainer):
         if self.scheduler is not None:
             self.scheduler.last_epoch += 1
             step = self.scheduler.last_epoch
-            self.lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](step)
+            self.lr = float(self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](step))
 
 
 class LossAccumulate(Trainer):
@@ -198,7 +199,7 @@ def configure(config: TrainConfig, names: Iterable[str]) -> TrainConfig:
 
 
 def build_trainer(
-    model: nn.Module,
+    model: TemporalFusionTransformer,
     config: TrainConfig | None = None,
     callbacks: Iterable[Callback] = (),
     faults: Sequence[str] = (),

@@ -106,6 +106,10 @@ class TemporalFusionTransformer(nn.Module):
     Interpretation)``. Nothing computed in a forward pass is kept on the module.
     """
 
+    static_sizes: Tensor
+    static_offsets: Tensor
+    future_mask: Tensor
+
     def __init__(self, config: TFTConfig) -> None:
         super().__init__()
         self.config = config
@@ -183,7 +187,7 @@ class TemporalFusionTransformer(nn.Module):
             "observed": ((t_enc, c.n_observed), "float"),
             "known": ((t, c.n_known), "float"),
         }
-        tensors = []
+        tensors: list[Tensor] = []
         for key, (tail, kind) in expected.items():
             want = f"a {kind} tensor of shape [B, {', '.join(map(str, tail))}]"
             if key not in batch:

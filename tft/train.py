@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict
 
 import torch
 from torch.utils.data import Dataset, default_collate
@@ -41,7 +41,18 @@ from tft.trainer import (
 
 log = logging.getLogger("tft.train")
 
-MEMORY_RULES: dict[str, object] = {
+
+class MemoryRules(TypedDict):
+    """Keyword arguments of ``harness.Rules``, as far as a traced run sets them."""
+
+    phase: tuple[str, ...]
+    max_growth: str
+    warmup: int
+    max_peak: str
+    teardown: str
+
+
+MEMORY_RULES: MemoryRules = {
     "phase": ("training", "validation"),
     "max_growth": "40KiB",
     "warmup": 5,
@@ -338,7 +349,8 @@ def warm_up(
         trainer.train_step(batch(split.train, size))
     trainer.model.eval()
     with trainer.validation_mode():
-        for size in batch_shapes(len(split.val), config.validation_batch_size, config.oom_retries):
+        val_size = config.validation_batch_size or config.batch_size
+        for size in batch_shapes(len(split.val), val_size, config.oom_retries):
             trainer.model(batch(split.val, size))
 
 

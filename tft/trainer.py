@@ -22,19 +22,27 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import default_collate
 
-from tft.model import pinball, quantile_loss
+from tft.model import TemporalFusionTransformer, pinball, quantile_loss
 from tft.qat import prepare_qat, qat_schedule
 
 log = logging.getLogger(__name__)
 
 Callback = Callable[..., Any]
 Batch = dict[str, torch.Tensor]
+
+
+class Windows(Protocol):
+    """What the trainer reads windows from: a sized, indexable dataset of batch dicts."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Batch: ...
 
 
 class TrainingOOM(torch.OutOfMemoryError):
@@ -117,6 +125,13 @@ class _Accumulator:
         self.scale = plus(self.scale, scale)
         self.count += n
 
+    def result(self) -> tuple[float, list[float]]:
+        """Mean loss per window and the normalised q-risk of each quantile."""
+        if self.loss is None or self.pinball is None or self.scale is None:
+            raise ValueError("no validation batch was scored")
+        q_risk = 2 * self.pinball / self.scale.clamp_min(1e-12)
+        return float(self.loss) / self.count, q_risk.tolist()
+
 
 @dataclass
 class _State:
@@ -139,7 +154,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: TemporalFusionTransformer,
         config: TrainConfig | None = None,
         callbacks: Iterable[Callback] = (),
     ) -> None:
@@ -152,8 +167,10 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, fused=True)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
-        self.state = _State(self.config.batch_size, self.config.validation_batch_size)
-        self._offloaded: list[dict[str, tuple[torch.device, torch.Tensor]]] | None = None
+        self.state = _State(
+            self.config.batch_size, self.config.validation_batch_size or self.config.batch_size
+        )
+        self._offloaded: list[dict[str, tuple[torch.device | None, Any]]] | None = None
         self._steps_per_epoch = 0
 
     # -- public ---------------------------------------------------------------------------------
@@ -162,7 +179,7 @@ class Trainer:
     def history(self) -> list[EpochStats]:
         return self.state.history
 
-    def fit(self, train: Dataset, val: Dataset) -> list[EpochStats]:
+    def fit(self, train: Windows, val: Windows) -> list[EpochStats]:
         """Train for the configured epochs (continuing after a resumed checkpoint)."""
         if len(train) == 0 or len(val) == 0:
             raise ValueError(f"empty dataset: {len(train)} training, {len(val)} validation windows")
@@ -306,7 +323,7 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def _run_epoch(self, train: Dataset, val: Dataset) -> None:
+    def _run_epoch(self, train: Windows, val: Windows) -> None:
         epoch = self.state.epoch
         torch.manual_seed(self.config.seed * 1000 + epoch)
         self.model.train()
@@ -348,7 +365,7 @@ class Trainer:
         self.emit("EPOCH_END", "epoch")
         self.state.epoch += 1
 
-    def _validate(self, val: Dataset) -> tuple[float, list[float]]:
+    def _validate(self, val: Windows) -> tuple[float, list[float]]:
         self.model.eval()
         acc = _Accumulator()
         self.emit("VALIDATION_START", "validation")
@@ -361,13 +378,11 @@ class Trainer:
             self._batches(val, list(range(len(val))), "validation", step)
         self.emit("VALIDATION_END", "validation")
         self.model.train()
-        loss = float(acc.loss) / acc.count
-        q_risk = (2 * acc.pinball / acc.scale.clamp_min(1e-12)).tolist()
-        return loss, q_risk
+        return acc.result()
 
     def _batches(
         self,
-        data: Dataset,
+        data: Windows,
         order: Sequence[int],
         phase: str,
         step: Callable[[Batch, int], None],
@@ -378,6 +393,7 @@ class Trainer:
         while start < len(order):
             size = getattr(self.state, size_field)
             failure = None
+            batch: Batch | None = None
             try:
                 batch = self._collate(data, order[start : start + size])
                 step(batch, index)
@@ -414,12 +430,12 @@ class Trainer:
             size // 2,
         )
 
-    def _collate(self, data: Dataset, indices: Sequence[int]) -> Batch:
+    def _collate(self, data: Windows, indices: Sequence[int]) -> Batch:
         batch = default_collate([data[i] for i in indices])
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
 
-def baseline_q_risk(train: Dataset, val: Dataset, quantiles: Sequence[float]) -> list[float]:
+def baseline_q_risk(train: Windows, val: Windows, quantiles: Sequence[float]) -> list[float]:
     """Normalised q-risk on ``val`` of constant quantiles fitted on the training targets."""
     fitted = torch.stack([train[i]["target"] for i in range(len(train))]).flatten()
     levels = torch.quantile(fitted, torch.tensor(quantiles, dtype=fitted.dtype))
