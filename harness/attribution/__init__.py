@@ -1,0 +1,23 @@
+"""Who holds leaked memory: the references that keep a phase's new tensors alive. A
+:class:`Snapshot` (:func:`live_tensors`) notes what was alive before; :func:`attribute` names
+what keeps each newer tensor by a bounded walk of the object graph from named roots
+(:mod:`~harness.attribution.walk`), grouped into :class:`Holder` s
+(:mod:`~harness.attribution.holders`); :class:`PhaseAttribution` does this at a recorder's
+checkpoints and :func:`explain` picks the holders for a verdict
+(:mod:`~harness.attribution.phase`); on CUDA, allocation sites come from torch's allocation
+history (:mod:`~harness.attribution.sites`)."""
+
+from harness.attribution.holders import Holder, attribute
+from harness.attribution.phase import PhaseAttribution, explain
+from harness.attribution.sites import record_sites
+from harness.attribution.snapshot import Snapshot, live_tensors
+
+__all__ = [
+    "Holder",
+    "PhaseAttribution",
+    "Snapshot",
+    "attribute",
+    "explain",
+    "live_tensors",
+    "record_sites",
+]

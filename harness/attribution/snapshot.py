@@ -1,0 +1,69 @@
+"""What was alive before: a :class:`Snapshot` notes, by weak reference, the tensors alive at a
+phase's start (and the CUDA blocks in use), so that an attribution later can tell the tensors a
+phase created from those it found; :func:`storage_of` is the storage identity both sides
+compare, so that views of one storage count once."""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.attribution.sites import cuda_blocks
+
+StorageKey = tuple[str, int | None, int]
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """The tensors alive at ``time``, by weak reference, but for those ``gc.freeze()`` hid
+    (which count as older than any snapshot). ``blocks``: the CUDA blocks in use, as
+    ``(device, address, size)``, when CUDA was in use."""
+
+    tensors: Mapping[int, weakref.ref] = field(repr=False)
+    blocks: frozenset[tuple[int, int, int]] = field(default=frozenset(), repr=False)
+    time: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __contains__(self, tensor: object) -> bool:
+        ref = self.tensors.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+
+def live_tensors() -> Snapshot:
+    """Note every tensor alive now (those ``gc.freeze()`` hid excepted) and the CUDA blocks in
+    use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it."""
+    tensors: dict[int, weakref.ref] = {}
+    tensor_types: dict[type, bool] = {}
+    for obj in gc.get_objects():
+        kind = type(obj)
+        is_tensor = tensor_types.get(kind)
+        if is_tensor is None:
+            is_tensor = tensor_types[kind] = issubclass(kind, torch.Tensor)
+        if is_tensor:
+            try:
+                tensors[id(obj)] = weakref.ref(obj)
+            except TypeError:
+                continue
+    blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
+    return Snapshot(tensors, blocks, time.time())
+
+
+def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:
+    """``((device type, index, address), nbytes)`` of a tensor's storage; ``(None, 0)`` for
+    tensors without memory of their own (meta, empty, sparse or wrapper subclasses)."""
+    try:
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        address = storage.data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, 0
+    if not nbytes or not address or tensor.device.type == "meta":
+        return None, 0
+    return (tensor.device.type, tensor.device.index, address), nbytes
