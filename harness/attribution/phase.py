@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from harness import labels
-from harness.attribution.holders import Holder, attribute
+from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.sample import Sample
@@ -34,8 +34,9 @@ class PhaseAttribution:
     ``at_end=False`` an END attributes nothing: only growth past ``growth`` and OOM events do,
     so a run that stays within its budget pays for snapshots (well under a millisecond with
     the recorder's frozen heap) and never for a search. With ``sites`` (the default) CUDA
-    allocation stacks are recorded while the recorder is open.
-    Each result is kept in :attr:`holders`, tagged with the checkpoint's phase, epoch and label.
+    allocation stacks are recorded while the recorder is open. ``limit``, ``max_depth`` and
+    ``max_objects`` go to each :func:`attribute`. Each result is kept in :attr:`holders`,
+    tagged with the checkpoint's phase, epoch and label.
     """
 
     def __init__(
@@ -45,14 +46,14 @@ class PhaseAttribution:
         at_end: bool = True,
         limit: int | None = 5,
         max_depth: int = 8,
-        budget_s: float = 5.0,
+        max_objects: int = MAX_OBJECTS,
         sites: bool = True,
     ) -> None:
         self.growth = None if growth is None else parse_size(growth, what="growth")
         self.at_end = at_end
         self.limit = limit
         self.max_depth = max_depth
-        self.budget_s = budget_s
+        self.max_objects = max_objects
         self.holders: list[Holder] = []
         self._open: dict[str | None, _Open] = {}
         self._sites = sites
@@ -100,7 +101,7 @@ class PhaseAttribution:
         """Attribute now against ``before``; the holders, tagged with ``sample``'s place, are
         added to :attr:`holders` and returned."""
         found = attribute(
-            before, limit=self.limit, max_depth=self.max_depth, budget_s=self.budget_s
+            before, limit=self.limit, max_depth=self.max_depth, max_objects=self.max_objects
         )
         tagged = [
             replace(h, phase=sample.phase, epoch=sample.epoch, label=sample.label) for h in found

@@ -10,7 +10,6 @@ import collections
 import gc
 import inspect
 import sys
-import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +19,6 @@ import torch
 _MODULE_STORES = ("_parameters", "_buffers", "_modules")
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
-_CHECK_EVERY = 1024
 _PACKAGE = __name__.rpartition(".")[0]
 
 SKIP = object()
@@ -38,8 +36,10 @@ class Walk:
     (a ``locals()`` dict that the function itself keeps is emptied too).
     """
 
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.visited = 0
+        self.complete = False
         self.parent: dict[int, Any] = {}
         self.tensors: dict[int, torch.Tensor] = {}
         self.modules: list[torch.nn.Module] = []
@@ -52,6 +52,8 @@ class Walk:
             self.parent[id(own)] = SKIP
 
     def run(self) -> None:
+        """Walk until every object is reached or ``budget`` objects were visited (their
+        referents read); :attr:`complete` says which."""
         frontier: list[Any] = []
         self.parent[id(frontier)] = SKIP
         self._seed_modules(frontier)
@@ -67,6 +69,7 @@ class Walk:
         del everything
         self.parent[id(unreached)] = SKIP
         inner = {id(r) for o in unreached for r in gc.get_referents(o)}
+        self.visited += len(unreached)
         tops = [o for o in unreached if id(o) not in inner]
         self.parent[id(tops)] = SKIP
         for obj in tops:
@@ -78,6 +81,7 @@ class Walk:
                 self._see(obj, None)
                 if not self._spread([obj]):
                     return
+        self.complete = True
 
     def clear(self) -> None:
         """Drop every reference the walk took (frames among them, which would otherwise close
@@ -141,15 +145,20 @@ class Walk:
             self.optimizers.append(obj)
 
     def _spread(self, frontier: list[Any]) -> bool:
-        """Breadth-first from ``frontier``; False when the deadline came first."""
+        """Breadth-first from ``frontier``; False when the budget ran out first (the objects
+        visited until then still have their referents recorded)."""
         parent, kinds, tracked, referents = self.parent, self.kinds, gc.is_tracked, gc.get_referents
         code = types.CodeType
         while frontier:
+            room = self.budget - self.visited
+            cut = len(frontier) > room
+            if cut:
+                frontier = frontier[: max(room, 0)]
+                parent[id(frontier)] = SKIP
+            self.visited += len(frontier)
             following: list[Any] = []
             parent[id(following)] = SKIP
-            for n, obj in enumerate(frontier):
-                if not n % _CHECK_EVERY and time.perf_counter() > self.deadline:
-                    return False
+            for obj in frontier:
                 for ref in referents(obj):
                     if not tracked(ref) or id(ref) in parent:
                         continue
@@ -162,6 +171,8 @@ class Walk:
                         kinds[kind] = kind_of(kind)
                     if kinds[kind] is not None:
                         self._keep(ref, kinds[kind])
+            if cut:
+                return False
             frontier = following
         return True
 
