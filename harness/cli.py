@@ -24,8 +24,10 @@ from harness.artifacts import (
 )
 from harness.finish import finish_run, rules_of, summary_line
 from harness.report import render_report
-from harness.timeline import read_timeline
-from harness.units import format_mb, parse_size
+from harness.fsio import same_file
+from harness.labels import is_run_end
+from harness.timeline import MAX_BYTES, read_timeline
+from harness.units import format_mb, format_size, parse_size
 from harness.verdict import Rules, options
 
 PASS, FAIL, BAD_INPUT = 0, 1, 2
@@ -69,10 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         text = option.metadata["help"].replace("%", "%%")
         if kind == "phases":
             report.add_argument(flag, action="append", help=f"{text} (repeatable)")
+        elif kind == "flag":
+            report.add_argument(flag, action="store_const", const=True, help=text)
         else:
             report.add_argument(
                 flag,
-                type=int if kind == "count" else str,
+                type={"count": _count, "size": _size_text}.get(kind, str),
                 metavar={"count": "N", "size": "SIZE"}.get(kind, "NAME"),
                 help=text,
             )
@@ -123,8 +127,11 @@ def _tolerance_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    """Run a command; returns the exit code (argparse's for ``--help`` and usage errors)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else BAD_INPUT
     command = {"report": _report, "compare": _compare, "index": _index, "gate": _gate}[args.command]
     try:
         return command(args)
@@ -134,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     try:
         timeline = read_timeline(args.timeline)
     except OSError as exc:
@@ -163,6 +171,9 @@ def _report(args: argparse.Namespace) -> int:
         raise BadInput(f"{args.timeline}: cannot judge its samples ({_one_line(exc)})") from None
     except OSError as exc:
         raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror})") from None
+    if finished.write_error is not None:
+        exc = finished.write_error
+        raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror or exc})")
     if to_stdout:
         sys.stdout.write(render_report(finished.run))
     written = " and ".join(str(p) for p in (markdown, document) if p is not None)
@@ -208,6 +219,11 @@ def comparison_lines(comparison: Comparison) -> list[str]:
     c = comparison
     limit = f"{c.tolerance:.0%} and {format_mb(c.min_bytes)}"
     regressions = c.regressions
+    if c.nothing_compared:
+        return [
+            "compare: NOTHING COMPARED: BASE and NEW have no judged phase or teardown check in "
+            f"common (0 values compared); status {c.base_status} -> {c.new_status}"
+        ]
     verdict = "REGRESSION" if c.regressed else "OK"
     lines = [
         f"compare: {verdict}: {len(regressions)} of {len(c.changes)} values grew by more than "
@@ -239,19 +255,21 @@ def comparison_lines(comparison: Comparison) -> list[str]:
 
 
 def _change_row(change: Change) -> tuple[str, str, str, str, str, str]:
+    """A table row; a percentage only where the base is at least the noise floor, else the
+    absolute change alone."""
     delta = change.delta or 0.0
-    text = format_mb(delta, signed=True)
-    if change.base:
-        text += f" ({100 * delta / abs(change.base):+.1f}%)"
+    if change.per_batch:
+
+        def shown(value: float | None, *, signed: bool = False) -> str:
+            return f"{format_size(value, signed=signed)}/batch"
+    else:
+        shown = format_mb
+    text = shown(delta, signed=True)
+    percent = change.percent
+    if percent is not None:
+        text += f" ({percent:+.1f}%)"
     mark = "REGRESSION" if change.regression else ("improved" if change.improvement else "")
-    return (
-        change.item,
-        change.metric,
-        format_mb(change.base),
-        format_mb(change.new),
-        text,
-        mark,
-    )
+    return (change.item, change.metric, shown(change.base), shown(change.new), text, mark)
 
 
 def _index(args: argparse.Namespace) -> int:
@@ -266,35 +284,97 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
+    """Check every verdict and timeline in DIR, and DIR against the baseline; one line per
+    verdict, one per problem, then the total."""
+    baseline = _baseline(args.baseline) if args.baseline is not None else None
     _index(args)
     verdicts = sorted(args.directory.glob("*.json"))
-    if not verdicts:
+    timelines = sorted(args.directory.glob("*.jsonl"))
+    if not verdicts and not timelines:
         raise BadInput(f"{args.directory}: no verdicts to gate")
+    docs = {path.name: _load(path) for path in verdicts}
+    problems = [line for path in timelines for line in _timeline_problems(path, docs)]
     failed = 0
     for path in verdicts:
-        try:
-            new = load_run_document(path)
-        except ValueError as exc:
-            raise BadInput(_one_line(exc)) from None
-        base_path = args.baseline / path.name if args.baseline else None
+        new = docs[path.name]
         line = f"{new.get('status', '?'):<5} {path.name}"
         bad = new.get("status") != "PASS"
-        if base_path is not None and base_path.is_file():
-            try:
-                base = load_run_document(base_path)
-            except ValueError as exc:
-                raise BadInput(_one_line(exc)) from None
+        if baseline is not None and path.name in baseline:
+            base = _load(baseline[path.name])
             comparison = compare_runs(base, new, tolerance=args.tolerance, min_bytes=args.min_bytes)
             line += " (regression against the baseline)" if comparison.regressed else ""
             bad = bad or comparison.regressed
             if comparison.regressed:
                 line += "\n" + "\n".join(f"    {x}" for x in comparison_lines(comparison))
-        elif args.baseline is not None:
+        elif baseline is not None:
             line += " (no baseline)"
         failed += bad
         print(line)
-    print(f"gate: {'FAIL' if failed else 'PASS'}: {failed} of {len(verdicts)} verdicts fail")
-    return FAIL if failed else PASS
+    if baseline is not None:
+        problems += [
+            f"missing from the run: {name} is in the baseline {args.baseline} but not in "
+            f"{args.directory}"
+            for name in sorted(baseline.keys() - docs.keys())
+        ]
+        unmatched = sorted(docs.keys() - baseline.keys())
+        if unmatched:
+            print(f"no baseline for {len(unmatched)} verdict(s): {', '.join(unmatched)}")
+    for problem in problems:
+        print(problem)
+    total = f"{failed} of {len(verdicts)} verdicts fail"
+    if problems:
+        total += f", {len(problems)} problem{'s' * (len(problems) != 1)}"
+    print(f"gate: {'FAIL' if failed or problems else 'PASS'}: {total}")
+    return FAIL if failed or problems else PASS
+
+
+def _baseline(folder: Path) -> dict[str, Path]:
+    """The baseline's verdicts by file name; bad input unless it is a folder holding some."""
+    if not folder.is_dir():
+        what = "not a directory" if folder.exists() else "no such directory"
+        raise BadInput(f"{folder}: baseline: {what}")
+    found = {path.name: path for path in sorted(folder.glob("*.json"))}
+    if not found:
+        raise BadInput(f"{folder}: baseline: no verdicts in it")
+    return found
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return load_run_document(path)
+    except ValueError as exc:
+        raise BadInput(_one_line(exc)) from None
+
+
+def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]:
+    """What stops a timeline's run from counting: no verdict beside it, a verdict from another
+    run (a killed run leaves the previous run's verdict in place), or a run that did not end."""
+    try:
+        timeline = read_timeline(path)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        if path.stat().st_size == 0:
+            return [f"incomplete run: {path.name} is empty (the run stopped as it started)"]
+        raise BadInput(_one_line(exc)) from None
+    problems = []
+    verdict = path.with_suffix(".json").name
+    doc = docs.get(verdict)
+    run_id = timeline.header.get("run_id")
+    if doc is None:
+        problems.append(f"missing verdict: {path.name} has no {verdict}")
+    elif doc.get("run_id") != run_id:
+        problems.append(
+            f"stale verdict: {verdict} is from run {doc.get('run_id') or 'unknown'}, "
+            f"{path.name} from run {run_id or 'unknown'}"
+        )
+    if not any(is_run_end(s.label) for s in timeline.samples):
+        epochs = [s.epoch for s in timeline.samples if s.epoch is not None]
+        problems.append(
+            f"incomplete run: {path.name} ended at checkpoint {len(timeline.samples)} "
+            f"(epoch {epochs[-1] if epochs else 'none'})"
+        )
+    return problems
 
 
 def _percent(text: str) -> float:
@@ -309,10 +389,41 @@ def _percent(text: str) -> float:
 
 
 def _size(text: str) -> int:
+    """``--min-bytes``: a size in bytes, at most 2**63."""
+    return _parse_size(text, "--min-bytes")
+
+
+def _size_text(text: str) -> str:
+    """A size rule as given (``50MB``), once it reads as a size of at most 2**63 bytes."""
+    _parse_size(text, "size")
+    return text
+
+
+def _parse_size(text: str, what: str) -> int:
     try:
-        return parse_size(text, what="--min-bytes")
+        size = parse_size(text, what=what)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    except ArithmeticError:
+        size = MAX_BYTES + 1
+    if size > MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{_clip(text)} is more than 2**63 bytes")
+    return size
+
+
+def _count(text: str) -> int:
+    """A whole number of batches or epochs, at most 2**63."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {_clip(text)}") from None
+    if abs(value) > MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{_clip(text)} is too large")
+    return value
+
+
+def _clip(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:30] + "...")
 
 
 def _one_line(exc: BaseException) -> str:

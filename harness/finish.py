@@ -28,11 +28,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Finished:
-    """A finished run: its verdict, the holders named for it, and the files written."""
+    """A finished run: its verdict, the holders named for it, the files written, and the
+    error that stopped them being written (the verdict stands either way)."""
 
     run: Run
     holders: Sequence[Holder] = ()
     paths: Mapping[str, Path] = field(default_factory=dict)
+    write_error: OSError | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -82,7 +84,8 @@ def finish_run(
     holders of what failed while they are alive (a recorder's run only), and write the report
     and the JSON verdict: to ``directory/<name>.md`` and ``.json``, or to ``markdown`` and
     ``document`` (either may be None). ``timeline`` is the timeline file the report links to
-    (default: the recorder's, or ``directory/<name>.jsonl`` when it exists).
+    (default: the recorder's, or ``directory/<name>.jsonl`` when it exists). A write that
+    fails is returned as ``write_error``, never raised: the verdict must still reach its caller.
     """
     from harness.recorder import Recorder
 
@@ -117,7 +120,10 @@ def finish_run(
     if markdown is not None or document is not None:
         from harness.artifacts import write_run
 
-        write_run(run, markdown, document)
+        try:
+            write_run(run, markdown, document)
+        except OSError as exc:
+            return Finished(run, holders, {}, exc)
         paths = {k: p for k, p in (("md", markdown), ("json", document)) if p is not None}
         if timeline is not None:
             paths["timeline"] = timeline

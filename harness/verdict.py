@@ -113,6 +113,12 @@ class Rules:
         default=None, metadata=_option("memory allowed to remain after the run ends", "size")
     )
     metric: str = field(default="allocated", metadata=_option("metric judged", "name"))
+    allow_unjudged: bool = field(
+        default=False,
+        metadata=_option(
+            "let a rule that saw nothing to judge pass (default: the verdict is ERROR)", "flag"
+        ),
+    )
     custom: Mapping[str, Any] = field(
         default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
     )
@@ -142,6 +148,10 @@ class Rules:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Rules.{name}: expected a whole number >= 0, got {value!r}")
+        if not isinstance(self.allow_unjudged, bool):
+            raise ValueError(
+                f"Rules.allow_unjudged: expected True or False, got {self.allow_unjudged!r}"
+            )
         if not isinstance(self.metric, str) or not self.metric:
             raise ValueError(f"Rules.metric: expected a metric name, got {self.metric!r}")
         if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
@@ -216,6 +226,12 @@ def parse_option(name: str, text: str) -> Any:
             return int(text)
         except ValueError:
             raise ValueError(f"{name}: expected a whole number, got {text!r}") from None
+    if kind == "flag":
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}: expected true or false, got {text!r}")
     if kind == "phases":
         return tuple(p.strip() for p in text.split(",") if p.strip()) or None
     if kind == "size":

@@ -238,4 +238,4 @@ def test_python_dash_m_harness_runs_the_cli(tmp_path):
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as done:
         main([command, "--help"])
-    assert done.value.code == 0 and "usage: python -m harness" in capsys.readouterr().out
+    assert done.value.code == 0 and "usage: leakgate" in capsys.readouterr().out

@@ -2,6 +2,8 @@
 
 import json
 import re
+from dataclasses import replace
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -271,6 +273,37 @@ def test_markdown_stays_well_formed_with_hostile_text():
     assert "a\\|b" in section(text, "Configuration")
 
 
+def retained(val_batches=40):
+    """The incident's validation loop, its memory still held by a collected reading after it."""
+    kept = at(1611 + val_batches, "AFTER_GC", "validation", collected=True)
+    return [s if s.label != "AFTER_VALIDATION" else kept for s in incident(val_batches)]
+
+
+def advice_lines(text):
+    starts = ("- **Suspected root cause:**", "- **Recommended fix:**")
+    return [line for line in text.splitlines() if line.startswith(starts)]
+
+
+@pytest.mark.parametrize("holders", [[], [HOLDER]], ids=["no-holder", "holder"])
+@pytest.mark.parametrize(
+    ("samples", "outcome"),
+    [(incident(), "released"), (retained(), "retained"), (incident(30, oom=True), "unchecked")],
+    ids=["released", "retained", "oom"],
+)
+def test_advice_follows_the_findings_fields_never_their_message(samples, outcome, holders):
+    rules = {**RULES, "max_peak": "30MB"}
+    run = run_of(samples, rules, holders=holders)
+    (leak,) = run.verdict.of_kind("leak")
+    assert leak.outcome == outcome
+    text = render_report(run)
+    for message in ("", "released when the phase ended", "retained after collection", "x"):
+        findings = tuple(replace(f, message=message) for f in run.verdict.findings)
+        reworded = replace(run, verdict=replace(run.verdict, findings=findings))
+        assert advice_lines(render_report(reworded)) == advice_lines(text)
+    released = "released only when the phase ended"
+    assert (released in "\n".join(advice_lines(text))) == (outcome == "released")
+
+
 # -- hypothesis: arbitrary timelines never break the renderer ------------------------------------
 
 LABELS = [
@@ -451,7 +484,8 @@ def test_save_run_refuses_names_that_are_not_file_names(tmp_path, name):
 
 
 def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
-    clean = [s for s in incident() if s.label != "VALIDATION_BATCH"]
+    flat = {"allocated": 1611 * MB}
+    clean = [replace(s, metrics=flat) if s.label == "VALIDATION_BATCH" else s for s in incident()]
     header = {**HEADER, "meta": {"test": "t.py::test_clean"}}
     save_run(tmp_path, "a", FakeRecorder(clean, header), judge(clean, RULES))
     header = {**HEADER, "meta": {"test": "t.py::test_leaky"}, "started": 1_800_000_000.0}

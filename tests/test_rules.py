@@ -136,12 +136,32 @@ def test_warmup_batches_are_excluded():
     assert kinds(judge(loop(values), replace(rules, warmup=0))) == ["leak"]
 
 
-def test_too_few_batches_after_warmup_skips_the_growth_check():
+def test_too_few_batches_after_warmup_is_an_error_not_a_pass():
     verdict = judge(loop(noisy(10 * MB, n=9)), Rules(max_growth="1MB", warmup=5))
-    assert verdict.status == "PASS"
+    assert verdict.status == "ERROR"
+    assert verdict.error.startswith("max_growth judged nothing: 4 batches after 5 warm-up")
     (check,) = [c for c in verdict.checks if c.rule == "max_growth"]
     assert check.status == "SKIP" and "too few" in check.details
     assert verdict.phases[0].status == "SKIP"
+    allowed = Rules(max_growth="1MB", warmup=5, allow_unjudged=True)
+    assert judge(loop(noisy(10 * MB, n=9)), allowed).status == "PASS"
+
+
+def test_a_misspelt_phase_is_an_error_naming_the_phases_seen():
+    leak = loop(np.arange(N) * MB)
+    verdict = judge(leak, Rules(phase="validaton", max_growth="1MB"))
+    assert verdict.status == "ERROR" and not verdict.findings
+    assert verdict.error == "no checkpoints in phase 'validaton'; seen: 'validation'"
+    assert judge(leak, Rules(phase="validation", max_growth="1MB")).status == "FAIL"
+
+
+def test_rules_over_a_timeline_without_checkpoints_are_an_error():
+    verdict = judge([Sample("TEST_START", "test", collected=True)], Rules(max_growth="1MB"))
+    assert verdict.status == "ERROR"
+    assert (
+        verdict.error == "max_growth judged nothing: no per-batch checkpoints (phases seen: none)"
+    )
+    assert judge([Sample("TEST_START", "test")], Rules()).status == "PASS"
 
 
 # -- the re-check after the loop ------------------------------------------------------------------
@@ -263,10 +283,11 @@ def test_teardown_understands_a_recorders_session_phase_labels():
     assert [e.label for e in finding.evidence] == ["session START", "after gc"]
 
 
-def test_teardown_without_a_collected_sample_is_skipped_not_passed():
+def test_teardown_without_a_collected_sample_is_an_error_not_a_pass():
     verdict = judge(epochs([0]), Rules(teardown="10MB"))
     (check,) = [c for c in verdict.checks if c.rule == "teardown"]
-    assert check.status == "SKIP" and verdict.status == "PASS"
+    assert check.status == "SKIP" and verdict.status == "ERROR"
+    assert verdict.error == "teardown judged nothing: no collected sample after the session end"
 
 
 # -- OOM, errors, fragmentation -------------------------------------------------------------------

@@ -18,6 +18,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO, TypedDict
 
@@ -25,9 +26,11 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from tft import faults
+from tft.checkpoint import CheckpointError
 from tft.checks import watch
 from tft.data import DataError, Split, default_parquet, load
 from tft.model import TemporalFusionTransformer, TFTConfig
+from tft.paths import write_problem
 from tft.qat import export_int8
 from tft.trainer import (
     Batch,
@@ -173,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        if args.memreport is not None and (problem := write_problem(args.memreport, folder=True)):
+            raise ValueError(f"--memreport {args.memreport}: {problem}")
         torch.set_num_threads(args.threads)
         config = TrainConfig(
             batch_size=args.batch_size,
@@ -197,12 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.resume and not (Path(config.checkpoint_dir or ".") / "last.pt").is_file():
-        print(
-            f"error: --resume needs {Path(config.checkpoint_dir or '.') / 'last.pt'}",
-            file=sys.stderr,
-        )
-        return 2
+    if args.resume:
+        last = Path(config.checkpoint_dir or ".") / "last.pt"
+        if not last.is_file():
+            print(f"error: --resume needs {last}", file=sys.stderr)
+            return 2
+        try:
+            check_resume(last, config, model_config)
+        except CheckpointError as exc:
+            print(f"error: --resume: {exc}", file=sys.stderr)
+            return 2
     if args.memreport is not None or args.capacity is not None:
         return traced(args, config, model_config, split, argv)
     try:
@@ -211,6 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_resume(path: Path, config: TrainConfig, model_config: TFTConfig) -> None:
+    """Load ``path`` into a throwaway trainer on the CPU, so that a checkpoint that cannot resume
+    this run is refused before any work; the random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        model = TemporalFusionTransformer(model_config)
+        Trainer(model, replace(config, device="cpu")).load_checkpoint(path)
 
 
 def train(
@@ -323,6 +340,10 @@ def traced(
         faults.reset()
     print(f"traced in {time.perf_counter() - started:.1f}s")
     print("\n".join(finished.lines()))
+    if finished.write_error is not None:
+        problem = finished.write_error
+        print(f"error: cannot write {problem.filename}: {problem.strerror}", file=sys.stderr)
+        return 2
     if "md" in finished.paths:
         print(f"report: {finished.paths['md']}")
     return 0 if finished.verdict.passed else 1

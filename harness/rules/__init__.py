@@ -77,9 +77,10 @@ def judge(
     ctx = Context(list(samples), rules)
     findings: list[Finding] = []
     phases: list[PhaseStats] = []
+    seen = ", ".join(repr(p) for p in ctx.phases_seen()) or "none"
     for phase in rules.phase or ():
         if all(g.phase != phase for g in ctx.groups):
-            ctx.check("phase", phase, "SKIP", f"no per-batch samples in phase {phase!r}")
+            ctx.check("phase", phase, "SKIP", f"no checkpoints in phase {phase!r}; seen: {seen}")
     phase_rules = [r for r in registered() if r.scope == "phase"]
     by_phase: dict[str | None, list[list[Finding]]] = {}
     for group in ctx.groups:
@@ -93,15 +94,47 @@ def judge(
         if rule.scope == "run":
             enabled, option = rule.enabled_with(rules)
             if enabled:
-                findings += rule.function(ctx, option)
+                findings += _named(rule, rule.function(ctx, option))
     message = _judge_error(ctx, findings, error)
+    unjudged = None if rules.allow_unjudged else _unjudged(ctx, findings, seen)
+    if unjudged is not None:
+        ctx.check("evidence", "run", CheckStatus.ERROR, unjudged)
     if message is not None:
         status = Status.ERROR
     elif any(f.blocking for f in findings):
         status = Status.FAIL
+    elif unjudged is not None:
+        status, message = Status.ERROR, unjudged
     else:
         status = Status.PASS
     return Verdict(status, tuple(findings), tuple(phases), tuple(ctx.checks), rules, message)
+
+
+def _named(rule: Rule, found: Iterable[Finding]) -> list[Finding]:
+    """A rule's findings carry its name."""
+    return [f if f.rule == rule.name else replace(f, rule=rule.name) for f in found]
+
+
+def _unjudged(ctx: Context, findings: list[Finding], seen: str) -> str | None:
+    """Why the verdict has no evidence for a rule it was asked to apply, or None: a selected
+    phase that never appeared, or an enabled rule that judged nothing (no checkpoints, a loop
+    shorter than its warm-up, no collected reading after the run)."""
+    missing = [c.details for c in ctx.checks if c.rule == "phase"]
+    if missing:
+        return "; ".join(missing)
+    reasons = []
+    for rule in registered():
+        enabled, _ = rule.enabled_with(ctx.rules)
+        if not enabled or rule.option is None:
+            continue
+        checks = [c for c in ctx.checks if c.rule == rule.name]
+        if any(c.status != CheckStatus.SKIP for c in checks):
+            continue
+        if any(f.rule == rule.name for f in findings):
+            continue
+        why = checks[0].details if checks else f"no per-batch checkpoints (phases seen: {seen})"
+        reasons.append(f"{rule.name} judged nothing: {why}")
+    return "; ".join(reasons) or None
 
 
 def _judge_group(ctx: Context, group: Group, rules: list[Rule]) -> tuple[list[Finding], PhaseStats]:
@@ -113,7 +146,7 @@ def _judge_group(ctx: Context, group: Group, rules: list[Rule]) -> tuple[list[Fi
         for rule in rules:
             enabled, option = rule.enabled_with(ctx.rules)
             if enabled:
-                found += rule.function(ctx, group, option)
+                found += _named(rule, rule.function(ctx, group, option))
     statuses = {c.status for c in ctx.checks[before:]}
     status = next((s for s in ("FAIL", "WARN", "PASS", "SKIP") if s in statuses), "PASS")
     fit, peak = group.fit, group.peak

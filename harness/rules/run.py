@@ -2,7 +2,8 @@
 
 Drift (P2, ``max_drift``): every non-batch label seen in several epochs, each later epoch's first
 reading against the earliest judged epoch's, leaving out the first ``warmup_epochs``. Teardown
-(P0, ``teardown``): the last collected sample at or after the run's end against its start.
+(P0, ``teardown``): the last collected sample at or after the run's end (``SESSION_END``,
+``TEST_END``) against the last collected one at or before its start (before the model exists).
 Check (P1): samples labelled ``CHECK_FAILED``, one finding per phase. OOM (P0): OOM events, one
 finding per failing batch; an error the run raised that is an OOM counts too.
 """
@@ -81,9 +82,15 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
 @register_rule("teardown", option="teardown")
 def teardown(ctx: Context, limit: int) -> list[Finding]:
     samples = ctx.samples
-    starts = [i for i, s in enumerate(samples) if labels.canonical(s.label) == labels.SESSION_START]
-    ends = [i for i, s in enumerate(samples) if labels.canonical(s.label) == labels.SESSION_END]
-    start = starts[0] if starts else 0
+    if not samples:
+        ctx.check("teardown", "session", "SKIP", "no samples", None, limit)
+        return []
+    starts = [i for i, s in enumerate(samples) if labels.is_run_start(s.label)]
+    ends = [i for i, s in enumerate(samples) if labels.is_run_end(s.label)]
+    first = starts[0] if starts else 0
+    # The collected reading at or before the run's start: taken before the model existed.
+    anchors = [i for i in range(first + 1) if samples[i].collected]
+    start = anchors[-1] if anchors else first
     last_batch = ctx.loop_positions[-1] if ctx.loop_positions else -1
     end = ends[-1] if ends else last_batch + 1
     after = [i for i in range(end, len(samples)) if samples[i].collected]
