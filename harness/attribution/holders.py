@@ -160,7 +160,8 @@ class _Grouping:
             self.old = _state_storages(walk.modules, walk.optimizers)
             self.new = [t for t in candidates.values() if storage_of(t)[0] not in self.old]
         else:
-            self.new, old = [], []
+            self.new = []
+            old: list[torch.Tensor] = []
             for key, t in candidates.items():
                 (self.new if key in unfrozen and t not in before else old).append(t)
             self.old = {storage_of(t)[0] for t in old}
@@ -201,7 +202,7 @@ class _Grouping:
 
     def _graph(self, group: _Group) -> None:
         """Count the new storages that ``group``'s tensors' autograd graphs saved."""
-        stack = [t.grad_fn for t in group.tensors if t.grad_fn is not None]
+        stack: list[Any] = [t.grad_fn for t in group.tensors if t.grad_fn is not None]
         while stack:
             node = stack.pop()
             if node is None or id(node) in self.nodes:
@@ -212,7 +213,7 @@ class _Grouping:
                 return
             for saved in _saved_tensors(node):
                 key, nbytes = storage_of(saved)
-                if key not in self.counted:
+                if key is not None and key not in self.counted:
                     self.counted.add(key)
                     group.graph[key] = nbytes
             stack.extend(following for following, _ in node.next_functions)

@@ -59,9 +59,9 @@ def site_of(frames: list[dict[str, Any]]) -> str | None:
     """``file:line`` of the innermost frame outside torch (the innermost of all when every frame
     is torch's); ``None`` without frames (stacks not recorded)."""
     outside = [f for f in frames if not f["filename"].startswith((_TORCH_DIR, "<"))]
-    chosen = (outside or frames or [None])[0]
-    if chosen is None:
+    if not (outside or frames):
         return None
+    chosen = (outside or frames)[0]
     filename = chosen["filename"]
     here = os.getcwd() + os.sep
     if filename.startswith(here):

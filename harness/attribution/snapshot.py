@@ -24,7 +24,7 @@ class Snapshot:
     (which count as older than any snapshot). ``blocks``: the CUDA blocks in use, as
     ``(device, address, size)``, when CUDA was in use."""
 
-    tensors: Mapping[int, weakref.ref] = field(repr=False)
+    tensors: Mapping[int, weakref.ref[torch.Tensor]] = field(repr=False)
     blocks: frozenset[tuple[int, int, int]] = field(default=frozenset(), repr=False)
     time: float = 0.0
 
@@ -39,7 +39,7 @@ class Snapshot:
 def live_tensors() -> Snapshot:
     """Note every tensor alive now (those ``gc.freeze()`` hid excepted) and the CUDA blocks in
     use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it."""
-    tensors: dict[int, weakref.ref] = {}
+    tensors: dict[int, weakref.ref[torch.Tensor]] = {}
     tensor_types: dict[type, bool] = {}
     for obj in gc.get_objects():
         kind = type(obj)

@@ -133,8 +133,9 @@ class Walk:
         kind = type(obj)
         if kind not in self.kinds:
             self.kinds[kind] = kind_of(kind)
-        if self.kinds[kind] is not None:
-            self._keep(obj, self.kinds[kind])
+        named = self.kinds[kind]
+        if named is not None:
+            self._keep(obj, named)
 
     def _keep(self, obj: Any, kind: str) -> None:
         if kind == "tensor":
@@ -169,8 +170,9 @@ class Walk:
                     following.append(ref)
                     if kind not in kinds:
                         kinds[kind] = kind_of(kind)
-                    if kinds[kind] is not None:
-                        self._keep(ref, kinds[kind])
+                    named = kinds[kind]
+                    if named is not None:
+                        self._keep(ref, named)
             if cut:
                 return False
             frontier = following
@@ -259,7 +261,7 @@ class Walk:
             return f"{scope}:{name}", True
         return "<cell>", False
 
-    def _entry(self, mapping: dict, child: Any) -> tuple[str, bool]:
+    def _entry(self, mapping: dict[Any, Any], child: Any) -> tuple[str, bool]:
         key = self.slot(mapping, child)
         owner = self.parent.get(id(mapping))
         if owner is None or owner is SKIP:
