@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.report import Run, checkpoint_name, ended, epochs, render_report
+from harness.report import Run, checkpoint_name, ended, epochs, index_lines, render_report
 from harness.rules import Verdict
 from harness.terminal import worst_growth
-from harness.units import format_mb
 
 if TYPE_CHECKING:
     from harness.recorder import Recorder
@@ -158,66 +157,8 @@ def write_index(directory: str | os.PathLike[str], *, since: float | None = None
             continue
         entries.append((path, doc))
     index = directory / INDEX
-    index.write_text("\n".join(_index_lines(entries, unreadable)) + "\n")
+    index.write_text("\n".join(index_lines(entries, unreadable)) + "\n")
     return index
-
-
-def _index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> list[str]:
-    order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
-    entries = sorted(entries, key=lambda e: (order.get(e[1].get("status"), 0), _run_name(*e)))
-    counts = {s: sum(doc.get("status") == s for _, doc in entries) for s in ("FAIL", "ERROR")}
-    passed = sum(doc.get("status") == "PASS" for _, doc in entries)
-    growths = [
-        (g, _run_name(p, d))
-        for p, d in entries
-        if (g := _number(d.get("worst_growth"))) is not None
-    ]
-    total = f"**{len(entries)} traced run{'s' * (len(entries) != 1)}: {passed} PASS"
-    total += f" · {counts['FAIL']} FAIL · {counts['ERROR']} ERROR**"
-    if growths:
-        growth, where = max(growths)
-        total += f" · worst growth {format_mb(growth, signed=True)} (`{where}`)"
-    lines = ["# leakgate memory verdicts", "", total, ""]
-    if unreadable:
-        lines += [f"{unreadable} JSON file(s) here are not leakgate verdicts and were skipped.", ""]
-    if not entries:
-        return [*lines, "No traced run."]
-    lines += ["| Verdict | Run | Worst growth | Findings | Report |", "|---|---|---|---|---|"]
-    for path, doc in entries:
-        status = str(doc.get("status"))
-        growth = _number(doc.get("worst_growth"))
-        report = doc.get("report") or f"{path.stem}.md"
-        link = f"[{report}]({report})" if (path.parent / report).exists() else "n/a"
-        cells = [
-            f"**{status}**" if status != "PASS" else status,
-            f"`{_run_name(path, doc)}`",
-            format_mb(growth, signed=True) if growth is not None else "n/a",
-            _findings_cell(doc.get("findings")),
-            link,
-        ]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return lines
-
-
-def _findings_cell(findings: Any) -> str:
-    if not isinstance(findings, list) or not findings:
-        return "none"
-    parts = []
-    for f in findings:
-        if not isinstance(f, Mapping):
-            continue
-        where = f.get("phase") or "run"
-        size = _number(f.get("bytes"))
-        amount = f", {format_mb(size, signed=f.get('kind') != 'oom')}" if size is not None else ""
-        parts.append(f"{f.get('severity', '?')} {f.get('kind', '?')} ({where}{amount})")
-    return "; ".join(parts) or "none"
-
-
-def _run_name(path: Path, doc: Mapping[str, Any]) -> str:
-    for key in ("test", "title", "name"):
-        if isinstance(doc.get(key), str) and doc[key]:
-            return " ".join(doc[key].split())
-    return path.stem
 
 
 # -- compare ------------------------------------------------------------------------------------

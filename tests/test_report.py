@@ -500,7 +500,7 @@ def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
     assert rows[0].startswith(
         "| **FAIL** | `t.py::test_leaky` | +34.0MB | P0 leak (validation, +34.0MB) | [b.md](b.md) |"
     )
-    assert rows[1].startswith("| PASS | `t.py::test_clean` | n/a | none | [a.md](a.md) |")
+    assert rows[1].startswith("| PASS | `t.py::test_clean` | +0.0MB | none | [a.md](a.md) |")
     assert "1 JSON file(s) here are not leakgate verdicts" in "\n".join(lines)
     recent = write_index(tmp_path, since=1_750_000_000.0).read_text()
     assert "**1 traced run: 0 PASS · 1 FAIL" in recent and "test_clean" not in recent

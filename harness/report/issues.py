@@ -1,0 +1,149 @@
+"""The report's findings: the Issues Found section (evidence, suspected root cause and
+recommended fix for each finding, causes before their symptoms) and the Executive Summary's
+root-cause line. Who holds the memory comes from the run's attribution; the cause and fix
+text comes from :mod:`harness.advice`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.advice import advise
+from harness.markdown import line
+from harness.report.memory import rate, scope
+from harness.report.run import Run, as_int, checkpoint_name, describe
+from harness.sample import Sample
+from harness.units import format_mb, format_size
+from harness.verdict import Finding
+
+HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
+ROOT_CAUSE_ORDER = ("leak", "peak", "teardown", "check", "drift", "oom", "fragmentation")
+"""Which finding the Executive Summary names as the root cause: causes before symptoms (a leak
+or a peak explains an OOM)."""
+KIND_TITLE = {
+    "leak": "Leak",
+    "peak": "Peak",
+    "drift": "Drift",
+    "teardown": "Memory kept after teardown",
+    "oom": "Out of memory",
+    "check": "Trainer check failed",
+    "fragmentation": "Fragmentation",
+}
+
+
+def issues(run: Run) -> list[str]:
+    lines = ["## Issues Found", ""]
+    verdict = run.verdict
+    if verdict.error:
+        lines += [f"The run raised `{line(verdict.error)}`; its timeline was judged up to there."]
+        lines.append("")
+    if not verdict.findings:
+        return [*lines, "None: no rule was broken."]
+    for n, finding in enumerate(ranked(verdict.findings), start=1):
+        cause, fix = advice(run, finding)
+        lines += [
+            f"### Issue {n} ({finding.severity}): "
+            f"{KIND_TITLE.get(finding.kind, finding.kind.capitalize())} in "
+            f"{scope(finding.phase, finding.epoch)}",
+            "",
+            f"- **Evidence:** {evidence(finding)}",
+            f"- **Suspected root cause:** {cause}",
+            f"- **Recommended fix:** {fix}",
+            "",
+        ]
+    return lines[:-1]
+
+
+def root_cause(run: Run) -> str | None:
+    """The Executive Summary's root-cause sentence; ``None`` when nothing failed."""
+    verdict = run.verdict
+    blocking = [f for f in verdict.findings if f.blocking]
+    if verdict.passed or not blocking:
+        return None
+    first = min(blocking, key=lambda f: (order(f.kind), -(as_int(f.bytes) or 0)))
+    text = line(first.message)
+    holders = holders_for(run, first)
+    if holders:
+        text += f"; {holder_text(holders[0])}"
+    return text + ("" if text.endswith(".") else ".")
+
+
+def advice(run: Run, finding: Finding) -> tuple[str, str]:
+    """The suspected root cause and the recommended fix for ``finding``."""
+    holders = holders_for(run, finding)
+    described = holder_text(holders[0]) if holders else ""
+    if len(holders) > 1:
+        described += "; also " + "; ".join(holder_text(h) for h in holders[1:3])
+    path = holders[0].get("path") if holders else None
+    return advise(
+        finding,
+        run.verdict.findings,
+        phase=line(finding.phase) if finding.phase else "the run",
+        size=format_size(as_int(finding.bytes)),
+        holders=described,
+        holder=f"`{line(str(path))}`" if path else "",
+    )
+
+
+def ranked(findings: Sequence[Finding]) -> list[Finding]:
+    """Findings, causes before their symptoms (see :data:`ROOT_CAUSE_ORDER`)."""
+    return sorted(findings, key=rank)
+
+
+def order(kind: str) -> int:
+    return ROOT_CAUSE_ORDER.index(kind) if kind in ROOT_CAUSE_ORDER else len(ROOT_CAUSE_ORDER)
+
+
+def rank(finding: Finding) -> tuple[str, int]:
+    """Issues in order of severity, then cause before symptom."""
+    return finding.severity, order(finding.kind)
+
+
+def holders_for(run: Run, finding: Finding) -> list[Mapping[str, Any]]:
+    """The holders that may explain ``finding``, biggest first: those of its phase (a teardown's
+    is ``session``) and those without a phase; every holder for a finding without a phase."""
+    if finding.kind not in HOLDER_KINDS:
+        return []
+    matching = [
+        h
+        for h in run.holders
+        if isinstance(h, Mapping)
+        and (finding.phase is None or h.get("phase") in (None, finding.phase))
+    ]
+    return sorted(matching, key=lambda h: -(as_int(h.get("bytes")) or 0))
+
+
+def holder_text(holder: Mapping[str, Any]) -> str:
+    """``held by Trainer._attn_cache (list, 176 items, 2.3MB), allocated at tft/faults.py:42``"""
+    details = []
+    if holder.get("container") is not None:
+        details.append(describe(holder["container"]))
+    items = as_int(holder.get("items"))
+    if items is not None:
+        details.append(f"{items} item{'s' * (items != 1)}")
+    size = as_int(holder.get("bytes"))
+    if size is not None:
+        details.append(format_size(size))
+    path = holder.get("path")
+    text = f"held by `{line(str(path))}`" if path else "held by an unnamed object"
+    if details:
+        text += f" ({', '.join(details)})"
+    sites = holder.get("sites")
+    if isinstance(sites, (list, tuple)) and sites:
+        text += ", allocated at " + ", ".join(f"`{line(str(s))}`" for s in sites[:3])
+    return text
+
+
+def evidence(finding: Finding) -> str:
+    text = line(finding.message)
+    readings = []
+    for e in finding.evidence:
+        value = as_int(e.value)
+        where = checkpoint_name(Sample(e.label, e.phase, e.epoch, e.batch))
+        readings.append(f"{where} = {format_mb(value)} ({e.metric or 'n/a'})")
+    if readings:
+        text += ". Readings: " + "; ".join(readings)
+    if finding.slope is not None:
+        text += f". Slope {rate(finding.slope)}"
+    return text + "."

@@ -1,0 +1,254 @@
+"""The report's memory sections: the Memory Profile (one line per named checkpoint and a few
+per loop, in the shape of the hand-written incident report), the chart of the whole run, and
+the Memory Analysis table (one row per phase and epoch with the verdict's statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from harness.chart import MAX_POINTS, memory_chart, shows_capacity
+from harness.markdown import fenced, line, table
+from harness.report.run import Run, as_int, checkpoint_name, oom_positions
+from harness.units import format_mb, format_size
+from harness.verdict import PhaseStats
+
+PROFILE_BATCH_ROWS = 6
+"""About how many rows a run of per-batch checkpoints gets in the Memory Profile (first, every
+Nth, highest, last)."""
+HIGHEST_MARGIN = 2**20 // 10
+"""How far a loop's highest reading must rise above its first and last to get its own row."""
+NOTE_CHARS = 120
+
+
+def profile(run: Run) -> list[str]:
+    lines = ["## Memory Profile", ""]
+    if not run.samples:
+        return [*lines, "No checkpoint was recorded."]
+    metric, against = run.metric, run.capacity_metric
+    capacity = run.capacity
+    rows = profile_rows(run)
+    width = max(len(name) for name, _, _ in rows) + 1
+    right = f"{against} / capacity" if capacity else against
+    header = [f"{'checkpoint':<{width}}", f"{metric:>10}"]
+    if against != metric:
+        header.append(right)
+    elif capacity:
+        header[-1] += " / capacity"
+    body = ["  ".join(header)]
+    for name, i, notes in rows:
+        sample = run.samples[i]
+        cells = [f"{name + ':':<{width}}", f"{format_mb(run.reading(sample)):>10}"]
+        used = as_int(sample.get(against))
+        if against != metric:
+            cells.append(format_mb(used))
+        if used is not None and capacity:
+            cells[-1] += f" / {format_mb(capacity)} ({100 * used / capacity:.1f}% utilization)"
+        if notes:
+            cells[-1] += f"  ({'; '.join(notes)})"
+        body.append("  ".join(cells).rstrip())
+    explained = "; per-batch checkpoints: first, every Nth, highest and last of each loop"
+    capacity_text = (
+        f"; utilization is `{against}` against the capacity ({format_mb(capacity)})"
+        if capacity
+        else ""
+    )
+    lines.append(
+        f"`{metric}` at each named checkpoint"
+        + (explained if batch_runs(run) else "")
+        + capacity_text
+        + f". {len(run.samples)} checkpoints in all."
+    )
+    return [*lines, "", *fenced("text", body)]
+
+
+def chart(run: Run) -> list[str]:
+    series = {run.metric: [run.reading(s) for s in run.samples]}
+    against = run.capacity_metric
+    if against != run.metric:
+        filling = [as_int(s.get(against)) for s in run.samples]
+        if shows_capacity({against: filling}, run.capacity):
+            series[against] = filling
+    names = list(series)
+    block = memory_chart(series, capacity=run.capacity)
+    if not block:
+        return []
+    drawn = [f"`{m}`" for m in names if any(v is not None for v in series[m])]
+    if shows_capacity(series, run.capacity):
+        drawn.append(f"the capacity ({format_mb(run.capacity)}, flat)")
+    lines_text = f"lines, in order: {', '.join(drawn)}" if len(drawn) > 1 else drawn[0]
+    caption = f"MB per checkpoint ({lines_text}); x is the checkpoint number"
+    if len(run.samples) > MAX_POINTS:
+        caption += f"; the run is drawn as {MAX_POINTS} spans at each span's highest reading"
+    ooms = sorted(oom_positions(run))
+    if ooms:
+        caption += "; out of memory at " + ", ".join(
+            f"#{i} ({checkpoint_name(run.samples[i])})" for i in ooms[:3]
+        )
+    lines = ["## Memory Over the Run", "", *block, "", caption + "."]
+    guide = phase_guide(run)
+    if guide:
+        lines += ["", f"Checkpoints by phase: {guide}."]
+    return lines
+
+
+def analysis(run: Run) -> list[str]:
+    header = ("Phase", "Batches", "Start", "End", "Growth", "Peak", "Slope", "Budget", "Status")
+    rows = analysis_rows(run)
+    lines = ["## Memory Analysis", ""]
+    if not rows:
+        return [*lines, "No phase has per-batch checkpoints to analyse."]
+    lines += [
+        "Per phase and epoch, in the phase's metric: batches judged (after the warm-up of "
+        f"{run.verdict.rules.warmup}) of those recorded; start and end readings; growth and "
+        "slope after the warm-up (robust: Theil-Sen slope, medians of the ends); peak is the "
+        "highest reading's rise above the start (the high-water mark where the probe has one); "
+        "budget is `max_growth`. Phases outside the rules' `phase` are shown unjudged.",
+        "",
+        *table(header, rows),
+    ]
+    return lines
+
+
+def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
+    """(name, position, notes) for each row of the Memory Profile."""
+    ooms = oom_positions(run)
+    keep: dict[int, list[str]] = {}
+    for positions in batch_runs(run):
+        values = [run.reading(run.samples[i]) for i in positions]
+        step = nice_step(math.ceil(len(positions) / PROFILE_BATCH_ROWS))
+        chosen = {0, len(positions) - 1, *range(0, len(positions), step)}
+        measured = [k for k, v in enumerate(values) if v is not None]
+        if measured:
+            high = max(measured, key=lambda k: values[k])
+            ends = max(values[measured[0]], values[measured[-1]])
+            if values[high] >= ends + HIGHEST_MARGIN:
+                chosen.add(high)
+                keep[positions[high]] = ["highest of the loop"]
+        for k in chosen:
+            keep.setdefault(positions[k], [])
+    rows = []
+    for i, s in enumerate(run.samples):
+        if i not in keep and not (s.batch is None or i in ooms or s.note):
+            continue
+        notes = list(keep.get(i, []))
+        if s.collected:
+            notes.append("after gc")
+        if s.note:
+            notes.append(line(s.note)[:NOTE_CHARS])
+        name = checkpoint_name(s)
+        rows.append((f"[OOM ERROR] {name}" if i in ooms else name, i, notes))
+    return rows
+
+
+def batch_runs(run: Run) -> list[list[int]]:
+    """Positions of each run of consecutive per-batch samples of one label, phase and epoch."""
+    runs: list[list[int]] = []
+    key = None
+    for i, s in enumerate(run.samples):
+        if s.batch is None or s.label.upper() == "OOM":
+            key = None
+            continue
+        this = (s.label, s.phase, s.epoch)
+        if this != key:
+            runs.append([])
+            key = this
+        runs[-1].append(i)
+    return runs
+
+
+def nice_step(at_least: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 25, 50, 100, ... that is at least ``at_least``."""
+    scale = 1
+    while True:
+        for base in (1, 2, 5, 10, 20, 25, 50):
+            if base * scale >= at_least:
+                return base * scale
+        scale *= 100
+
+
+def phase_guide(run: Run) -> str:
+    """``training e0 #1-21 · validation e0 #22-34 · ...``: where each phase lies on the x axis."""
+    spans: list[list[Any]] = []
+    for i, s in enumerate(run.samples):
+        if s.batch is None or s.label.upper() == "OOM":
+            continue
+        key = (s.phase, s.epoch)
+        if spans and spans[-1][0] == key:
+            spans[-1][2] = i
+        else:
+            spans.append([key, i, i])
+    parts = []
+    for (phase, epoch), first, last in spans[:12]:
+        name = line(str(phase)) if phase is not None else "batches"
+        parts.append(f"{name}{'' if epoch is None else f' e{epoch}'} #{first}-{last}")
+    if len(spans) > 12:
+        parts.append(f"... {len(spans) - 12} more")
+    return " · ".join(parts)
+
+
+def phase_row(p: PhaseStats) -> tuple[str, ...]:
+    return (
+        scope(p.phase, p.epoch),
+        f"{p.judged}/{p.batches}",
+        format_mb(p.start),
+        format_mb(p.end),
+        format_size(p.growth, signed=True),
+        format_size(p.peak_rise, signed=True),
+        rate(p.slope),
+        format_size(p.budget) if p.budget is not None else "n/a",
+        status(p.status),
+    )
+
+
+def analysis_rows(run: Run) -> list[tuple[str, ...]]:
+    """One row per phase and epoch with batches, in timeline order: the verdict's statistics
+    where the rules judged it, else start, end, change and peak of the readings."""
+    judged = {(p.phase, p.epoch): p for p in run.verdict.phases}
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for i, s in enumerate(run.samples):
+        groups.setdefault((s.phase, s.epoch), []).append(i)
+    rows = []
+    for key, positions in groups.items():
+        if key in judged:
+            rows.append(phase_row(judged.pop(key)))
+            continue
+        batches = [i for i in positions if run.samples[i].batch is not None]
+        values = [v for v in (run.reading(run.samples[i]) for i in positions) if v is not None]
+        if not batches or not values:
+            continue
+        rows.append(
+            (
+                scope(*key),
+                f"-/{len(batches)}",
+                format_mb(values[0]),
+                format_mb(values[-1]),
+                format_size(values[-1] - values[0], signed=True),
+                format_size(max(values) - values[0], signed=True),
+                "n/a",
+                "n/a",
+                "not judged",
+            )
+        )
+    return rows + [phase_row(p) for p in judged.values()]
+
+
+def scope(phase: Any, epoch: Any) -> str:
+    """``validation epoch 0``; ``(no phase)`` for samples outside any phase."""
+    name = line(str(phase)) if phase is not None else "(no phase)"
+    return name if epoch is None else f"{name} epoch {epoch}"
+
+
+def rate(slope: float | None) -> str:
+    """Bytes per batch, as KB or MB per batch."""
+    if slope is None or not math.isfinite(slope):
+        return "n/a"
+    if abs(slope) >= 2**20:
+        return f"{slope / 2**20:+.1f}MB/batch"
+    return f"{slope / 2**10:+.1f}KB/batch"
+
+
+def status(text: str) -> str:
+    """A check's or phase's status, in bold when it failed."""
+    return f"**{text}**" if text in ("FAIL", "ERROR") else text

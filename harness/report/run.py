@@ -1,0 +1,146 @@
+"""What a report is built from (:class:`Run`) and the facts about a run that every section
+reads: how many epochs it completed, whether it reached its end, where it ran out of memory and
+how a checkpoint is named. Nothing here writes markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from harness.markdown import line
+from harness.sample import Sample
+from harness.verdict import Verdict
+
+FALLBACK_METRIC = "rss"
+START_LABELS = ("SESSION_START", "session START", "TEST_START")
+END_LABELS = ("SESSION_END", "session END", "TEST_END")
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything a report is built from.
+
+    ``header`` is the timeline header (``config``, ``meta``, device, capacity, versions);
+    ``holders`` the attribution of held memory (dicts with ``path``, ``container``, ``items``,
+    ``bytes``, ``phase``, ``sites``, any of them missing); ``torn`` the torn lines skipped when
+    the timeline was read back; ``timeline`` and ``verdict_file`` the paths of those files
+    relative to the report, for its Logs section.
+    """
+
+    name: str
+    header: Mapping[str, Any]
+    samples: Sequence[Sample]
+    verdict: Verdict
+    title: str | None = None
+    holders: Sequence[Mapping[str, Any]] = ()
+    torn: int = 0
+    timeline: str | None = None
+    verdict_file: str | None = None
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The header's ``config`` (the run's settings), empty when absent."""
+        return as_mapping(self.header.get("config"))
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The header's ``meta`` (anything else about the run), empty when absent."""
+        return as_mapping(self.header.get("meta"))
+
+    @property
+    def capacity(self) -> int | None:
+        """The device's bytes (emulated or real) from the header, if known."""
+        return as_int(self.header.get("capacity"))
+
+    @cached_property
+    def metric(self) -> str:
+        """The metric the profile and chart show: the rules' metric where samples have it,
+        else ``rss``, else the probe's primary metric."""
+        for m in (self.verdict.rules.metric, FALLBACK_METRIC):
+            if any(s.get(m) is not None for s in self.samples):
+                return m
+        primary = self.header.get("primary")
+        return primary if isinstance(primary, str) and primary else self.verdict.rules.metric
+
+    @cached_property
+    def capacity_metric(self) -> str:
+        """The metric that fills the device: ``reserved`` on CUDA, ``rss`` on CPU (what an
+        emulated capacity counts), where samples have it; else :attr:`metric`."""
+        probe = self.header.get("probe")
+        metric = "reserved" if isinstance(probe, str) and probe.startswith("cuda") else "rss"
+        if any(s.get(metric) is not None for s in self.samples):
+            return metric
+        return self.metric
+
+    def reading(self, sample: Sample) -> int | None:
+        """``sample``'s bytes in :attr:`metric`."""
+        return as_int(sample.get(self.metric))
+
+
+def epochs(run: Run) -> tuple[int, int | None]:
+    """Epochs completed (distinct epochs with an ``EPOCH_END``) and planned (``config.epochs``)."""
+    done = {s.epoch for s in run.samples if s.label == "EPOCH_END"}
+    return len(done), as_int(run.config.get("epochs"))
+
+
+def ended(samples: Sequence[Sample]) -> bool | None:
+    """Whether the run reached its end checkpoint; ``None`` when it has no start one either."""
+    labels = {s.label for s in samples}
+    if labels & set(END_LABELS):
+        return True
+    return False if labels & set(START_LABELS) else None
+
+
+def oom_positions(run: Run) -> set[int]:
+    """Positions of the samples where the run ran out of memory: the OOM findings' evidence
+    (when it points at this timeline), and samples labelled ``OOM``."""
+    positions = {i for i, s in enumerate(run.samples) if s.label.upper() == "OOM"}
+    for finding in run.verdict.of_kind("oom"):
+        for e in finding.evidence:
+            if 0 <= e.index < len(run.samples) and run.samples[e.index].label == e.label:
+                positions.add(e.index)
+    return positions
+
+
+def checkpoint_name(sample: Sample) -> str:
+    """``Epoch 0 VALIDATION_BATCH #12``, ``SESSION_START``; an OOM event names its phase."""
+    if sample.label.upper() == "OOM" and sample.phase:
+        phase = sample.phase
+        text = str(phase) if sample.batch is None else f"{phase} batch {sample.batch}"
+    else:
+        text = sample.label if sample.batch is None else f"{sample.label} #{sample.batch}"
+    return text if sample.epoch is None else f"Epoch {sample.epoch} {text}"
+
+
+def describe(value: Any) -> str:
+    """A header value for a person: text as is, others as compact JSON, ``n/a`` for None."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return line(value) or "n/a"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        text = ", ".join(line(v) for v in value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    try:
+        text = json.dumps(value, default=str, separators=(",", ":"))
+    except (TypeError, ValueError):
+        text = str(value)
+    text = line(text)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def as_mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as an int when it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if math.isfinite(value) else None

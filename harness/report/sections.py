@@ -1,0 +1,232 @@
+"""The report's frame: :func:`render_report` and the sections around the memory and findings
+sections (title, Executive Summary, Configuration, Test Results Summary, Final Verdict, Logs).
+
+The order follows the verification report a team wrote by hand for the TFT incident. No section
+raises on what a timeline may hold: missing header keys, an empty or partial timeline, findings
+without evidence all render as ``n/a`` or a sentence saying so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from harness.markdown import code, line, link, table
+from harness.report.issues import issues, ranked, root_cause
+from harness.report.memory import analysis, chart, profile, status
+from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
+from harness.units import format_mb, format_size
+from harness.verdict import Verdict
+
+
+def render_report(run: Run) -> str:
+    """The report as markdown text."""
+    sections = [
+        title(run),
+        summary(run),
+        configuration(run),
+        profile(run),
+        chart(run),
+        issues(run),
+        analysis(run),
+        results(run),
+        final(run),
+        logs(run),
+    ]
+    return "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
+
+
+def title(run: Run) -> list[str]:
+    name = line(run.title or run.name) or "unnamed run"
+    return [
+        f"# Memory report: {name}",
+        "",
+        f"{date(run.header.get('started'))} · {device(run.header)} · "
+        f"verdict **{run.verdict.status}**",
+    ]
+
+
+def summary(run: Run) -> list[str]:
+    lines = [
+        "## Executive Summary",
+        "",
+        f"- **Environment:** {environment(run.header)}",
+        f"- **Run:** {run_line(run)}",
+        f"- **Verdict:** {verdict_line(run.verdict)}",
+    ]
+    cause = root_cause(run)
+    if cause:
+        lines.append(f"- **Root cause:** {cause}")
+    return lines
+
+
+def configuration(run: Run) -> list[str]:
+    config, meta = run.config, run.meta
+    capacity = run.capacity
+    if capacity is None:
+        capacity_text = "n/a"
+    elif run.header.get("capacity_emulated"):
+        real = as_int(run.header.get("total_memory"))
+        capacity_text = f"{format_mb(capacity)} (emulated; device {format_mb(real)})"
+    else:
+        capacity_text = f"{format_mb(capacity)} (real)"
+    rows = [
+        ("Device", device(run.header)),
+        ("Capacity", capacity_text),
+        ("Batch size", describe(config.get("batch_size"))),
+        ("Validation batch size", describe(config.get("validation_batch_size"))),
+        ("Epochs", describe(config.get("epochs"))),
+        ("Training samples", describe(meta.get("train_samples"))),
+        ("Validation samples", describe(meta.get("val_samples"))),
+        (
+            "Probe / metric",
+            f"{describe(run.header.get('probe'))} / {run.metric}"
+            f" (primary: {describe(run.header.get('primary'))})",
+        ),
+        ("Rules", rules_text(run.verdict)),
+    ]
+    if "faults" in meta:
+        rows.append(("Faults", describe(meta.get("faults"))))
+    if "test" in meta:
+        rows.append(("Test", code(describe(meta.get("test")))))
+    shown_config = {"batch_size", "validation_batch_size", "epochs"}
+    shown_meta = {"train_samples", "val_samples", "faults", "test", "rules"}
+    other = [f"{k}={describe(v)}" for k, v in config.items() if k not in shown_config]
+    other += [f"{k}={describe(v)}" for k, v in meta.items() if k not in shown_meta]
+    if other:
+        rows.append(("Other settings", ", ".join(other)))
+    notes = run.header.get("notes")
+    if isinstance(notes, list) and notes:
+        rows.append(("Probe notes", "; ".join(line(str(n)) for n in notes)))
+    return ["## Configuration", "", *table(("Setting", "Value"), rows)]
+
+
+def results(run: Run) -> list[str]:
+    lines = ["## Test Results Summary", ""]
+    checks = run.verdict.checks
+    if not checks:
+        return [*lines, "No rule was checked."]
+    rows = [(c.rule, c.scope, status(c.status), c.details) for c in checks]
+    return [*lines, *table(("Rule", "Scope", "Status", "Details"), rows)]
+
+
+def final(run: Run) -> list[str]:
+    verdict = run.verdict
+    ran = [c for c in verdict.checks if c.status != "SKIP"]
+    passing = [c for c in ran if c.status in ("PASS", "WARN")]
+    share = 100 * len(passing) / len(ran) if ran else 0.0
+    completion = f"Completion: {len(passing)}/{len(ran)} checks passing ({share:.0f}%)"
+    skipped = len(verdict.checks) - len(ran)
+    warned = sum(c.status == "WARN" for c in ran)
+    extras = [f"{skipped} skipped"] * bool(skipped) + [f"{warned} with a warning"] * bool(warned)
+    if extras:
+        completion += f", {', '.join(extras)}"
+    lines = [
+        "## Final Verdict",
+        "",
+        f"**ALL CHECKS PASSING: {'YES' if verdict.passed else 'NO'}** (verdict {verdict.status})",
+        "",
+        completion + ".",
+    ]
+    remaining = [f for f in ranked(verdict.findings) if f.blocking]
+    if remaining:
+        listed = "; ".join(f"{f.severity} {line(f.message)}" for f in remaining)
+        lines += ["", f"Remaining: {listed}"]
+    if run.torn or ended(run.samples) is False:
+        lines += ["", "Judged on an incomplete timeline: the run did not reach its end."]
+    return lines
+
+
+def logs(run: Run) -> list[str]:
+    count = f"{len(run.samples)} checkpoints"
+    if run.torn:
+        count += f"; {run.torn} torn last line skipped: the writer was killed mid-line"
+    timeline = f"[{run.timeline}]({link(run.timeline)})" if run.timeline else "not written"
+    verdict = (
+        f"[{run.verdict_file}]({link(run.verdict_file)})" if run.verdict_file else ("not written")
+    )
+    return [
+        "## Logs",
+        "",
+        f"- Timeline (JSONL): {timeline} ({count})",
+        f"- Verdict (JSON): {verdict}",
+    ]
+
+
+def environment(header: Mapping[str, Any]) -> str:
+    parts = [device(header)]
+    for key, name in (("torch", "torch"), ("python", "Python"), ("leakgate", "leakgate")):
+        if header.get(key):
+            parts.append(f"{name} {describe(header[key])}")
+    if header.get("driver"):
+        parts.append(f"driver {describe(header['driver'])}")
+    if header.get("host"):
+        parts.append(f"host {describe(header['host'])}")
+    commit = header.get("git_commit")
+    if isinstance(commit, str) and commit:
+        parts.append(f"commit {commit[:10]}")
+    return " · ".join(parts)
+
+
+def run_line(run: Run) -> str:
+    done, planned = epochs(run)
+    if planned is not None:
+        text = f"{done} of {planned} epochs completed"
+    elif done:
+        text = f"{done} epochs completed (planned: n/a)"
+    else:
+        text = "epochs: n/a"
+    text += f" · {len(run.samples)} checkpoints"
+    times = [s.time for s in run.samples if isinstance(s.time, (int, float)) and s.time > 0]
+    if len(times) > 1:
+        text += f" over {max(times) - min(times):.1f} s"
+    finished = ended(run.samples)
+    if finished is False and run.samples:
+        text += f" · stopped at {checkpoint_name(run.samples[-1])}, before the end of the run"
+    elif finished is None and planned is not None and done < planned and run.samples:
+        text += f" · stopped at {checkpoint_name(run.samples[-1])}"
+    if run.torn:
+        text += " · timeline cut short (torn last line skipped)"
+    return text
+
+
+def verdict_line(verdict: Verdict) -> str:
+    if verdict.status == "ERROR":
+        return f"ERROR: the run raised `{line(verdict.error or 'an error')}`"
+    counts: dict[str, int] = {}
+    for f in verdict.findings:
+        counts[f.severity] = counts.get(f.severity, 0) + 1
+    found = ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items()))
+    ran = sum(c.status != "SKIP" for c in verdict.checks)
+    if verdict.status == "PASS":
+        text = f"PASS: every rule checked held ({ran} checks)"
+        return text + (f"; warnings: {found}" if found else "")
+    return f"{verdict.status}: {found or 'no'} finding(s) in {ran} checks"
+
+
+def rules_text(verdict: Verdict) -> str:
+    rules = verdict.rules
+    parts = [f"phase {', '.join(rules.phase) if rules.phase else 'all'}"]
+    for name in ("max_growth", "max_peak", "max_drift", "teardown"):
+        value = getattr(rules, name)
+        parts.append(f"{name} {format_size(value) if value is not None else 'off'}")
+    parts += [f"warmup {rules.warmup}", f"metric {rules.metric}"]
+    return " · ".join(parts)
+
+
+def device(header: Mapping[str, Any]) -> str:
+    probe = header.get("probe")
+    name = header.get("device")
+    parts = [line(str(p)) for p in (probe, name) if p]
+    return ": ".join(parts) if parts else "device n/a"
+
+
+def date(started: Any) -> str:
+    if isinstance(started, bool) or not isinstance(started, (int, float)):
+        return "date n/a"
+    try:
+        when = dt.datetime.fromtimestamp(started, tz=dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return "date n/a"
+    return when.strftime("%Y-%m-%d %H:%M UTC")
