@@ -1,12 +1,13 @@
 import gc
 import math
-import pickle
 import weakref
 
 import pytest
 import torch
-from workload import Windows, make_model
+from workload import DEC, ENC, Windows, make_model
 
+from tft.checkpoint import CheckpointError
+from tft.model import TemporalFusionTransformer, TFTConfig
 from tft.qat import export_int8, load_int8, qat_schedule
 from tft.trainer import TrainConfig, Trainer, TrainingOOM
 
@@ -196,12 +197,26 @@ class Payload:
         return (print, ("unpickled!",))
 
 
-def test_checkpoint_loading_refuses_arbitrary_objects(tmp_path):
+def test_checkpoint_loading_refuses_arbitrary_objects(tmp_path, capsys):
     path = tmp_path / "evil.pt"
     torch.save({"model": Payload()}, path)
     trainer = Trainer(make_model(), TrainConfig())
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(CheckpointError, match=r"evil\.pt: not a checkpoint"):
         trainer.load_checkpoint(path)
+    assert "unpickled!" not in capsys.readouterr().out
+
+
+def test_checkpoint_of_another_model_size_loads_nothing(tmp_path):
+    path = tmp_path / "wide.pt"
+    torch.manual_seed(1)
+    wide = TFTConfig(encoder_length=ENC, decoder_length=DEC, hidden_size=16, n_heads=2)
+    Trainer(TemporalFusionTransformer(wide), TrainConfig()).save_checkpoint(path)
+    trainer = Trainer(make_model(), TrainConfig())
+    before = weights(trainer)
+    with pytest.raises(CheckpointError, match=r"wide\.pt: does not fit this model: .*shape"):
+        trainer.load_checkpoint(path)
+    assert_same(weights(trainer), before)
+    assert trainer.optimizer.state_dict()["state"] == {}
 
 
 def test_fit_flushes_subnormals_only_while_it_runs():

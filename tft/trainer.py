@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from tft.checkpoint import CheckpointError, read_checkpoint
 from tft.model import TemporalFusionTransformer, pinball, quantile_loss
 from tft.qat import prepare_qat, qat_schedule
 
@@ -296,16 +297,25 @@ class Trainer:
         return path
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Resume from :meth:`save_checkpoint` output; never unpickles arbitrary objects."""
-        payload = torch.load(path, map_location=self.device, weights_only=True)
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        if payload["scheduler"] is not None:
-            self._start_schedule(payload["steps_per_epoch"], payload["scheduler"])
-        self.state = _State(
-            **payload["state"], history=[EpochStats(**h) for h in payload["history"]]
-        )
-        torch.set_rng_state(payload["rng"].cpu())
+        """Resume from :meth:`save_checkpoint` output; never unpickles arbitrary objects.
+
+        Raises :class:`~tft.checkpoint.CheckpointError` for a file that is not such a checkpoint
+        or does not fit this trainer's model (then nothing is loaded) or its optimizer.
+        """
+        payload = read_checkpoint(path, self.model, self.device)
+        try:
+            state = _State(
+                **payload["state"], history=[EpochStats(**h) for h in payload["history"]]
+            )
+            self.model.load_state_dict(payload["model"])
+            self.optimizer.load_state_dict(payload["optimizer"])
+            if payload["scheduler"] is not None:
+                self._start_schedule(payload["steps_per_epoch"], payload["scheduler"])
+            torch.set_rng_state(payload["rng"].cpu())
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+            problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{path}: does not fit this trainer ({problem})") from None
+        self.state = state
 
     def _start_schedule(self, steps_per_epoch: int, saved: dict[str, Any] | None = None) -> None:
         """The QAT learning-rate schedule, written into the optimizer's param groups."""
