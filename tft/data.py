@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from tft.paths import write_problem
 from tft.synthetic import (
     DEFAULT_FILE,
     DEFAULT_ROWS,
@@ -61,6 +62,7 @@ SESSION_GAP_MINUTES = 30
 
 _MINUTE_NS = 60 * 10**9
 _DAY_NS = 1440 * _MINUTE_NS
+_NS_RANGE = "1677-09-21..2262-04-11"
 
 
 class DataError(ValueError):
@@ -180,7 +182,7 @@ def load(path: str | os.PathLike[str], spec: WindowSpec = DEFAULT_SPEC) -> Split
     """
     path = Path(path)
     table = _read(path)
-    ts = table["ts"].cast(pa.timestamp("ns", tz=table["ts"].type.tz)).cast(pa.int64()).to_numpy()
+    ts = _timestamps(path, table["ts"])
     prices = {name: table[name].cast(pa.float64()).to_numpy() for name in PRICES}
     volume = table["volume"].cast(pa.float64()).to_numpy()
     symbols = tuple(pc.unique(table["symbol"].cast(pa.string())).to_pylist())
@@ -243,6 +245,22 @@ def _read(path: Path) -> pa.Table:
     return table
 
 
+def _timestamps(path: Path, column: pa.ChunkedArray) -> np.ndarray:
+    """``column`` as int64 nanoseconds since the epoch (UTC), or a :class:`DataError` for values
+    that nanoseconds cannot hold (before 1677-09-21 or after 2262-04-11)."""
+    try:
+        ns = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64()).to_numpy()
+    except pa.ArrowInvalid:
+        raise DataError(
+            f"{path}: column ts has timestamps outside {_NS_RANGE} (what int64 nanoseconds hold)"
+        ) from None
+    # The smallest int64 is numpy's NaT, not a time.
+    nat = np.flatnonzero(ns == np.iinfo(np.int64).min)
+    if nat.size:
+        raise DataError(f"{path}: column ts has an invalid timestamp (row {nat[0]})")
+    return ns
+
+
 def _check_values(
     path: Path,
     ts: np.ndarray,
@@ -261,7 +279,7 @@ def _check_values(
         raise DataError(f"{path}: column volume has negative values")
     if len(symbols) > 1:
         raise DataError(f"{path}: {len(symbols)} symbols ({', '.join(symbols)}); one per file")
-    back = np.flatnonzero(np.diff(ts) <= 0)
+    back = np.flatnonzero(ts[1:] <= ts[:-1])
     if back.size:
         row = int(back[0]) + 1
         when = ts[row].astype("datetime64[ns]")
@@ -279,7 +297,10 @@ def _split_windows(path: Path, ts: np.ndarray, spec: WindowSpec) -> tuple[np.nda
     """
     if len(ts) < spec.length:
         raise DataError(f"{path}: {len(ts)} rows, fewer than one window ({spec.length} bars)")
-    breaks = np.flatnonzero(np.diff(ts) > SESSION_GAP_MINUTES * _MINUTE_NS) + 1
+    # Increasing int64 times can be more than 2**63 ns apart: their wrapped difference, read as
+    # unsigned, is still exact.
+    gaps = np.diff(ts).view(np.uint64)
+    breaks = np.flatnonzero(gaps > SESSION_GAP_MINUTES * _MINUTE_NS) + 1
     bounds = np.concatenate(([0], breaks, [len(ts)]))
     starts = np.concatenate(
         [np.arange(a, b - spec.length + 1, spec.stride) for a, b in pairwise(bounds)]
@@ -366,6 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "synth":
+            if problem := write_problem(args.out):
+                raise DataError(f"--out {args.out}: {problem}")
             path = synth(args.out, seed=args.seed, rows=args.rows)
             print(f"wrote {path}: {args.rows} rows, {path.stat().st_size} bytes")
         else:
