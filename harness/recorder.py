@@ -23,6 +23,7 @@ from harness import __version__
 from harness.attribution import Holder, PhaseAttribution
 from harness.probes import Probe, make_probe
 from harness.sample import Sample
+from harness.store import SampleStore
 from harness.timeline import TimelineWriter
 from harness.units import format_mb, parse_size
 from harness.verdict import Rules
@@ -100,7 +101,8 @@ class Recorder:
         except BaseException:
             self.probe.close()
             raise
-        self.samples: list[Sample] = []
+        self.samples = SampleStore()
+        self._host = self.probe.name == "cpu"
         self._phases: list[tuple[str, int | None]] = []
         self._phase: str | None = None
         self._epoch: int | None = None
@@ -170,10 +172,13 @@ class Recorder:
     ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
+        _check_arguments(label, phase, epoch, batch, note)
         if collect:
             gc.collect()
             self.probe.release()
         metrics = self.probe.sample()
+        if self._host:
+            metrics = self._without_own(metrics)
         self.probe.reset_peak()
         notes = [note] if note else []
         if len(self.probe.notes) > self._notes_said:
@@ -200,6 +205,12 @@ class Recorder:
         if overflow:
             raise DeviceOutOfMemory(overflow, sample)
         return sample
+
+    def _without_own(self, metrics: dict[str, int | None]) -> dict[str, int | None]:
+        """Host readings less the recorder's own sample store, which grows with every
+        checkpoint and must not be judged as the run's growth."""
+        own = self.samples.nbytes()
+        return {k: None if v is None else v - own for k, v in metrics.items()}
 
     def _attribute(self, sample: Sample) -> None:
         """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,
@@ -261,6 +272,7 @@ class Recorder:
         ``epoch`` defaults to the enclosing phase's. END is recorded even when the block
         raises, with a note naming the exception (and no emulated-capacity check).
         """
+        _check_arguments("phase", name, epoch, None, None)
         self._phases.append((name, self._epoch if epoch is None else epoch))
         self._phase, self._epoch = self._phases[-1]
         ended_by = None
@@ -304,6 +316,36 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+MAX_TEXT = 256
+"""Longest label or phase name a checkpoint takes."""
+
+
+def _check_arguments(
+    label: object, phase: object, epoch: object, batch: object, note: object
+) -> None:
+    """``TypeError`` (or ``ValueError`` for absurd values) at the call for a checkpoint's bad
+    arguments, before anything is recorded."""
+    for name, value, optional in (("label", label, False), ("phase", phase, True)):
+        if value is None and optional:
+            continue
+        if not isinstance(value, str):
+            raise TypeError(f"checkpoint {name}: expected a str, got {type(value).__name__}")
+        if not value.strip() or len(value) > MAX_TEXT or "\x00" in value:
+            raise ValueError(
+                f"checkpoint {name}: expected 1 to {MAX_TEXT} printable characters, got "
+                f"{value[:40]!r}"
+            )
+    for name, value in (("epoch", epoch), ("batch", batch)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"checkpoint {name}: expected an int or None, got {value!r}")
+        if not 0 <= value < 2**62:
+            raise ValueError(f"checkpoint {name}: expected 0 <= {name} < 2**62, got {value}")
+    if note is not None and not isinstance(note, str):
+        raise TypeError(f"checkpoint note: expected a str or None, got {type(note).__name__}")
 
 
 @functools.cache

@@ -322,7 +322,7 @@ def test_emulated_capacity_raises_at_the_first_checkpoint_over_it(tmp_path):
         with pytest.raises(DeviceOutOfMemory, match="emulated capacity") as raised:
             rec.checkpoint("120 MiB")
         assert isinstance(raised.value, torch.OutOfMemoryError)
-        assert raised.value.sample is rec.samples[-1]
+        assert raised.value.sample == rec.samples[-1]
         assert rec.samples[-1].note == str(raised.value)
         assert rec("OOM", note="handled").note == "handled"
         with pytest.raises(DeviceOutOfMemory):

@@ -1,0 +1,62 @@
+"""The recorder's arguments are checked at the call, and its own storage is never judged."""
+
+import pytest
+
+from harness import Recorder, Rules, judge
+
+BAD_CALLS = [
+    ((5,), {}, TypeError),
+    ((None,), {}, TypeError),
+    (("X",), {"phase": ["x"]}, TypeError),
+    (("X",), {"batch": "3"}, TypeError),
+    (("X",), {"epoch": 1.5}, TypeError),
+    (("X",), {"batch": True}, TypeError),
+    (("X",), {"note": 7}, TypeError),
+    (("",), {}, ValueError),
+    (("X" * 10_000,), {}, ValueError),
+    (("X",), {"batch": 10**30}, ValueError),
+    (("X",), {"epoch": -1}, ValueError),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error"), BAD_CALLS)
+def test_bad_checkpoint_arguments_raise_at_the_call_and_record_nothing(args, kwargs, error):
+    with Recorder("cpu") as rec:
+        with pytest.raises(error, match="checkpoint"):
+            rec.checkpoint(*args, **kwargs)
+        assert len(rec.samples) == 0
+        with pytest.raises(TypeError), rec.phase(["x"]):  # type: ignore[arg-type]
+            pass
+
+
+def test_a_bad_call_fails_its_own_test_and_the_session_goes_on(pytester):
+    pytester.makepyfile(
+        """
+import pytest
+
+
+@pytest.mark.memleak(max_growth="1MB", allow_unjudged=True)
+def test_bad(memtrace):
+    memtrace.checkpoint(5)
+
+
+@pytest.mark.memleak(max_growth="1MB", allow_unjudged=True)
+def test_good(memtrace):
+    memtrace.checkpoint("X", phase="validation", batch=0)
+"""
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*TypeError: checkpoint label: expected a str, got int*"])
+    assert "INTERNALERROR" not in result.stdout.str()
+
+
+def test_100k_no_op_checkpoints_are_not_a_leak_of_the_recorders_own_samples():
+    with Recorder("cpu") as rec:
+        with rec.phase("validation", epoch=0):
+            for i in range(100_000):
+                rec.checkpoint("VALIDATION_BATCH", batch=i)
+        per_checkpoint = rec.samples.nbytes() / len(rec.samples)
+        verdict = judge(rec.samples, Rules(phase="validation", max_growth="64KiB"))
+    assert verdict.status == "PASS", verdict.findings
+    assert per_checkpoint < 80
