@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.fsio import write_atomic
 from harness.report import Run, checkpoint_name, ended, epochs, index_lines, render_report
 from harness.rules import Verdict
 from harness.terminal import worst_growth
+from harness.timeline import check_tree, expect, shown
 
 if TYPE_CHECKING:
     from harness.recorder import Recorder
@@ -68,12 +70,14 @@ def save_run(
 
 def write_run(run: Run, markdown: Path | None, document: Path | None) -> None:
     """Write the report to ``markdown`` and the JSON document to ``document`` (either may be
-    None); the JSON goes first, so a report never points at a verdict not yet written."""
+    None), each atomically (:func:`harness.fsio.write_atomic`); the JSON goes first, so a
+    report never points at a verdict not yet written. Raises ``OSError`` naming the file that
+    could not be written; a file not written keeps its previous content."""
     if document is not None:
         text = json.dumps(run_document(run, report=markdown), indent=2, default=str)
-        document.write_text(text + "\n")
+        write_atomic(document, text + "\n")
     if markdown is not None:
-        markdown.write_text(render_report(run))
+        write_atomic(markdown, render_report(run))
 
 
 def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
@@ -85,6 +89,7 @@ def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
     return {
         **run.verdict.to_dict(),
         "name": run.name,
+        "run_id": run.header.get("run_id"),
         "title": run.title,
         "test": test if isinstance(test, str) else None,
         "timeline": run.timeline,
@@ -117,25 +122,113 @@ def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
 
 
 def load_run_document(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a saved verdict; ``ValueError`` (one line, naming the file) when it is missing, not
-    JSON, or not a verdict of a readable schema."""
+    """Read a saved verdict; ``ValueError`` (one line, naming the file and the field) when it
+    is missing, not JSON, not a verdict of a readable schema, or a field that the index, the
+    comparison or the gate reads does not have its type (:func:`check_document`)."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply") from None
     except ValueError:
         raise ValueError(f"{path}: not JSON") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ValueError(f"{path}: not a leakgate verdict (no schema_version)")
     try:
+        check_document(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    try:
         Verdict.from_dict(data)
     except KeyError as exc:
         raise ValueError(f"{path}: not a leakgate verdict (no {exc})") from None
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, ArithmeticError) as exc:
         raise ValueError(f"{path}: {_first_line(exc)}") from None
     return data
+
+
+_OPTIONAL_TEXT = ("name", "title", "test", "timeline", "report", "run_id", "metric", "error")
+_PHASE_NUMBERS = ("growth", "slope", "peak_rise", "judged", "batches", "start", "end", "peak")
+
+
+def check_document(doc: Mapping[str, Any]) -> None:
+    """Check the fields of a verdict document that are read after loading it: ``status``,
+    the names, ``findings``, ``phases``, ``checks``, ``checkpoints``, ``header`` and
+    ``worst_growth``; no nesting deeper than 64 levels, no integer beyond a float's range.
+
+    Raises ``ValueError`` naming the field (``phases[2].phase: expected a string, got a list``).
+    """
+    try:
+        check_tree(doc)
+    except ValueError as exc:
+        raise ValueError(str(exc).lstrip(".")) from None
+    if "status" in doc:
+        expect(doc["status"], (str,), "status", "a string")
+    for key in _OPTIONAL_TEXT:
+        expect(doc.get(key), (str, type(None)), key, "a string")
+    report = doc.get("report")
+    if isinstance(report, str) and ("\0" in report or any(len(p) > 255 for p in report.split("/"))):
+        raise ValueError(f"report: not a file name: {shown(report)}")
+    _numbers(doc, ("worst_growth",), "")
+    for key in ("header", "run", "rules"):
+        expect(doc.get(key), (Mapping, type(None)), key, "an object")
+    header = _mapping(doc.get("header"))
+    expect(header.get("run_id"), (str, type(None)), "header.run_id", "a string")
+    _numbers(header, ("started",), "header.")
+    for i, finding in _objects(doc, "findings"):
+        where = f"findings[{i}]."
+        for key in ("kind", "severity", "message", "phase", "rule"):
+            expect(finding.get(key), (str, type(None)), where + key, "a string")
+        _whole(finding, ("epoch",), where)
+        _numbers(finding, ("bytes", "slope"), where)
+    for i, phase in _objects(doc, "phases"):
+        where = f"phases[{i}]."
+        for key in ("phase", "label", "metric", "peak_metric", "status"):
+            expect(phase.get(key), (str, type(None)), where + key, "a string")
+        _whole(phase, ("epoch",), where)
+        _numbers(phase, _PHASE_NUMBERS, where)
+    for i, check in _objects(doc, "checks"):
+        where = f"checks[{i}]."
+        for key in ("rule", "scope", "status", "details"):
+            expect(check.get(key), (str, type(None)), where + key, "a string")
+        _numbers(check, ("measured", "limit"), where)
+    for i, point in _objects(doc, "checkpoints"):
+        where = f"checkpoints[{i}]."
+        for key in ("name", "label", "phase"):
+            expect(point.get(key), (str, type(None)), where + key, "a string")
+        _whole(point, ("epoch",), where)
+        expect(point.get("metrics"), (Mapping, type(None)), where + "metrics", "an object")
+        metrics = _mapping(point.get("metrics"))
+        _numbers(metrics, tuple(metrics), where + "metrics.")
+
+
+def _objects(doc: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any]]]:
+    """``doc[key]`` (absent or null: none) as a list of objects, or ``ValueError``."""
+    items = doc.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ValueError(f"{key}: expected a list, got {shown(items)}")
+    for i, item in enumerate(items):
+        expect(item, (Mapping,), f"{key}[{i}]", "an object")
+    return list(enumerate(items))
+
+
+def _numbers(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+    for key in keys:
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{where}{key}: expected a number, got {shown(value)}")
+
+
+def _whole(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+    for key in keys:
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{where}{key}: expected a whole number, got {shown(value)}")
 
 
 def write_index(directory: str | os.PathLike[str], *, since: float | None = None) -> Path:
@@ -153,11 +246,11 @@ def write_index(directory: str | os.PathLike[str], *, since: float | None = None
             unreadable += 1
             continue
         started = _mapping(doc.get("header")).get("started")
-        if since is not None and not (_number(started) is not None and started >= since):
+        if since is not None and not ((at := _number(started)) is not None and at >= since):
             continue
         entries.append((path, doc))
     index = directory / INDEX
-    index.write_text("\n".join(index_lines(entries, unreadable)) + "\n")
+    write_atomic(index, "\n".join(index_lines(entries, unreadable)) + "\n")
     return index
 
 
@@ -166,7 +259,10 @@ def write_index(directory: str | os.PathLike[str], *, since: float | None = None
 
 @dataclass(frozen=True)
 class Change:
-    """One value compared between a base and a new run, in bytes (``None`` where absent)."""
+    """One value compared between a base and a new run (``None`` where absent): bytes, or bytes
+    per batch for a slope (``per_batch``). ``floor`` is the change always allowed for it (the
+    noise floor: ``min_bytes``, or for a slope ``min_bytes`` spread over the phase's judged
+    batches)."""
 
     item: str
     metric: str
@@ -174,11 +270,26 @@ class Change:
     new: float | None
     regression: bool = False
     improvement: bool = False
+    floor: float = 0.0
+    per_batch: bool = False
 
     @property
     def delta(self) -> float | None:
         """``new - base`` when both are present."""
         return None if self.base is None or self.new is None else self.new - self.base
+
+    @property
+    def percent(self) -> float | None:
+        """The change in percent of the base, only where the base is at least the noise floor
+        (a change on a near-zero base reads as an absurd percentage)."""
+        delta = self.delta
+        if (
+            delta is None
+            or self.base is None
+            or not (self.floor > 0 and abs(self.base) >= self.floor)
+        ):
+            return None
+        return 100 * delta / abs(self.base)
 
 
 @dataclass(frozen=True)
@@ -199,14 +310,20 @@ class Comparison:
         return self.base_status == "PASS" and self.new_status != "PASS"
 
     @property
+    def nothing_compared(self) -> bool:
+        """The two runs had no judged value in common: the comparison proves nothing."""
+        return not self.changes
+
+    @property
     def regressions(self) -> list[Change]:
         """The values that grew beyond the tolerance, largest growth first."""
         return sorted((c for c in self.changes if c.regression), key=lambda c: -(c.delta or 0))
 
     @property
     def regressed(self) -> bool:
-        """Whether the gate should fail: a value grew beyond tolerance, or the status did."""
-        return self.status_regressed or bool(self.regressions)
+        """Whether the gate should fail: a value grew beyond tolerance, the status did, or
+        nothing could be compared."""
+        return self.status_regressed or bool(self.regressions) or self.nothing_compared
 
 
 def compare_runs(
@@ -216,100 +333,103 @@ def compare_runs(
     tolerance: float = DEFAULT_TOLERANCE,
     min_bytes: int = DEFAULT_MIN_BYTES,
 ) -> Comparison:
-    """Compare two saved runs checkpoint by checkpoint and phase by phase.
+    """Compare what the rules judged in two saved runs.
 
-    Compared: each named checkpoint's reading (matched by label, phase, epoch and occurrence;
-    in the base's metric, else ``rss``) and each judged phase's ``growth`` and ``peak_rise``
-    (matched by phase and epoch, when both used the same metric). A value regresses when it
-    grew by more than ``tolerance`` of the base's magnitude *and* by more than ``min_bytes``,
-    so noise on small numbers is not a regression.
+    Compared, for each judged phase in both (matched by phase and epoch, when both used the
+    same metric): its ``growth``, its ``slope`` (bytes per batch) and its ``peak_rise``; and the
+    teardown residue (the ``teardown`` check's measured bytes, when both judged the same
+    metric). A value regresses when it grew by more than ``tolerance`` of the base's magnitude
+    *and* by more than its noise floor (``min_bytes``; for a slope, ``min_bytes`` over the
+    phase's judged batches), so noise on small numbers is not a regression. Checkpoint readings
+    are not compared: their levels depend on what ran before (test order, other fixtures).
     """
     if not (tolerance >= 0 and math.isfinite(tolerance)):
         raise ValueError(f"tolerance must be a finite fraction >= 0, got {tolerance!r}")
     if min_bytes < 0:
         raise ValueError(f"min_bytes must be >= 0, got {min_bytes!r}")
-    metric = (base.get("rules") or {}).get("metric") or "allocated"
-    pairs: list[tuple[str, str, float | None, float | None]] = []
-    base_points, new_points = _checkpoints(base), _checkpoints(new)
-    for key, readings in base_points.items():
-        if key not in new_points:
-            continue
-        other = new_points[key]
-        chosen = next(
-            (
-                m
-                for m in (metric, "rss")
-                if _number(readings.get(m)) is not None and _number(other.get(m)) is not None
-            ),
-            None,
-        )
-        if chosen is not None:
-            pairs.append((_key_name(key), chosen, readings[chosen], other[chosen]))
+    found: list[tuple[str, str, float, float, float, bool]] = []
     base_phases, new_phases = _phases(base), _phases(new)
     for key, stats in base_phases.items():
         other = new_phases.get(key)
         if other is None or stats.get("metric") != other.get("metric"):
             continue
-        for field, title in (("growth", "growth"), ("peak_rise", "peak rise")):
+        scope = str(key[0]) if key[1] is None else f"{key[0]} epoch {key[1]}"
+        metric = str(stats.get("metric"))
+        judged = _number(stats.get("judged")) or 0.0
+        values = [
+            ("growth", "growth", metric, float(min_bytes), False),
+            ("slope", "slope", metric, min_bytes / max(judged, 1.0), True),
+        ]
+        if stats.get("peak_metric") == other.get("peak_metric"):
+            peak = str(stats.get("peak_metric") or metric)
+            values.append(("peak_rise", "peak rise", peak, float(min_bytes), False))
+        for field, title, used, floor, per_batch in values:
             a, b = _number(stats.get(field)), _number(other.get(field))
             if a is not None and b is not None:
-                scope = key[0] if key[1] is None else f"{key[0]} epoch {key[1]}"
-                pairs.append((f"{scope} {title}", str(stats.get("metric")), a, b))
+                found.append((f"{scope} {title}", used, a, b, floor, per_batch))
+    base_residue, new_residue = _teardown(base), _teardown(new)
+    metric = _rules_metric(base)
+    if metric == _rules_metric(new):
+        for scope, a in base_residue.items():
+            b = new_residue.get(scope)
+            if b is not None:
+                found.append((f"{scope} teardown residue", metric, a, b, float(min_bytes), False))
     changes = []
-    for item, used, a, b in pairs:
-        allowed = max(tolerance * abs(a), min_bytes)
-        changes.append(Change(item, used, a, b, b - a > allowed, a - b > allowed))
-    only_base = len(base_points.keys() - new_points.keys()) + len(
-        base_phases.keys() - new_phases.keys()
-    )
-    only_new = len(new_points.keys() - base_points.keys()) + len(
-        new_phases.keys() - base_phases.keys()
-    )
+    for item, used, a, b, floor, per_batch in found:
+        allowed = max(tolerance * abs(a), floor)
+        changes.append(Change(item, used, a, b, b - a > allowed, a - b > allowed, floor, per_batch))
+    base_keys = set(base_phases) | {("teardown", s) for s in base_residue}
+    new_keys = set(new_phases) | {("teardown", s) for s in new_residue}
     return Comparison(
         tuple(changes),
         str(base.get("status")),
         str(new.get("status")),
         tolerance,
         min_bytes,
-        only_base,
-        only_new,
+        len(base_keys - new_keys),
+        len(new_keys - base_keys),
     )
 
 
-def _checkpoints(doc: Mapping[str, Any]) -> dict[tuple[Any, ...], Mapping[str, Any]]:
-    """Named checkpoints by (phase, epoch, label, occurrence), to their metrics."""
-    found: dict[tuple[Any, ...], Mapping[str, Any]] = {}
-    seen: dict[tuple[Any, ...], int] = {}
-    points = doc.get("checkpoints")
-    for point in points if isinstance(points, list) else ():
-        if not isinstance(point, Mapping) or not isinstance(point.get("metrics"), Mapping):
-            continue
-        base_key = (point.get("phase"), point.get("epoch"), point.get("label"))
-        n = seen.get(base_key, 0)
-        seen[base_key] = n + 1
-        found[(*base_key, n)] = point["metrics"]
-    return found
-
-
 def _phases(doc: Mapping[str, Any]) -> dict[tuple[Any, Any], Mapping[str, Any]]:
+    """Judged phases by (phase, epoch); ones whose keys are not a name and a number are left
+    out."""
     phases = doc.get("phases")
     return {
         (p.get("phase"), p.get("epoch")): p
         for p in (phases if isinstance(phases, list) else ())
         if isinstance(p, Mapping)
+        and isinstance(p.get("phase"), (str, type(None)))
+        and isinstance(p.get("epoch"), (int, type(None)))
     }
 
 
-def _key_name(key: tuple[Any, ...]) -> str:
-    _, epoch, label, n = key
-    name = str(label) if epoch is None else f"Epoch {epoch} {label}"
-    return name if n == 0 else f"{name} ({n + 1})"
+def _teardown(doc: Mapping[str, Any]) -> dict[str, float]:
+    """The teardown check's measured residue, by scope."""
+    checks = doc.get("checks")
+    found = {}
+    for check in checks if isinstance(checks, list) else ():
+        if isinstance(check, Mapping) and check.get("rule") == "teardown":
+            residue = _number(check.get("measured"))
+            if residue is not None:
+                found[str(check.get("scope"))] = residue
+    return found
+
+
+def _rules_metric(doc: Mapping[str, Any]) -> str:
+    rules = doc.get("rules")
+    metric = rules.get("metric") if isinstance(rules, Mapping) else None
+    return metric if isinstance(metric, str) and metric else "allocated"
 
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

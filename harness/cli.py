@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,9 @@ from harness.artifacts import (
     write_index,
 )
 from harness.finish import finish_run, rules_of, summary_line
-from harness.report import render_report
-from harness.fsio import same_file
+from harness.fsio import would_replace
 from harness.labels import is_run_end
+from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
 from harness.units import format_mb, format_size, parse_size
 from harness.verdict import Rules, options
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             report.add_argument(
                 flag,
-                type={"count": _count, "size": _size_text}.get(kind, str),
+                type={"count": _count, "size": _size_text(flag)}.get(kind, str),
                 metavar={"count": "N", "size": "SIZE"}.get(kind, "NAME"),
                 help=text,
             )
@@ -186,6 +186,21 @@ def _report(args: argparse.Namespace) -> int:
     return PASS if finished.verdict.passed else FAIL
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before anything is read or written, a report or verdict path whose write would
+    replace the input timeline (through a linked folder, a link or a hard link too), and one
+    path for both outputs."""
+    if args.output == "-":
+        return
+    markdown = Path(args.output or args.timeline.with_suffix(".md"))
+    document = None if args.no_json else Path(args.json or markdown.with_suffix(".json"))
+    for kind, path in (("report", markdown), ("verdict", document)):
+        if path is not None and would_replace(path, args.timeline):
+            raise BadInput(f"{path}: is the input timeline; the {kind} must go elsewhere")
+    if document is not None and would_replace(markdown, document):
+        raise BadInput(f"{markdown}: the report and the verdict cannot be written to one file")
+
+
 def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
     """The timeline's stored rules, each overridden by an option given on the command line."""
     try:
@@ -258,12 +273,12 @@ def _change_row(change: Change) -> tuple[str, str, str, str, str, str]:
     """A table row; a percentage only where the base is at least the noise floor, else the
     absolute change alone."""
     delta = change.delta or 0.0
-    if change.per_batch:
 
-        def shown(value: float | None, *, signed: bool = False) -> str:
+    def shown(value: float | None, *, signed: bool = False) -> str:
+        if change.per_batch:
             return f"{format_size(value, signed=signed)}/batch"
-    else:
-        shown = format_mb
+        return format_mb(value, signed=signed)
+
     text = shown(delta, signed=True)
     percent = change.percent
     if percent is not None:
@@ -393,10 +408,15 @@ def _size(text: str) -> int:
     return _parse_size(text, "--min-bytes")
 
 
-def _size_text(text: str) -> str:
-    """A size rule as given (``50MB``), once it reads as a size of at most 2**63 bytes."""
-    _parse_size(text, "size")
-    return text
+def _size_text(flag: str) -> Callable[[str], str]:
+    """A size rule's option: the text as given (``50MB``), once it reads as a size of at most
+    2**63 bytes."""
+
+    def check(text: str) -> str:
+        _parse_size(text, flag)
+        return text
+
+    return check
 
 
 def _parse_size(text: str, what: str) -> int:

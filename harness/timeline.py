@@ -3,22 +3,58 @@
 Each line goes to the file in one unbuffered write, so a process killed mid-run (even by
 SIGKILL) leaves complete lines that all parse, plus at most one torn last line, which
 :func:`read_timeline` skips and counts.
+
+Whose file it is. A writer creates its timeline as a new file (``O_CREAT | O_EXCL |
+O_NOFOLLOW``) and holds an exclusive ``flock`` on it until it closes, so a live run's file can
+be told from a finished one's. When the name asked for, ``<name>.jsonl``, is taken:
+
+- by a timeline no live writer holds (an earlier run of the same test, finished or killed):
+  a new file, header written, is renamed over it, as a rerun replaces that run's report and
+  verdict. The earlier file's bytes are never appended to or truncated;
+- by a timeline a live writer holds (a second session running the same test into the same
+  folder), or by an empty file (a writer between creating and locking it): the new timeline
+  is ``<name>.<run id>.jsonl`` (the first 12 characters of the header's ``run_id``), also
+  created exclusively. :attr:`TimelineWriter.path` says which name was used; the run's report
+  and verdict should take its stem, so that the two runs keep their own files;
+- by a symbolic link, a folder, or anything but a regular file: ``FileExistsError`` naming the
+  path, and nothing is written (a link is never followed).
+
+:func:`read_timeline` checks every line it returns: a header that is an object, and samples
+whose fields have their types (``ValueError`` naming the file, the line and the field).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import math
 import os
+import re
+import stat
+import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.fsio import create_exclusive, file_mode
 from harness.sample import Sample
+from harness.units import parse_size
+from harness.verdict import size_fields
 
 FORMAT = 1
 """Version of the timeline format, written in the header as ``leakgate_timeline``."""
 
+MAX_DEPTH = 64
+"""How deeply a header's values may nest (a run's config is a few levels deep)."""
+MAX_BYTES = 2**63
+"""The largest magnitude a reading, a size rule, an epoch or a batch number may have."""
+_RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+_ID_CHARS = 12
+_ATTEMPTS = 3
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
@@ -29,32 +65,37 @@ def _encode(record: Mapping[str, Any]) -> bytes:
 
 
 class TimelineWriter:
-    """Streams a timeline to ``path``; the header is written (and flushed) on construction.
+    """Streams a timeline to ``path`` (or, when a live run holds that name, to the name
+    :attr:`path` gives: see the module's notes); the header is written on construction.
 
     Raises ``OSError`` naming the path when it cannot be written; no file is left behind then.
     """
 
     def __init__(self, path: str | os.PathLike[str], header: Mapping[str, Any]) -> None:
-        self.path = Path(path)
+        wanted = Path(path)
         line = _encode({"leakgate_timeline": FORMAT, **header})
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 - held open
+            try:
+                wanted.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise OSError(error.errno, error.strerror, str(path)) from None
+            self.path, self._fd = _claim(wanted, line, _run_id(header))
         except OSError as error:
-            raise OSError(
-                error.errno, f"cannot write the timeline ({error.strerror})", str(path)
-            ) from None
-        try:
-            self._write(line)
-        except OSError:
-            self._file.close()
-            self.path.unlink(missing_ok=True)
-            raise
+            text = f"cannot write the timeline ({error.strerror or error})"
+            if error.errno is None:
+                raise OSError(f"{text}: {error.filename or path}") from None
+            raise OSError(error.errno, text, error.filename or str(path)) from None
+        self._closed = False
 
     def _write(self, line: bytes) -> None:
         view = memoryview(line)
-        while view:
-            view = view[self._file.write(view) :]
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as error:
+            raise OSError(
+                error.errno, f"cannot write the timeline ({error.strerror})", str(self.path)
+            ) from None
 
     def write(self, sample: Sample) -> None:
         """Append one sample line, equal to ``sample.to_dict()``; built shallowly because
@@ -62,7 +103,117 @@ class TimelineWriter:
         self._write(_encode({**sample.__dict__, "metrics": dict(sample.metrics)}))
 
     def close(self) -> None:
-        self._file.close()
+        """Close the file, which ends this writer's hold on its name."""
+        if not self._closed:
+            self._closed = True
+            os.close(self._fd)
+
+
+def _run_id(header: Mapping[str, Any]) -> str:
+    """The part of the header's run id a second name takes (a fresh one when it has none)."""
+    given = header.get("run_id")
+    if isinstance(given, str) and _RUN_ID.fullmatch(given):
+        return given[:_ID_CHARS]
+    return uuid.uuid4().hex[:_ID_CHARS]
+
+
+def _claim(wanted: Path, line: bytes, run_id: str) -> tuple[Path, int]:
+    """Create the timeline, header written and locked: at ``wanted`` when it is free or holds
+    a finished run's timeline, else at the run id's name. Returns the path and descriptor."""
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = create_exclusive(wanted)
+        except FileExistsError:
+            taken = _take_over(wanted, line)
+            if taken == "held":
+                break
+            if isinstance(taken, int):
+                return wanted, taken
+            continue  # the name changed hands while we looked: look again
+        _begin(fd, line, wanted)
+        return wanted, fd
+    other = wanted.with_name(f"{wanted.stem}.{run_id}{wanted.suffix}")
+    fd = create_exclusive(other)
+    _begin(fd, line, other)
+    return other, fd
+
+
+def _begin(fd: int, line: bytes, path: Path) -> None:
+    """Lock a new timeline and write its header; on failure close it and remove ``path``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        view = memoryview(line)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            if _same_entry(path, os.fstat(fd)):
+                os.unlink(path)
+        os.close(fd)
+        raise OSError(error.errno, error.strerror, str(path)) from None
+
+
+def _take_over(wanted: Path, line: bytes) -> int | str:
+    """Replace a finished run's timeline at ``wanted``; return the new file's descriptor,
+    ``"held"`` when a live writer owns the name, or ``"moved"`` when it changed meanwhile."""
+    try:
+        old = os.open(wanted, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "moved"
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FileExistsError(
+                errno.EEXIST, "a symbolic link is in the way", str(wanted)
+            ) from None
+        raise OSError(error.errno, error.strerror, str(wanted)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(old).st_mode):
+            raise FileExistsError(errno.EEXIST, "something not a file is in the way", str(wanted))
+        try:
+            fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "held"
+        info = os.fstat(old)
+        if info.st_size == 0:
+            return "held"
+        if not _same_entry(wanted, info):
+            return "moved"
+        try:
+            fd, temporary = tempfile.mkstemp(
+                dir=wanted.parent, prefix=f".{wanted.name[:200]}.", suffix=".tmp"
+            )
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        try:
+            os.fchmod(fd, file_mode())
+        except OSError as error:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        try:
+            _begin(fd, line, Path(temporary))
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        try:
+            os.replace(temporary, wanted)
+        except OSError as error:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        return fd
+    finally:
+        os.close(old)
+
+
+def _same_entry(path: Path, info: os.stat_result) -> bool:
+    """Whether ``path`` (not followed) is the file ``info`` describes."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
 
 
 @dataclass(frozen=True)
@@ -77,21 +228,148 @@ class Timeline:
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     """Read a timeline; a last line cut short by a killed writer is skipped and counted.
 
-    Raises ``ValueError`` when the file has no header or a line before the last is damaged.
+    Raises ``ValueError`` (one line: the file, the line, the field) when the file has no
+    header, a line before the last is damaged, or a line's fields do not have their types;
+    ``OSError`` when it cannot be read.
     """
     lines = Path(path).read_bytes().split(b"\n")
     if lines[-1] == b"":
         lines.pop()
-    records: list[dict[str, Any]] = []
+    records: list[tuple[int, Any]] = []
     torn = 0
     for number, line in enumerate(lines, start=1):
         try:
-            records.append(json.loads(line))
+            records.append((number, json.loads(line)))
+        except RecursionError:
+            raise ValueError(f"{path}:{number}: nested too deeply") from None
         except ValueError:
             if number < len(lines):
                 raise ValueError(f"{path}:{number}: not a JSON line") from None
             torn = 1
-    if not records or not isinstance(records[0], dict) or "leakgate_timeline" not in records[0]:
+    if (
+        not records
+        or not isinstance(records[0][1], dict)
+        or "leakgate_timeline" not in records[0][1]
+    ):
         raise ValueError(f"{path}: not a leakgate timeline (no header line)")
-    header, *rest = records
-    return Timeline(header, [Sample.from_dict(r) for r in rest], torn)
+    (_, header), *rest = records
+    try:
+        check_header(header)
+    except ValueError as exc:
+        raise ValueError(f"{path}:1: header{exc}") from None
+    samples = []
+    for number, record in rest:
+        try:
+            samples.append(sample_of(record))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: sample{exc}") from None
+    return Timeline(header, samples, torn)
+
+
+def check_header(header: Mapping[str, Any]) -> None:
+    """Check what is read from a header: nesting, numbers JSON cannot round-trip, and the
+    types of ``meta``, ``config``, ``rules``, ``run_id``, ``started`` and ``capacity``.
+
+    Raises ``ValueError`` whose message starts with the field's path (``.meta.rules``)."""
+    check_tree(header)
+    for key in ("meta", "config", "rules"):
+        expect(header.get(key), (Mapping, type(None)), f".{key}", "an object")
+    meta = header.get("meta")
+    if isinstance(meta, Mapping):
+        expect(meta.get("rules"), (Mapping, type(None)), ".meta.rules", "an object")
+        expect(meta.get("test"), (str, type(None)), ".meta.test", "a string")
+    expect(header.get("run_id"), (str, type(None)), ".run_id", "a string")
+    for key in ("started", "capacity"):
+        value = header.get(key)
+        if value is not None and (_number(value) is None or abs(value) > MAX_BYTES):
+            raise ValueError(f".{key}: expected a finite number, got {shown(value)}")
+    stored = [(".rules", header.get("rules"))]
+    if isinstance(meta, Mapping):
+        stored.append((".meta.rules", meta.get("rules")))
+    for where, rules in stored:
+        if not isinstance(rules, Mapping):
+            continue
+        for name in size_fields():
+            value = rules.get(name)
+            if value is not None:
+                _check_size(value, f"{where}.{name}")
+
+
+def sample_of(record: Any) -> Sample:
+    """A sample from one timeline line, its fields checked.
+
+    Raises ``ValueError`` whose message starts with the field (``.metrics.rss``)."""
+    if not isinstance(record, dict):
+        raise ValueError(f": expected an object, got {shown(record)}")
+    label = record.get("label")
+    if not isinstance(label, str):
+        raise ValueError(f".label: expected a string, got {shown(label)}")
+    expect(record.get("phase"), (str, type(None)), ".phase", "a string")
+    expect(record.get("note"), (str, type(None)), ".note", "a string")
+    expect(record.get("collected", False), (bool,), ".collected", "true or false")
+    for key in ("epoch", "batch"):
+        value = record.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_BYTES
+        ):
+            raise ValueError(f".{key}: expected a whole number, got {shown(value)}")
+    if "time" in record and _number(record["time"]) is None:
+        raise ValueError(f".time: expected a finite number, got {shown(record['time'])}")
+    metrics = record.get("metrics")
+    expect(metrics, (dict, type(None)), ".metrics", "an object")
+    for name, value in (metrics or {}).items():
+        if value is not None and (_number(value) is None or abs(value) > MAX_BYTES):
+            raise ValueError(f".metrics.{name}: expected bytes or null, got {shown(value)}")
+    return Sample.from_dict(record)
+
+
+def _check_size(value: Any, where: str) -> None:
+    try:
+        size = parse_size(value, what=where)
+    except (ValueError, ArithmeticError):
+        raise ValueError(f"{where}: not a size: {shown(value)}") from None
+    if size > MAX_BYTES:
+        raise ValueError(f"{where}: {shown(value)} is more than 2**63 bytes")
+
+
+def check_tree(root: Any) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers beyond a float's range."""
+    stack: list[tuple[Any, str, int]] = [(root, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                raise ValueError(f"{where}: an integer beyond a float's range") from None
+        elif isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                step = f".{key}" if isinstance(value, dict) else f"[{key}]"
+                stack.append((item, where + step, depth + 1))
+
+
+def expect(value: Any, types: tuple[type, ...], where: str, wanted: str) -> None:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise ValueError(f"{where}: expected {wanted}, got {shown(value)}")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown(value: Any) -> str:
+    """A value for a one-line message: its type, and its text when short."""
+    kind = {dict: "an object", list: "a list", type(None): "null"}.get(type(value))
+    if kind is not None:
+        return kind
+    text = repr(value)
+    return text if len(text) <= 40 else f"{type(value).__name__} {text[:30]}..."

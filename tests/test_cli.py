@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from test_report import HEADER, RULES, incident
@@ -10,6 +11,7 @@ from test_report import HEADER, RULES, incident
 from harness.cli import main
 from harness.sample import Sample
 from harness.timeline import TimelineWriter
+from harness.units import format_mb, format_size
 
 MB = 2**20
 
@@ -45,7 +47,7 @@ def test_report_judges_by_the_header_rules_and_writes_markdown_and_json(tmp_path
     )
     text = out.read_text()
     assert text.startswith("# Memory report: t.py::test_x\n")
-    assert "(P0): Leak in validation epoch 0" in text and "max_growth 20.0MB" in text
+    assert "(P0): Leak in validation epoch 0" in text and "max_growth " in text
     assert (
         "[../runs/leaky.jsonl](../runs/leaky.jsonl)" in text and "[leaky.json](leaky.json)" in text
     )
@@ -58,7 +60,7 @@ def test_report_options_override_the_header_rules_and_default_beside_the_timelin
     timeline = write_timeline(tmp_path / "leaky.jsonl", incident())
     assert main(["report", str(timeline), "--max-growth", "100MB", "--title", "Relaxed"]) == 0
     text = (tmp_path / "leaky.md").read_text()
-    assert text.startswith("# Memory report: Relaxed\n") and "max_growth 95.4MB" in text
+    assert text.startswith("# Memory report: Relaxed\n") and "max_growth 100MB" in text
     assert json.loads((tmp_path / "leaky.json").read_text())["status"] == "PASS"
 
 
@@ -96,51 +98,95 @@ def test_report_to_stdout(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
 
 
-def saved(tmp_path, name, samples, scale=1.0):
-    timeline = write_timeline(tmp_path / f"{name}.jsonl", samples)
+def growing(per_batch_mb, *, offset_mb=0.0):
+    """A passing run whose validation loop grows ``per_batch_mb`` a batch (RULES allow 20MiB),
+    every reading raised by ``offset_mb`` (what ran before it, in another test order)."""
+    shift = round(offset_mb * MB)
+    samples = clean()
+    for i, s in enumerate(samples):
+        grown = per_batch_mb * MB * s.batch if s.label == "VALIDATION_BATCH" else 0
+        samples[i] = replace(
+            s, metrics={"allocated": s.metrics["allocated"] + shift + round(grown)}
+        )
+    return samples
+
+
+def saved(folder, name, samples):
+    timeline = write_timeline(folder / f"{name}.jsonl", samples)
     assert main(["report", str(timeline)]) in (0, 1)
-    path = tmp_path / f"{name}.json"
-    doc = json.loads(path.read_text())
-    for point in doc["checkpoints"]:
-        if point["label"] == "AFTER_VALIDATION":
-            point["metrics"]["allocated"] = round(point["metrics"]["allocated"] * scale)
-    path.write_text(json.dumps(doc))
-    return str(path)
+    return str(folder / f"{name}.json")
 
 
 def test_compare_exits_1_on_a_20_percent_growth_and_prints_a_table(tmp_path, capsys):
-    base = saved(tmp_path, "base", clean())
-    new = saved(tmp_path, "new", clean(), scale=1.2)
+    base = saved(tmp_path, "base", growing(0.25))
+    new = saved(tmp_path, "new", growing(0.3))
     capsys.readouterr()
     assert main(["compare", base, new, "--tolerance", "10%"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("compare: REGRESSION: 1 of ")
+    assert lines[0].startswith(
+        f"compare: REGRESSION: 2 of 3 values grew by more than 10% and {format_mb(MB)}"
+    )
     assert lines[1].split() == ["value", "metric", "base", "new", "change"]
+    growth = [format_mb(m * MB) for m in (8.5, 10.2)] + [format_mb(1.7 * MB, signed=True)]
     assert lines[2].split() == [
-        "Epoch",
-        "0",
-        "AFTER_VALIDATION",
-        "allocated",
-        "1611.0MB",
-        "1933.2MB",
-        "+322.2MB",
-        "(+20.0%)",
-        "REGRESSION",
-    ]
+        "validation", "epoch", "0", "growth", "allocated", *growth, "(+20.0%)", "REGRESSION"
+    ]  # fmt: skip
+    assert lines[3].split()[:4] == ["validation", "epoch", "0", "slope"]
+    assert lines[3].endswith(f"{format_size(51.2 * 2**10, signed=True)}/batch (+20.0%)  REGRESSION")
     assert main(["compare", base, new, "--tolerance", "25"]) == 0
 
 
 def test_compare_ignores_a_2_percent_wobble_and_a_regressed_status_fails(tmp_path, capsys):
-    base = saved(tmp_path, "base", clean())
-    wobble = saved(tmp_path, "wobble", clean(), scale=1.02)
+    base = saved(tmp_path, "base", growing(0.25))
+    wobble = saved(tmp_path, "wobble", growing(0.255))
     capsys.readouterr()
     assert main(["compare", base, wobble]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("compare: OK: 0 of ") and "largest changes, all within tolerance:" in out
+    assert (
+        out.startswith("compare: OK: 0 of 3 ") and "largest changes, all within tolerance:" in out
+    )
     leaky = saved(tmp_path, "leaky", incident())
     capsys.readouterr()
     assert main(["compare", base, leaky]) == 1
     assert "status PASS -> FAIL (a regression)" in capsys.readouterr().out
+
+
+def test_compare_ignores_levels_that_depend_on_what_ran_before(tmp_path, capsys):
+    """Every checkpoint 25MB higher (another test ran first) but the same growth: no
+    regression, and checkpoint levels are not among the values compared."""
+    base = saved(tmp_path, "base", growing(0.25))
+    later = saved(tmp_path, "later", growing(0.25, offset_mb=25.3))
+    capsys.readouterr()
+    assert main(["compare", base, later]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("compare: OK: 0 of 3 values") and "START" not in out
+
+
+def test_compare_prints_no_percentage_on_a_base_near_zero(tmp_path, capsys):
+    base = saved(tmp_path, "base", growing(0.0))
+    new = saved(tmp_path, "new", growing(0.2))
+    capsys.readouterr()
+    assert main(["compare", base, new]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.endswith("REGRESSION")]
+    shown = [format_mb(0), format_mb(6.8 * MB), format_mb(6.8 * MB, signed=True)]
+    assert rows[0].split()[3:] == ["growth", "allocated", *shown, "REGRESSION"]
+    assert not any("%" in row for row in lines[1:])
+
+
+def test_compare_with_nothing_in_common_is_not_ok(tmp_path, capsys):
+    base = saved(tmp_path, "base", growing(0.25))
+    doc = json.loads((tmp_path / "base.json").read_text())
+    for phase in doc["phases"]:
+        phase["phase"] = "renamed"
+    (tmp_path / "other.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["compare", base, str(tmp_path / "other.json")]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "compare: NOTHING COMPARED: BASE and NEW have no judged phase or teardown check in common "
+        "(0 values compared); status PASS -> PASS"
+    ]
 
 
 def test_index_command(tmp_path, capsys):
@@ -153,27 +199,147 @@ def test_index_command(tmp_path, capsys):
 def test_gate_fails_on_a_failing_verdict_or_a_regression_and_passes_otherwise(tmp_path, capsys):
     runs, baseline = tmp_path / "runs", tmp_path / "baseline"
     runs.mkdir(), baseline.mkdir()
-    saved(baseline, "a", clean())
-    saved(runs, "a", clean(), scale=1.02)
+    saved(baseline, "a", growing(0.25))
+    saved(runs, "a", growing(0.255))
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 0
     assert (runs / "index.md").is_file()
     assert capsys.readouterr().out.splitlines()[-1] == "gate: PASS: 0 of 1 verdicts fail"
 
-    saved(runs, "a", clean(), scale=1.2)
+    saved(runs, "a", growing(0.3))
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out
     assert "PASS  a.json (regression against the baseline)" in out and "REGRESSION" in out
 
-    saved(runs, "a", clean())
+    saved(runs, "a", growing(0.25))
     saved(runs, "b", incident())
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
-    out = capsys.readouterr().out
-    assert "FAIL  b.json (no baseline)" in out and "gate: FAIL: 1 of 2 verdicts fail" in out
+    out = capsys.readouterr().out.splitlines()
+    assert "FAIL  b.json (no baseline)" in out and "no baseline for 1 verdict(s): b.json" in out
+    assert out[-1] == "gate: FAIL: 1 of 2 verdicts fail"
 
 
 def test_gate_on_a_folder_without_verdicts_is_bad_input(tmp_path, capsys):
     assert main(["gate", str(tmp_path)]) == 2
     assert "no verdicts to gate" in capsys.readouterr().err
+
+
+def run_with_id(folder, name, samples, run_id):
+    header = {**HEADER, "run_id": run_id, "meta": {"test": "t.py::test_x", "rules": RULES}}
+    writer = TimelineWriter(folder / f"{name}.jsonl", header)
+    for s in samples:
+        writer.write(s)
+    writer.close()
+    return writer.path
+
+
+def test_gate_fails_on_a_timeline_without_its_verdict(tmp_path, capsys):
+    saved(tmp_path, "a", clean())
+    run_with_id(tmp_path, "b", clean(), "b" * 32)
+    assert main(["gate", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "missing verdict: b.jsonl has no b.json" in out
+    assert out[-1] == "gate: FAIL: 0 of 1 verdicts fail, 1 problem"
+
+
+def test_gate_fails_on_a_killed_run_beside_the_previous_runs_passing_verdict(tmp_path, capsys):
+    """A run killed mid-validation leaves its new timeline beside the PASS verdict of the
+    run before it: the verdict is stale and the run incomplete."""
+    timeline = run_with_id(tmp_path, "a", clean(), "1" * 32)
+    assert main(["report", str(timeline)]) == 0
+    assert json.loads((tmp_path / "a.json").read_text())["run_id"] == "1" * 32
+    assert main(["gate", str(tmp_path)]) == 0
+    killed = clean()[:40]  # into the validation loop, epoch 0
+    run_with_id(tmp_path, "a", killed, "2" * 32)
+    capsys.readouterr()
+    assert main(["gate", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == [
+        f"stale verdict: a.json is from run {'1' * 32}, a.jsonl from run {'2' * 32}",
+        "incomplete run: a.jsonl ended at checkpoint 40 (epoch 0)",
+        "gate: FAIL: 0 of 1 verdicts fail, 2 problems",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "empty"])
+def test_gate_refuses_a_baseline_that_is_not_a_folder_of_verdicts(tmp_path, capsys, kind):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    saved(runs, "a", clean())
+    baseline = tmp_path / "baseline"
+    if kind == "file":
+        baseline.write_text("{}")
+    elif kind == "empty":
+        baseline.mkdir()
+    capsys.readouterr()
+    assert main(["gate", str(runs), "--baseline", str(baseline)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {baseline}: baseline: ")
+
+
+def test_gate_fails_when_a_baseline_verdict_is_missing_from_the_run(tmp_path, capsys):
+    """A test renamed or deleted must not drop out of the gate unnoticed."""
+    runs, baseline = tmp_path / "runs", tmp_path / "baseline"
+    runs.mkdir(), baseline.mkdir()
+    for name in ("a", "gone"):
+        saved(baseline, name, clean())
+    saved(runs, "a", clean())
+    saved(runs, "renamed", clean())
+    capsys.readouterr()
+    assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "PASS  renamed.json (no baseline)" in out
+    assert "no baseline for 1 verdict(s): renamed.json" in out
+    assert f"missing from the run: gone.json is in the baseline {baseline} but not in {runs}" in out
+    assert out[-1] == "gate: FAIL: 0 of 2 verdicts fail, 1 problem"
+
+
+# -- outputs that are inputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        ["-o", "A.jsonl"],
+        ["--json", "A.jsonl"],
+        ["-o", "same.json", "--json", "same.json"],
+        ["-o", "A.json"],  # the verdict would default to A.json too
+        ["-o", "linked/A.jsonl"],  # a folder linked to this one
+        ["--json", "./sub/../A.jsonl"],
+    ],
+)
+def test_report_refuses_an_output_that_is_its_input_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, outputs
+):
+    timeline = write_timeline(tmp_path / "A.jsonl", clean())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path)
+    before = timeline.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "A.jsonl", *outputs]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert "input timeline" in err or "to one file" in err
+    assert timeline.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A.jsonl", "linked", "sub"]
+
+
+def test_a_link_at_the_report_name_pointing_to_the_input_is_refused(tmp_path, capsys):
+    timeline = write_timeline(tmp_path / "A.jsonl", clean())
+    (tmp_path / "out.md").symlink_to(timeline)
+    assert (
+        main(
+            [
+                "report",
+                str(timeline),
+                "-o",
+                str(tmp_path / "B.md"),
+                "--json",
+                str(tmp_path / "out.md"),
+            ]
+        )
+        == 0
+    )
+    assert timeline.read_bytes().startswith(b'{"leakgate_timeline"')
 
 
 def bad_files(tmp_path):
@@ -195,8 +361,8 @@ def bad_files(tmp_path):
         (["report", "missing.jsonl"], "missing.jsonl: cannot read (No such file or directory)"),
         (["report", "text.jsonl"], "not a leakgate timeline"),
         (["report", "broken.jsonl"], "broken.jsonl:2: not a JSON line"),
-        (["report", "nolabel.jsonl"], "sample without a label"),
-        (["report", "rules.jsonl"], "rules: Rules.max_growth: cannot read 'lots'"),
+        (["report", "nolabel.jsonl"], "nolabel.jsonl:2: sample.label: expected a string, got null"),
+        (["report", "rules.jsonl"], "rules.jsonl:1: header.meta.rules.max_growth: not a size"),
         (["compare", "missing.json", "text.json"], "missing.json: cannot read"),
         (["compare", "future.json", "future.json"], "schema_version 99 is not readable"),
         (["compare", "text.json", "text.json"], "text.json: not JSON"),
@@ -214,9 +380,25 @@ def test_bad_input_exits_2_with_one_line_on_stderr(tmp_path, monkeypatch, capsys
 
 @pytest.mark.parametrize("value", ["ten", "-5%", "nan"])
 def test_a_bad_tolerance_is_a_usage_error(tmp_path, value, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["compare", "a.json", "b.json", "--tolerance", value])
-    assert exit_info.value.code == 2 and "--tolerance" in capsys.readouterr().err
+    assert main(["compare", "a.json", "b.json", "--tolerance", value]) == 2
+    assert "--tolerance" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "a.json", "b.json", "--min-bytes", "1" * 300],
+        ["compare", "a.json", "b.json", "--min-bytes", "1" * 400],
+        ["gate", ".", "--min-bytes", "9" * 300 + "TiB"],
+        ["report", "t.jsonl", "--max-growth", "1" * 300],
+        ["report", "t.jsonl", "--max-peak", "1" * 400 + "MB"],
+        ["report", "t.jsonl", "--warmup", "1" * 300],
+    ],
+)
+def test_a_size_beyond_2_63_bytes_is_a_usage_error(args, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {args[-2]}: " in err and "Traceback" not in err and len(err) < 1000
 
 
 def test_python_dash_m_harness_runs_the_cli(tmp_path):
@@ -236,6 +418,4 @@ def test_python_dash_m_harness_runs_the_cli(tmp_path):
 
 @pytest.mark.parametrize("command", ["report", "compare", "index", "gate"])
 def test_every_command_has_help(command, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([command, "--help"])
-    assert done.value.code == 0 and "usage: leakgate" in capsys.readouterr().out
+    assert main([command, "--help"]) == 0 and "usage: leakgate" in capsys.readouterr().out

@@ -1,0 +1,147 @@
+"""Writing files so that a reader, a crash or a full disk never sees half of one.
+
+:func:`write_atomic` writes a whole file or nothing: the bytes go to a new temporary file in
+the target's own folder, are flushed to disk, and the temporary file is renamed over the
+target. A failed write (a full disk, a killed process) leaves the previous file as it was. The
+rename replaces whatever entry has the target's name, a symbolic link included: nothing is ever
+written through a link to a file elsewhere.
+
+:func:`create_exclusive` opens a new file for streaming (a timeline): it fails when anything,
+a link included, already has the name, so a run never appends to or truncates another's file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+EXCLUSIVE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC
+"""Flags of :func:`create_exclusive`: a new file, never one (or a link) already there."""
+
+_umask: int | None = None
+
+
+def file_mode() -> int:
+    """The mode a new file gets under this process's umask (``0o644`` under ``022``)."""
+    global _umask
+    if _umask is None:
+        _umask = _read_umask()
+    return 0o666 & ~_umask
+
+
+def _read_umask() -> int:
+    """The umask, read from ``/proc`` where it can be (setting it, the only portable way to
+    read it, briefly changes it for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Replace ``path`` with ``data`` (text is written as UTF-8), whole or not at all.
+
+    Raises ``OSError`` whose ``filename`` is ``path`` when the folder cannot be written, the
+    disk is full, or ``path`` is a folder; the previous file, if any, is then unchanged and no
+    temporary file is left behind.
+    """
+    target = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    folder = target.parent
+    try:
+        fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{target.name[:200]}.", suffix=".tmp")
+    except OSError as error:
+        raise _naming(error, target) from None
+    try:
+        try:
+            os.fchmod(fd, file_mode())
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, target)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise _naming(error, target) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _sync_folder(folder)
+    return target
+
+
+def create_exclusive(path: str | os.PathLike[str]) -> int:
+    """Open a new file at ``path`` for writing and return its descriptor.
+
+    Raises ``FileExistsError`` when anything has that name (a file, a folder, a symbolic link,
+    even a dangling one), and ``OSError`` naming ``path`` when it cannot be created.
+    """
+    try:
+        return os.open(path, EXCLUSIVE, file_mode())
+    except OSError as error:
+        raise _naming(error, Path(path)) from None
+
+
+def would_replace(output: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
+    """Whether writing ``output`` with :func:`write_atomic` would replace ``path`` or the file
+    it names: the same folder entry (folders' links followed), ``path`` being a link to that
+    entry, or ``output`` being another hard link to ``path``'s file.
+
+    A link planted at ``output`` itself is not followed (the write replaces the link), so it
+    does not count.
+    """
+    target = _entry(output)
+    if target is None:
+        return False
+    if target == _entry(path):
+        return True
+    try:
+        if target == Path(path).resolve():
+            return True
+        if not os.path.islink(output) and os.path.exists(output) and os.path.exists(path):
+            return os.path.samefile(output, path)
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return False
+
+
+def _entry(path: str | os.PathLike[str]) -> Path | None:
+    """The folder entry a write to ``path`` replaces: its folder resolved, its name as given."""
+    given = Path(path)
+    try:
+        return given.parent.resolve() / given.name
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """``error`` with ``path`` as its file name (the right subclass: ``FileExistsError``...)."""
+    if error.errno is None:
+        return OSError(f"{path}: {error}")
+    return OSError(error.errno, error.strerror or os.strerror(error.errno), str(path))
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush the folder's entry of a renamed file to disk; best effort (some systems refuse)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
