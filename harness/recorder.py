@@ -215,6 +215,7 @@ class Recorder:
     def _attribute(self, sample: Sample) -> None:
         """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,
         on CPU, out of ``rss``: the heap it used is trimmed, as on a collected checkpoint."""
+        assert self.attribution is not None
         try:
             acted = self.attribution.observe(sample)
         except Exception as error:
@@ -248,15 +249,16 @@ class Recorder:
         self, label: str, metrics: Mapping[str, int | None], may_raise: bool
     ) -> str | None:
         """The message to raise when a capacity checked at checkpoints is exceeded here."""
-        if not self._limit_at_checkpoints:
+        capacity = self.capacity
+        if not self._limit_at_checkpoints or capacity is None:
             return None
         level = metrics.get(self.probe.capacity_metric)
         peak = metrics.get("peak")
-        started_over, self._over = self._over, level is not None and level > self.capacity
+        started_over, self._over = self._over, level is not None and level > capacity
         used = max(
             (v for v in (level, None if started_over else peak) if v is not None), default=None
         )
-        if not may_raise or used is None or used <= self.capacity:
+        if not may_raise or used is None or used <= capacity:
             return None
         return (
             f"emulated capacity {format_mb(self.capacity)} exceeded at {label!r}: "

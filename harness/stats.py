@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_POINTS = 1024
+Series = Sequence[float] | np.ndarray
+"""Readings, as a list or an array."""
 MAD_TO_SIGMA = 1.4826
 
 
@@ -36,7 +38,7 @@ class Trend:
     n: int
 
 
-def theil_sen(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+def theil_sen(x: Series, y: Series) -> tuple[float, float]:
     """Median of the pairwise slopes over pairs with distinct ``x``, and the matching intercept.
 
     Returns ``(0.0, median(y))`` when no two points have distinct ``x``.
@@ -51,7 +53,7 @@ def theil_sen(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     return slope, float(np.median(ys - slope * xs))
 
 
-def mann_kendall(y: Sequence[float]) -> tuple[int, float, float]:
+def mann_kendall(y: Series) -> tuple[int, float, float]:
     """Mann-Kendall test of ``y`` in its given order: ``(S, z, p)``, p one-sided for increase.
 
     The variance is corrected for ties and ``z`` for continuity; ``p`` comes from the normal
@@ -72,7 +74,7 @@ def mann_kendall(y: Sequence[float]) -> tuple[int, float, float]:
     return s, z, 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def trend(x: Sequence[float], y: Sequence[float], *, max_points: int = MAX_POINTS) -> Trend:
+def trend(x: Series, y: Series, *, max_points: int = MAX_POINTS) -> Trend:
     """Theil-Sen line and Mann-Kendall test of ``y`` against ``x`` (points ordered by ``x``)."""
     xs, ys = reduce(*_arrays(x, y), max_points=max_points)
     slope, intercept = theil_sen(xs, ys)
@@ -100,7 +102,7 @@ def edge_window(n: int, *, fraction: float = 1 / 8, minimum: int = 5) -> int:
     return max(1, min(n // 2, max(minimum, int(n * fraction))))
 
 
-def robust_delta(y: Sequence[float], *, fraction: float = 1 / 8, minimum: int = 5) -> float:
+def robust_delta(y: Series, *, fraction: float = 1 / 8, minimum: int = 5) -> float:
     """Median of the last points minus the median of the first points of ``y``.
 
     Each end window holds ``fraction`` of the points (at least ``minimum``, at most half), so
@@ -113,7 +115,7 @@ def robust_delta(y: Sequence[float], *, fraction: float = 1 / 8, minimum: int = 
     return float(np.median(ys[-k:]) - np.median(ys[:k]))
 
 
-def _arrays(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _arrays(x: Series, y: Series) -> tuple[np.ndarray, np.ndarray]:
     xs = np.asarray(x, dtype=np.float64)
     ys = np.asarray(y, dtype=np.float64)
     if xs.shape != ys.shape or xs.ndim != 1:
