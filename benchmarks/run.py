@@ -31,6 +31,7 @@ BENCHMARKS = Path(__file__).parent
 FILES = (
     "bench_checkpoint.py",
     "bench_overhead.py",
+    "bench_lightning.py",
     "bench_memray.py",
     "bench_peer.py",
     "bench_verdict.py",
