@@ -172,8 +172,8 @@ def _report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror})") from None
     if finished.write_error is not None:
-        exc = finished.write_error
-        raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror or exc})")
+        failed = finished.write_error
+        raise BadInput(f"{failed.filename or markdown}: cannot write ({failed.strerror or failed})")
     if to_stdout:
         sys.stdout.write(render_report(finished.run))
     written = " and ".join(str(p) for p in (markdown, document) if p is not None)

@@ -35,6 +35,7 @@ import re
 import stat
 import tempfile
 import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,13 +80,14 @@ class TimelineWriter:
                 wanted.parent.mkdir(parents=True, exist_ok=True)
             except OSError as error:
                 raise OSError(error.errno, error.strerror, str(path)) from None
-            self.path, self._fd = _claim(wanted, line, _run_id(header))
+            self.path, fd = _claim(wanted, line, _run_id(header))
         except OSError as error:
             text = f"cannot write the timeline ({error.strerror or error})"
             if error.errno is None:
                 raise OSError(f"{text}: {error.filename or path}") from None
             raise OSError(error.errno, text, error.filename or str(path)) from None
-        self._closed = False
+        self._fd = fd
+        self._close = weakref.finalize(self, os.close, fd)  # closed when dropped, like a file
 
     def _write(self, line: bytes) -> None:
         view = memoryview(line)
@@ -104,9 +106,7 @@ class TimelineWriter:
 
     def close(self) -> None:
         """Close the file, which ends this writer's hold on its name."""
-        if not self._closed:
-            self._closed = True
-            os.close(self._fd)
+        self._close()
 
 
 def _run_id(header: Mapping[str, Any]) -> str:
@@ -333,22 +333,27 @@ def _check_size(value: Any, where: str) -> None:
 
 
 def check_tree(root: Any) -> None:
-    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers beyond a float's range."""
-    stack: list[tuple[Any, str, int]] = [(root, "", 0)]
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers beyond a float's range; the
+    error names where (its first four steps)."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(root, ())]
     while stack:
-        value, where, depth = stack.pop()
+        value, steps = stack.pop()
         if isinstance(value, int) and not isinstance(value, bool):
             try:
                 float(value)
             except OverflowError:
-                raise ValueError(f"{where}: an integer beyond a float's range") from None
+                raise ValueError(f"{_path(steps)}: an integer beyond a float's range") from None
         elif isinstance(value, (dict, list)):
-            if depth >= MAX_DEPTH:
-                raise ValueError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+            if len(steps) >= MAX_DEPTH:
+                raise ValueError(f"{_path(steps)}: nested more than {MAX_DEPTH} levels deep")
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 step = f".{key}" if isinstance(value, dict) else f"[{key}]"
-                stack.append((item, where + step, depth + 1))
+                stack.append((item, (*steps, step)))
+
+
+def _path(steps: tuple[str, ...]) -> str:
+    return "".join(steps[:4]) + ("..." if len(steps) > 4 else "")
 
 
 def expect(value: Any, types: tuple[type, ...], where: str, wanted: str) -> None:

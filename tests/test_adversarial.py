@@ -1,13 +1,19 @@
 """Hostile files and folders: a full disk, planted links, a second run in the same folder,
 outputs that name inputs, and malformed or generated documents fed to every command."""
 
+import contextlib
 import errno
+import io
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_cli import clean, write_timeline
-from test_report import HEADER, incident
+from test_report import HEADER, RULES, incident
 
 from harness import fsio
 from harness.artifacts import write_index
@@ -164,6 +170,15 @@ def test_a_header_that_cannot_be_written_leaves_no_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_dropped_writer_lets_go_of_its_name(tmp_path):
+    writer = TimelineWriter(tmp_path / "t.jsonl", {"run_id": "a" * 32})
+    del writer
+    again = TimelineWriter(tmp_path / "t.jsonl", {"run_id": "b" * 32})
+    again.close()
+    again.close()
+    assert again.path == tmp_path / "t.jsonl" and os.listdir(tmp_path) == ["t.jsonl"]
+
+
 # -- two runs, one folder --------------------------------------------------------------------
 
 
@@ -206,3 +221,280 @@ def test_a_reader_during_a_write_sees_the_old_file_or_the_new_one(tmp_path, monk
     monkeypatch.undo()
     assert "**1 traced run: 1 PASS" in seen[0]
     assert "not leakgate verdicts" not in seen[0]
+
+
+# -- malformed documents -----------------------------------------------------------------------
+
+
+def verdict_document(tmp_path):
+    timeline = write_timeline(tmp_path / "v.jsonl", incident())
+    assert main(["report", str(timeline)]) == 1
+    return json.loads((tmp_path / "v.json").read_text())
+
+
+def deep(depth):
+    return "[" * depth + "]" * depth
+
+
+BAD_VERDICTS = {
+    "findings as an int": ("findings: expected a list, got 5", lambda d: d.update(findings=5)),
+    "an unhashable phase": (
+        "phases[0].phase: expected a string, got a list",
+        lambda d: d["phases"][0].update(phase=["validation"]),
+    ),
+    "an integer beyond float range": (
+        "checkpoints[0].metrics.allocated: an integer beyond a float's range",
+        lambda d: d["checkpoints"][0]["metrics"].update(allocated=10**400),
+    ),
+    "status as a list": ("status: expected a string, got a list", lambda d: d.update(status=[])),
+    "metrics as a list": (
+        "checkpoints[1].metrics: expected an object, got a list",
+        lambda d: d["checkpoints"][1].update(metrics=[1, 2]),
+    ),
+    "a checkpoint phase as a list": (
+        "checkpoints[2].phase: expected a string, got a list",
+        lambda d: d["checkpoints"][2].update(phase=["a"]),
+    ),
+    "a growth beyond float range": (
+        "phases[0].growth: an integer beyond a float's range",
+        lambda d: d["phases"][0].update(growth=-(10**400)),
+    ),
+    "a report name with a NUL": (
+        "report: not a file name: 'a\\x00.md'",
+        lambda d: d.update(report="a\0.md"),
+    ),
+    "a size rule beyond float range": (
+        "rules.max_growth: an integer beyond a float's range",
+        lambda d: d["rules"].update(max_growth=10**400),
+    ),
+    "nesting 100 deep": (
+        "header.config[0][0]...: nested more than 64 levels deep",
+        lambda d: d["header"].update(config=json.loads(deep(100))),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VERDICTS))
+@pytest.mark.parametrize("command", ["compare", "index", "gate"])
+def test_a_malformed_verdict_is_one_line_naming_the_file_and_field(tmp_path, capsys, case, command):
+    message, mutate = BAD_VERDICTS[case]
+    doc = verdict_document(tmp_path)
+    mutate(doc)
+    (tmp_path / "v.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    argv = {
+        "compare": ["compare", str(tmp_path / "v.json"), str(tmp_path / "v.json")],
+        "index": ["index", str(tmp_path)],
+        "gate": ["gate", str(tmp_path)],
+    }[command]
+    code = main(argv)
+    err = capsys.readouterr().err
+    if command == "index":  # the index skips what it cannot read and says how many
+        assert (
+            code == 0
+            and "1 JSON file(s) here are not leakgate verdicts"
+            in (tmp_path / "index.md").read_text()
+        )
+        return
+    assert code == 2 and err == f"error: {tmp_path / 'v.json'}: {message}\n"
+
+
+def test_json_nested_100000_deep_is_one_line(tmp_path, capsys):
+    (tmp_path / "deep.json").write_text(deep(100_000))
+    (tmp_path / "deep.jsonl").write_text(deep(100_000) + "\n")
+    assert main(["compare", str(tmp_path / "deep.json"), str(tmp_path / "deep.json")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'deep.json'}: nested too deeply\n"
+    assert main(["report", str(tmp_path / "deep.jsonl")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'deep.jsonl'}:1: nested too deeply\n"
+
+
+BAD_LINES = {
+    "5": "sample: expected an object, got 5",
+    "null": "sample: expected an object, got null",
+    '"text"': "sample: expected an object, got 'text'",
+    '{"label": "X", "metrics": [1, 2]}': "sample.metrics: expected an object, got a list",
+    '{"label": "X", "metrics": {"allocated": 1e400}}': "sample.metrics.allocated: expected bytes",
+    '{"label": "X", "metrics": {"allocated": 1' + "0" * 400 + "}}": "sample.metrics.allocated",
+    '{"label": "X", "metrics": {"allocated": true}}': "sample.metrics.allocated: expected bytes",
+    '{"label": "X", "phase": ["a"]}': "sample.phase: expected a string, got a list",
+    '{"label": "X", "epoch": 1.5}': "sample.epoch: expected a whole number, got 1.5",
+    '{"label": "X", "batch": "3"}': "sample.batch: expected a whole number, got '3'",
+    '{"label": "X", "time": "now"}': "sample.time: expected a finite number, got 'now'",
+    '{"label": "X", "collected": 1}': "sample.collected: expected true or false, got 1",
+    '{"label": 7}': "sample.label: expected a string, got 7",
+}
+
+
+@pytest.mark.parametrize("line", sorted(BAD_LINES))
+def test_a_malformed_timeline_line_is_one_line_naming_the_file_line_and_field(
+    tmp_path, capsys, line
+):
+    path = write_timeline(tmp_path / "t.jsonl", clean())
+    lines = path.read_text().splitlines()
+    lines.insert(3, line)
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:4: {BAD_LINES[line]}") and err.count("\n") == 1
+    assert sorted(os.listdir(tmp_path)) == ["t.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"meta": [1]}, "header.meta: expected an object, got a list"),
+        ({"rules": "strict"}, "header.rules: expected an object, got 'strict'"),
+        ({"rules": {"max_growth": "1" * 400}}, "header.rules.max_growth: not a size"),
+        ({"rules": {"max_peak": 2**70}}, "header.rules.max_peak: "),
+        ({"capacity": 10**400}, "header.capacity: an integer beyond a float's range"),
+        ({"run_id": 5}, "header.run_id: expected a string, got 5"),
+    ],
+)
+def test_a_malformed_header_is_one_line(tmp_path, capsys, header, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"leakgate_timeline": 1, **header}) + "\n")
+    assert main(["report", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {path}:1: {message}")
+
+
+# -- every command, fuzzed ---------------------------------------------------------------------
+
+SPECIAL = [10**400, -(10**400), 2**63, 2**64, -1, 0, 1e308, -1e308, 1.5, "", "PASS", "FAIL"]
+SPECIAL += ["ERROR", "validation", "training", "session", "SESSION_END", "TEST_END", "OOM"]
+SPECIAL += ["allocated", "rss", "teardown", "leak", "../x", "a\0b", "x" * 300]
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from(SPECIAL)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def mutated(data, document):
+    """``document`` with one node, picked by walking down at random, replaced by a drawn
+    value (or a key dropped)."""
+    doc = json.loads(json.dumps(document))
+    parent, key = None, None
+    node = doc
+    while isinstance(node, (dict, list)) and node and data.draw(st.booleans()):
+        key = data.draw(
+            st.sampled_from(sorted(node) if isinstance(node, dict) else range(len(node)))
+        )
+        parent, node = node, node[key]
+    if parent is None:
+        return data.draw(values) if data.draw(st.booleans()) else doc
+    if isinstance(parent, dict) and data.draw(st.integers(0, 5)) == 0:
+        del parent[key]
+    else:
+        parent[key] = data.draw(values)
+    return doc
+
+
+def run_main(argv):
+    """``main(argv)`` with its output captured: (exit code, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue()
+
+
+def assert_outcome(code, err):
+    assert code in (0, 1, 2)
+    if code == 2:
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+
+
+_BASE = {}
+
+
+def base_documents():
+    """A failing verdict, a passing one and a timeline's lines, made once."""
+    if not _BASE:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder)
+            header = {**HEADER, "run_id": "f" * 32, "meta": {"test": "t::x", "rules": RULES}}
+            for name, samples in (("fail", incident()), ("pass", clean())):
+                writer = TimelineWriter(path / f"{name}.jsonl", header)
+                for sample in samples:
+                    writer.write(sample)
+                writer.close()
+                run_main(["report", str(path / f"{name}.jsonl")])
+                _BASE[name] = json.loads((path / f"{name}.json").read_text())
+            for name in ("fail", "pass"):
+                text = (path / f"{name}.jsonl").read_text()
+                _BASE[f"{name} lines"] = [json.loads(x) for x in text.splitlines()]
+    return _BASE
+
+
+def write_json(path, doc):
+    path.write_text(json.dumps(doc))
+
+
+@given(st.data())
+@FUZZ
+def test_fuzz_report(data):
+    docs = base_documents()
+    records = list(docs[data.draw(st.sampled_from(["fail lines", "pass lines"]))])
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(records) - 1))
+        records[at] = mutated(data, records[at])
+    text = "\n".join(json.dumps(r) for r in records) + "\n"
+    if data.draw(st.booleans()):
+        text += data.draw(st.sampled_from(['{"label": "VALIDA', "[[[", "\x00", "5"]))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.jsonl"
+        path.write_text(text)
+        options = data.draw(
+            st.sampled_from([[], ["-o", "-"], ["--max-growth", "1KB"], ["--no-json"]])
+        )
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert_outcome(*run_main(["report", str(path), *options]))
+        assert path.read_text() == text
+
+
+@given(st.data())
+@FUZZ
+def test_fuzz_compare(data):
+    docs = base_documents()
+    with tempfile.TemporaryDirectory() as folder:
+        base, new = Path(folder) / "base.json", Path(folder) / "new.json"
+        write_json(base, mutated(data, docs[data.draw(st.sampled_from(["fail", "pass"]))]))
+        write_json(new, mutated(data, docs[data.draw(st.sampled_from(["fail", "pass"]))]))
+        assert_outcome(*run_main(["compare", str(base), str(new)]))
+        assert_outcome(*run_main(["compare", str(new), str(base), "--min-bytes", "0"]))
+
+
+@given(st.data())
+@FUZZ
+def test_fuzz_index(data):
+    docs = base_documents()
+    with tempfile.TemporaryDirectory() as folder:
+        for name in ("a", "b"):
+            write_json(Path(folder) / f"{name}.json", mutated(data, docs["fail"]))
+        assert_outcome(*run_main(["index", folder]))
+
+
+@given(st.data())
+@FUZZ
+def test_fuzz_gate(data):
+    docs = base_documents()
+    with tempfile.TemporaryDirectory() as folder:
+        runs, baseline = Path(folder) / "runs", Path(folder) / "baseline"
+        runs.mkdir(), baseline.mkdir()
+        write_json(runs / "a.json", mutated(data, docs["pass"]))
+        write_json(baseline / "a.json", mutated(data, docs["pass"]))
+        records = list(docs["pass lines"])
+        at = data.draw(st.integers(0, len(records) - 1))
+        records[at] = mutated(data, records[at])
+        (runs / "a.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+        assert_outcome(*run_main(["gate", str(runs), "--baseline", str(baseline)]))
