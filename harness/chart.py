@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 MAX_POINTS = 120
-MB = 2**20
+MIB = 2**20
 
 
 def memory_chart(
@@ -30,15 +30,15 @@ def memory_chart(
         values.append(float(capacity))
     low, high = min(values), max(values)
     pad = max((high - low) * 0.05, high * 0.001, 1.0)
-    y_min = math.floor(max(0.0, low - pad) / MB * 10) / 10
-    y_max = math.ceil((high + pad) / MB * 10) / 10
+    y_min = math.floor(max(0.0, low - pad) / MIB * 10) / 10
+    y_max = math.ceil((high + pad) / MIB * 10) / 10
     return [
         "```mermaid",
         "xychart-beta",
         '    title "Memory per checkpoint"',
         f'    x-axis "checkpoint" 0 --> {max(checkpoints - 1, 1)}',
-        f'    y-axis "MB" {y_min:.1f} --> {y_max:.1f}',
-        *(f"    line [{', '.join(f'{p / MB:.1f}' for p in points)}]" for points in lines.values()),
+        f'    y-axis "MiB" {y_min:.1f} --> {y_max:.1f}',
+        *(f"    line [{', '.join(f'{p / MIB:.1f}' for p in points)}]" for points in lines.values()),
         "```",
     ]
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from harness.rules import Verdict
 from harness.sample import Sample
-from harness.units import format_mb
+from harness.units import format_mib
 
 MAX_ROWS = 24
 
@@ -20,7 +20,7 @@ def worst_growth(verdict: Verdict) -> float | None:
 def failure_message(
     verdict: Verdict, samples: Sequence[Sample], metric: str, holders: Sequence[str] = ()
 ) -> str:
-    """Findings and who holds the memory, then the checkpoint table: label, phase, MB, delta
+    """Findings and who holds the memory, then the checkpoint table: label, phase, MiB, delta
     against the phase start."""
     lines = [f"leakgate: memory verdict {verdict.status}"]
     lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
@@ -50,8 +50,8 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
         label = s.label if s.batch is None else f"{s.label} #{s.batch}"
         if s.epoch is not None:
             label = f"epoch {s.epoch} {label}"
-        delta = format_mb(value - starts[key], signed=True) if value is not None else "n/a"
-        rows.append((label, s.phase or "", format_mb(value), delta))
+        delta = format_mib(value - starts[key], signed=True) if value is not None else "n/a"
+        rows.append((label, s.phase or "", format_mib(value), delta))
     if len(rows) > MAX_ROWS:
         half = MAX_ROWS // 2
         rows = [*rows[:half], (f"... {len(rows) - MAX_ROWS} rows ...", "", "", ""), *rows[-half:]]

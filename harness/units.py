@@ -1,9 +1,22 @@
-"""Byte sizes: parse ``"50MB"``, ``"512KiB"``, ``"4 GB"`` or ints; format bytes for people."""
+"""Byte sizes, read and written.
+
+:func:`parse_size` reads ints and strings such as ``"50MB"``, ``"512KiB"`` or ``"4 GB"``:
+decimal units (kB, MB, GB, TB, PB) are powers of 1000 and binary ones (KiB ... PiB) powers of
+1024, computed exactly (no float on the way), and sizes above :data:`MAX_BYTES` are refused.
+Sizes are printed with binary units and binary labels (``3.8MiB``), as
+``torch.cuda.memory_summary`` and ``nvidia-smi`` print them; a threshold is echoed as the
+user wrote it (:func:`echo_size`).
+"""
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
+MAX_BYTES = 2**60
+"""The largest size accepted (1 EiB): anything above is a typo, not a memory budget."""
+_MAX_CHARS = 64
 _UNITS = {
     "": 1,
     "b": 1,
@@ -11,48 +24,82 @@ _UNITS = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
+    "pb": 10**15,
     "kib": 2**10,
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    "pib": 2**50,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)", re.ASCII | re.IGNORECASE)
+_BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20))
 
 
 def parse_size(value: int | str, *, what: str = "size") -> int:
-    """Return ``value`` in bytes. SI units are powers of 1000 (MB), IEC of 1024 (MiB).
+    """Return ``value`` in bytes, rounded to the nearest byte (halves up).
 
-    Raises ``ValueError`` naming ``what`` for negatives, booleans and unparsable strings.
+    Raises ``ValueError`` naming ``what`` for negatives, booleans, floats, unparsable strings
+    and sizes above :data:`MAX_BYTES`.
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{what}: expected bytes as an int or a string like '50MB', got {value!r}")
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{what}: must not be negative, got {value}")
-        return value
-    match = _SIZE.match(value)
-    unit = match and match.group(2).lower()
-    if not match or unit not in _UNITS:
+        shown = value if value.bit_length() <= 128 else f"a {value.bit_length()}-bit number"
+        return _bounded(value, shown, what)
+    shown = value if len(value) <= 40 else value[:37] + "..."
+    if len(value) > _MAX_CHARS:
+        raise ValueError(f"{what}: {shown!r} is too long to be a size")
+    match = _SIZE.fullmatch(value.strip())
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
         raise ValueError(
-            f"{what}: cannot read {value!r} as a size (examples: 4096, '50MB', '512KiB', '4 GiB')"
+            f"{what}: cannot read {shown!r} as a size (examples: 4096, '50MB', '512KiB', '4 GiB')"
         )
-    return round(float(match.group(1)) * _UNITS[unit])
+    exact = Fraction(match.group(1)) * _UNITS[unit]
+    return _bounded(math.floor(exact + Fraction(1, 2)), shown, what)
 
 
-def format_mb(nbytes: float | None, *, signed: bool = False) -> str:
-    """Format bytes as MiB with one decimal, the unit the report tables use ('n/a' for None)."""
-    if nbytes is None:
-        return "n/a"
-    return f"{nbytes / 2**20:{'+' if signed else ''}.1f}MB"
+def _bounded(nbytes: int, shown: object, what: str) -> int:
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{what}: {shown!r} is more than {format_size(MAX_BYTES)}")
+    return nbytes
 
 
 def format_size(nbytes: float | None, *, signed: bool = False) -> str:
-    """Format bytes in the largest binary unit that keeps the number >= 1 (``40.0KB``,
-    ``1.5GB``), for messages where thresholds range from bytes to gigabytes."""
-    if nbytes is None:
+    """Bytes in the largest binary unit that keeps the number at least 1 (``960B``,
+    ``40.0KiB``, ``3.8MiB``, ``1.5GiB``); ``n/a`` for None or a non-finite number."""
+    if nbytes is None or not math.isfinite(nbytes):
         return "n/a"
     sign = "+" if signed else ""
-    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
-        if abs(nbytes) >= scale:
+    for unit, scale in (*_BINARY, ("KiB", 2**10)):
+        if round(abs(nbytes) / scale, 1) >= 1:
             return f"{nbytes / scale:{sign}.1f}{unit}"
     return f"{nbytes:{sign}.0f}B"
+
+
+def format_mib(nbytes: float | None, *, signed: bool = False) -> str:
+    """Bytes as MiB with one decimal (``1611.0MiB``), for columns of one unit; ``n/a`` for
+    None or a non-finite number."""
+    if nbytes is None or not math.isfinite(nbytes):
+        return "n/a"
+    return f"{nbytes / 2**20:{'+' if signed else ''}.1f}MiB"
+
+
+format_mb = format_mib
+"""The former name of :func:`format_mib`, kept for callers not yet renamed."""
+
+
+def format_rate(slope: float | None) -> str:
+    """Bytes per batch in their own unit: ``+1.0MiB/batch``, ``+615B/batch``."""
+    text = format_size(slope, signed=True)
+    return text if text == "n/a" else f"{text}/batch"
+
+
+def echo_size(written: str, nbytes: int | None) -> str:
+    """A threshold as the user wrote it, with its binary figure when that says something more:
+    ``50MB (47.7MiB)``, but ``20MiB`` and ``512B`` alone."""
+    if nbytes is None or nbytes < 2**10 or written.lower().endswith("ib"):
+        return written
+    return f"{written} ({format_size(nbytes)})"

@@ -68,7 +68,7 @@ def test_an_attribute_list_is_named_by_class_and_attribute():
     assert holder.path == "Cache._items"
     assert (holder.container, holder.items, holder.tensors) == ("list", 4, 4)
     assert holder.bytes == 4 * 1024
-    assert str(holder) == "Cache._items (list, 4 items, 0.0MB)"
+    assert str(holder) == "Cache._items (list, 4 items, 0.0MiB)"
     del cache
 
 
@@ -250,7 +250,7 @@ def test_holders_round_trip_through_dicts():
     assert {"path", "container", "items", "bytes", "sites", "phase"} <= set(data)
     assert data["sites"] == ["m.py:3"]
     assert Holder.from_dict({**data, "unknown": 1}) == holder
-    assert str(holder) == "Trainer._attn_cache (list, 176 items, 2.4MB)"
+    assert str(holder) == "Trainer._attn_cache (list, 176 items, 2.4MiB)"
 
 
 def test_max_depth_must_be_positive():

@@ -261,7 +261,7 @@ def test_cached(memtrace):
         "--memreport=out",
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*held by Cache.items (list, 176 items, *MB)*"])
+    result.stdout.fnmatch_lines(["*held by Cache.items (list, 176 items, *MiB)*"])
     verdict = json.loads(next((pytester.path / "out").glob("*.json")).read_text())
     assert verdict["attribution"][0]["path"] == "Cache.items"
 
@@ -276,4 +276,4 @@ def test_keeps_16mb():
 """,
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*held by test_loop.HOLD (list, 1 items, 16.0MB)*"])
+    result.stdout.fnmatch_lines(["*held by test_loop.HOLD (list, 1 items, 16.0MiB)*"])

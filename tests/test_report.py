@@ -3,7 +3,6 @@
 import json
 import re
 from dataclasses import replace
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -113,14 +112,14 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
     assert "**Verdict:** FAIL: 1 P0 finding(s) in 2 checks" in summary
     assert re.search(
         r"Root cause:\*\* leak in validation epoch 0: .*held by `Trainer._attn_cache`"
-        r" \(list, 176 items, 2.3MB\)",
+        r" \(list, 176 items, 2.3MiB\)",
         summary,
     )
 
     config = section(text, "Configuration")
     for row in (
         "| Device | cuda:0: Tesla T4 |",
-        "| Capacity | 4096.0MB (real) |",
+        "| Capacity | 4096.0MiB (real) |",
         "| Batch size | 1 |",
         "| Validation batch size | 1 |",
         "| Epochs | 1 |",
@@ -134,8 +133,8 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
 
     profile = section(text, "Memory Profile")
     assert "Epoch 0 AFTER_TRAINING:" in profile
-    assert "1611.0MB / 4096.0MB (39.3% utilization)" in profile
-    assert "SESSION_START:" in profile and "1291.0MB / 4096.0MB (31.5% utilization)" in profile
+    assert "1611.0MiB / 4096.0MiB (39.3% utilization)" in profile
+    assert "SESSION_START:" in profile and "1291.0MiB / 4096.0MiB (31.5% utilization)" in profile
     batches = re.findall(r"Epoch 0 VALIDATION_BATCH #(\d+):", profile)
     assert batches == ["0", "10", "20", "30", "39"]  # first, every 10th, last
     assert re.findall(r"TRAIN_BATCH #(\d+):", profile) == ["0", "5", "10", "15", "19"]
@@ -147,8 +146,8 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
 
     issues = section(text, "Issues Found")
     assert "### Issue 1 (P0): Leak in validation epoch 0" in issues
-    assert "Slope +1.0MB/batch" in issues
-    assert "Epoch 0 VALIDATION_BATCH #39 = 1650.0MB (allocated)" in issues
+    assert "Slope +1.0MiB/batch" in issues
+    assert "Epoch 0 VALIDATION_BATCH #39 = 1650.0MiB (allocated)" in issues
     assert "**Suspected root cause:** Memory held by `Trainer._attn_cache`" in issues
     assert "`tft/faults.py:42`" in issues
     assert "**Recommended fix:** Clear `Trainer._attn_cache` inside the loop" in issues
@@ -159,15 +158,15 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
     assert cells == [
         "validation epoch 0",
         "35/40",
-        "1611.0MB",
-        "1611.0MB",
-        "+34.0MB",
-        "+40.0MB",
-        "+1.0MB/batch",
-        "20.0MB",
+        "1611.0MiB",
+        "1611.0MiB",
+        "+34.0MiB",
+        "+40.0MiB",
+        "+1.0MiB/batch",
+        "20MiB",
         "**FAIL**",
     ]
-    assert "| training epoch 0 | -/20 | 1291.0MB | 1611.0MB | +320.0MB |" in analysis
+    assert "| training epoch 0 | -/20 | 1291.0MiB | 1611.0MiB | +320.0MiB |" in analysis
 
     results = section(text, "Test Results Summary")
     assert "| max_growth | validation epoch 0 | **FAIL** |" in results
@@ -180,6 +179,18 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
 
     logs = section(text, "Logs")
     assert "[x.jsonl](x.jsonl)" in logs and "[x.json](x.json)" in logs
+
+
+def test_thresholds_are_echoed_as_written_beside_their_binary_figure():
+    run = run_of(incident(), {**RULES, "max_growth": "30MB", "max_peak": 50 * MB})
+    text = render_report(run)
+    assert "max_growth 30MB (28.6MiB) · max_peak 52428800B (50.0MiB) · max_drift off" in text
+    row = next(r for r in text.splitlines() if r.startswith("| validation epoch 0"))
+    assert "| 30MB (28.6MiB) |" in row
+    chart = section(text, "Memory Over the Run")
+    assert 'y-axis "MiB"' in chart and "MiB per checkpoint" in chart
+    for title in ("Configuration", "Memory Profile", "Memory Analysis"):
+        assert not re.search(r"\d(MB|KB|GB)\b", section(text, title).replace("30MB", ""))
 
 
 def test_growth_within_budget_passes_and_says_yes():
@@ -196,7 +207,7 @@ def test_an_oom_timeline_renders_oom_error_in_place_and_a_p0():
     profile = section(text, "Memory Profile").splitlines()
     oom = [line for line in profile if line.startswith("[OOM ERROR]")]
     assert len(oom) == 1 and oom[0].startswith("[OOM ERROR] Epoch 0 validation batch 30:")
-    assert "4000.0MB / 4096.0MB (97.7% utilization)" in oom[0] and "CUDA out of memory" in oom[0]
+    assert "4000.0MiB / 4096.0MiB (97.7% utilization)" in oom[0] and "CUDA out of memory" in oom[0]
     assert profile.index(oom[0]) == len(profile) - 2  # the last row, before the closing fence
     assert "### Issue 1 (P0): Leak in validation epoch 0" in text  # the cause, before the symptom
     assert "(P0): Out of memory in validation epoch 0" in text
@@ -238,7 +249,7 @@ def test_holders_go_to_findings_of_their_phase_only():
     leak = section(text, "Issues Found").split("### Issue 2")[0]
     teardown = section(text, "Issues Found").split("### Issue 2")[1]
     assert "`Trainer._attn_cache`" in leak and "`Trainer.store`" not in leak
-    assert "held by `Trainer.store` (10.0MB)" in teardown and "_attn_cache" not in teardown
+    assert "held by `Trainer.store` (10.0MiB)" in teardown and "_attn_cache" not in teardown
     assert "held by an unnamed object" in leak  # the holder without a phase or a path
 
 
@@ -494,13 +505,14 @@ def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
     lines = write_index(tmp_path).read_text().splitlines()
     assert lines[0] == "# leakgate memory verdicts"
     assert lines[2] == (
-        "**2 traced runs: 1 PASS · 1 FAIL · 0 ERROR** · worst growth +34.0MB (`t.py::test_leaky`)"
+        "**2 traced runs: 1 PASS · 1 FAIL · 0 ERROR** · worst growth +34.0MiB (`t.py::test_leaky`)"
     )
     rows = [line for line in lines if line.startswith("| ")][1:]
     assert rows[0].startswith(
-        "| **FAIL** | `t.py::test_leaky` | +34.0MB | P0 leak (validation, +34.0MB) | [b.md](b.md) |"
+        "| **FAIL** | `t.py::test_leaky` | +34.0MiB | P0 leak (validation, +34.0MiB) "
+        "| [b.md](b.md) |"
     )
-    assert rows[1].startswith("| PASS | `t.py::test_clean` | +0.0MB | none | [a.md](a.md) |")
+    assert rows[1].startswith("| PASS | `t.py::test_clean` | +0B | none | [a.md](a.md) |")
     assert "1 JSON file(s) here are not leakgate verdicts" in "\n".join(lines)
     recent = write_index(tmp_path, since=1_750_000_000.0).read_text()
     assert "**1 traced run: 0 PASS · 1 FAIL" in recent and "test_clean" not in recent

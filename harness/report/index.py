@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.units import format_mb
+from harness.units import format_size
 
 
 def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> list[str]:
@@ -30,7 +30,7 @@ def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> 
     total += f" · {counts['FAIL']} FAIL · {counts['ERROR']} ERROR**"
     if growths:
         growth, where = max(growths)
-        total += f" · worst growth {format_mb(growth, signed=True)} (`{where}`)"
+        total += f" · worst growth {format_size(growth, signed=True)} (`{where}`)"
     lines = ["# leakgate memory verdicts", "", total, ""]
     if unreadable:
         lines += [f"{unreadable} JSON file(s) here are not leakgate verdicts and were skipped.", ""]
@@ -45,7 +45,7 @@ def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> 
         cells = [
             f"**{status}**" if status != "PASS" else status,
             f"`{run_name(path, doc)}`",
-            format_mb(growth, signed=True) if growth is not None else "n/a",
+            format_size(growth, signed=True) if growth is not None else "n/a",
             findings_cell(doc.get("findings")),
             link,
         ]
@@ -63,7 +63,7 @@ def findings_cell(findings: Any) -> str:
             continue
         where = f.get("phase") or "run"
         size = as_number(f.get("bytes"))
-        amount = f", {format_mb(size, signed=f.get('kind') != 'oom')}" if size is not None else ""
+        amount = f", {format_size(size, signed=f.get('kind') != 'oom')}" if size is not None else ""
         parts.append(f"{f.get('severity', '?')} {f.get('kind', '?')} ({where}{amount})")
     return "; ".join(parts) or "none"
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from harness.advice import advise
 from harness.markdown import line
-from harness.report.memory import rate, scope
+from harness.report.memory import scope
 from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.sample import Sample
-from harness.units import format_mb, format_size
+from harness.units import format_mib, format_rate, format_size
 from harness.verdict import Finding
 
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
@@ -115,7 +115,7 @@ def holders_for(run: Run, finding: Finding) -> list[Mapping[str, Any]]:
 
 
 def holder_text(holder: Mapping[str, Any]) -> str:
-    """``held by Trainer._attn_cache (list, 176 items, 2.3MB), allocated at tft/faults.py:42``"""
+    """``held by Trainer._attn_cache (list, 176 items, 2.3MiB), allocated at tft/faults.py:42``"""
     details = []
     if holder.get("container") is not None:
         details.append(describe(holder["container"]))
@@ -141,9 +141,9 @@ def evidence(finding: Finding) -> str:
     for e in finding.evidence:
         value = as_int(e.value)
         where = checkpoint_name(Sample(e.label, e.phase, e.epoch, e.batch))
-        readings.append(f"{where} = {format_mb(value)} ({e.metric or 'n/a'})")
+        readings.append(f"{where} = {format_mib(value)} ({e.metric or 'n/a'})")
     if readings:
         text += ". Readings: " + "; ".join(readings)
     if finding.slope is not None:
-        text += f". Slope {rate(finding.slope)}"
+        text += f". Slope {format_rate(finding.slope)}"
     return text + "."

@@ -11,8 +11,8 @@ from typing import Any
 from harness.chart import MAX_POINTS, memory_chart, shows_capacity
 from harness.markdown import fenced, line, table
 from harness.report.run import Run, as_int, checkpoint_name, oom_positions
-from harness.units import format_mb, format_size
-from harness.verdict import PhaseStats
+from harness.units import echo_size, format_mib, format_rate, format_size
+from harness.verdict import PhaseStats, Rules
 
 PROFILE_BATCH_ROWS = 6
 """About how many rows a run of per-batch checkpoints gets in the Memory Profile (first, every
@@ -39,18 +39,18 @@ def profile(run: Run) -> list[str]:
     body = ["  ".join(header)]
     for name, i, notes in rows:
         sample = run.samples[i]
-        cells = [f"{name + ':':<{width}}", f"{format_mb(run.reading(sample)):>10}"]
+        cells = [f"{name + ':':<{width}}", f"{format_mib(run.reading(sample)):>10}"]
         used = as_int(sample.get(against))
         if against != metric:
-            cells.append(format_mb(used))
+            cells.append(format_mib(used))
         if used is not None and capacity:
-            cells[-1] += f" / {format_mb(capacity)} ({100 * used / capacity:.1f}% utilization)"
+            cells[-1] += f" / {format_mib(capacity)} ({100 * used / capacity:.1f}% utilization)"
         if notes:
             cells[-1] += f"  ({'; '.join(notes)})"
         body.append("  ".join(cells).rstrip())
     explained = "; per-batch checkpoints: first, every Nth, highest and last of each loop"
     capacity_text = (
-        f"; utilization is `{against}` against the capacity ({format_mb(capacity)})"
+        f"; utilization is `{against}` against the capacity ({format_mib(capacity)})"
         if capacity
         else ""
     )
@@ -76,9 +76,9 @@ def chart(run: Run) -> list[str]:
         return []
     drawn = [f"`{m}`" for m in names if any(v is not None for v in series[m])]
     if shows_capacity(series, run.capacity):
-        drawn.append(f"the capacity ({format_mb(run.capacity)}, flat)")
+        drawn.append(f"the capacity ({format_mib(run.capacity)}, flat)")
     lines_text = f"lines, in order: {', '.join(drawn)}" if len(drawn) > 1 else drawn[0]
-    caption = f"MB per checkpoint ({lines_text}); x is the checkpoint number"
+    caption = f"MiB per checkpoint ({lines_text}); x is the checkpoint number"
     if len(run.samples) > MAX_POINTS:
         caption += f"; the run is drawn as {MAX_POINTS} spans at each span's highest reading"
     ooms = sorted(oom_positions(run))
@@ -188,16 +188,22 @@ def phase_guide(run: Run) -> str:
     return " · ".join(parts)
 
 
-def phase_row(p: PhaseStats) -> tuple[str, ...]:
+def phase_row(p: PhaseStats, rules: Rules) -> tuple[str, ...]:
+    if p.budget is None:
+        budget = "n/a"
+    elif p.budget == rules.max_growth:
+        budget = echo_size(rules.shown("max_growth"), p.budget)
+    else:
+        budget = format_size(p.budget)
     return (
         scope(p.phase, p.epoch),
         f"{p.judged}/{p.batches}",
-        format_mb(p.start),
-        format_mb(p.end),
+        format_mib(p.start),
+        format_mib(p.end),
         format_size(p.growth, signed=True),
         format_size(p.peak_rise, signed=True),
-        rate(p.slope),
-        format_size(p.budget) if p.budget is not None else "n/a",
+        format_rate(p.slope),
+        budget,
         status(p.status),
     )
 
@@ -212,7 +218,7 @@ def analysis_rows(run: Run) -> list[tuple[str, ...]]:
     rows = []
     for key, positions in groups.items():
         if key in judged:
-            rows.append(phase_row(judged.pop(key)))
+            rows.append(phase_row(judged.pop(key), run.verdict.rules))
             continue
         batches = [i for i in positions if run.samples[i].batch is not None]
         values = [v for v in (run.reading(run.samples[i]) for i in positions) if v is not None]
@@ -222,8 +228,8 @@ def analysis_rows(run: Run) -> list[tuple[str, ...]]:
             (
                 scope(*key),
                 f"-/{len(batches)}",
-                format_mb(values[0]),
-                format_mb(values[-1]),
+                format_mib(values[0]),
+                format_mib(values[-1]),
                 format_size(values[-1] - values[0], signed=True),
                 format_size(max(values) - values[0], signed=True),
                 "n/a",
@@ -231,22 +237,13 @@ def analysis_rows(run: Run) -> list[tuple[str, ...]]:
                 "not judged",
             )
         )
-    return rows + [phase_row(p) for p in judged.values()]
+    return rows + [phase_row(p, run.verdict.rules) for p in judged.values()]
 
 
 def scope(phase: Any, epoch: Any) -> str:
     """``validation epoch 0``; ``(no phase)`` for samples outside any phase."""
     name = line(str(phase)) if phase is not None else "(no phase)"
     return name if epoch is None else f"{name} epoch {epoch}"
-
-
-def rate(slope: float | None) -> str:
-    """Bytes per batch, as KB or MB per batch."""
-    if slope is None or not math.isfinite(slope):
-        return "n/a"
-    if abs(slope) >= 2**20:
-        return f"{slope / 2**20:+.1f}MB/batch"
-    return f"{slope / 2**10:+.1f}KB/batch"
 
 
 def status(text: str) -> str:

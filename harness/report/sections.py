@@ -16,7 +16,7 @@ from harness.markdown import code, line, link, table
 from harness.report.issues import issues, ranked, root_cause
 from harness.report.memory import analysis, chart, profile, status
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
-from harness.units import format_mb, format_size
+from harness.units import echo_size, format_mib
 from harness.verdict import Verdict
 
 
@@ -68,9 +68,9 @@ def configuration(run: Run) -> list[str]:
         capacity_text = "n/a"
     elif run.header.get("capacity_emulated"):
         real = as_int(run.header.get("total_memory"))
-        capacity_text = f"{format_mb(capacity)} (emulated; device {format_mb(real)})"
+        capacity_text = f"{format_mib(capacity)} (emulated; device {format_mib(real)})"
     else:
-        capacity_text = f"{format_mb(capacity)} (real)"
+        capacity_text = f"{format_mib(capacity)} (real)"
     rows = [
         ("Device", device(run.header)),
         ("Capacity", capacity_text),
@@ -209,8 +209,7 @@ def rules_text(verdict: Verdict) -> str:
     rules = verdict.rules
     parts = [f"phase {', '.join(rules.phase) if rules.phase else 'all'}"]
     for name in ("max_growth", "max_peak", "max_drift", "teardown"):
-        value = getattr(rules, name)
-        parts.append(f"{name} {format_size(value) if value is not None else 'off'}")
+        parts.append(f"{name} {echo_size(rules.shown(name), getattr(rules, name))}")
     parts += [f"warmup {rules.warmup}", f"metric {rules.metric}"]
     return " · ".join(parts)
 
