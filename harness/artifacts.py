@@ -1,8 +1,10 @@
 """A run's files: ``<name>.json`` (verdict and run metadata), ``<name>.md`` (the report), the
 directory's ``index.md``, and the comparison of two saved runs.
 
-The JSON document is ``Verdict.to_dict()`` plus the run's metadata and its named checkpoints'
-readings (see ``reports/README.md`` for the schema).
+The JSON document is ``Verdict.to_dict()`` plus the run's metadata (its ``run_id`` among
+them, which ties it to its timeline) and its named checkpoints' readings (see
+``reports/README.md`` for the schema). Every file here is written atomically
+(:func:`harness.fsio.write_atomic`), and every document read is checked field by field.
 """
 
 from __future__ import annotations

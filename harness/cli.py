@@ -2,7 +2,10 @@
 and gate a folder of verdicts against a baseline (what CI runs).
 
 Exit codes: 0 pass (no regression), 1 fail or regression, 2 bad input (a missing or unreadable
-file, not JSON, not a timeline or verdict, a schema too new): one line on stderr, no traceback.
+file, not JSON, not a timeline or verdict, a field of the wrong type, a schema too new, an
+output that would replace the input): one line on stderr, no traceback. :func:`main` returns
+the code, argparse's included (0 for ``--help``, 2 for a usage error). Every file is written
+atomically (:mod:`harness.fsio`).
 """
 
 from __future__ import annotations
@@ -84,9 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser(
         "compare",
         help="compare two verdicts; exit 1 on a regression beyond the tolerance",
-        description="Compare named checkpoints' readings and each phase's growth and peak rise. "
-        "A value regresses when it grew by more than the tolerance and by more than "
-        "--min-bytes; a base that passed and a new run that did not is a regression too.",
+        description="Compare what the rules judged: each phase's growth, slope and peak rise, "
+        "and the teardown residue (checkpoint levels are not compared: they depend on what ran "
+        "before). A value regresses when it grew by more than the tolerance and by more than "
+        "--min-bytes (for a slope, --min-bytes over the phase's judged batches); a base that "
+        "passed and a new run that did not is a regression too, and so is a comparison with "
+        "nothing in common.",
     )
     compare.add_argument("base", type=Path, metavar="BASE.json")
     compare.add_argument("new", type=Path, metavar="NEW.json")
@@ -100,8 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="index DIR, then exit 1 if any verdict there fails or regresses against a baseline",
         description="Write DIR/index.md, then check every verdict in DIR: any status but PASS "
         "fails the gate, and so does a regression against the same-named verdict in BASELINE "
-        "(verdicts without a baseline are only checked for their status). A DIR without "
-        "verdicts is bad input: a gate that judged nothing must not pass.",
+        "(verdicts without a baseline are listed and checked for their status only). Each "
+        "timeline X.jsonl in DIR needs its X.json from the same run (run_id), and must have "
+        "reached its end checkpoint; every verdict in BASELINE must be in DIR. A DIR without "
+        "verdicts, or a BASELINE that is not a folder of verdicts, is bad input: a gate that "
+        "judged nothing must not pass.",
     )
     gate.add_argument("directory", type=Path, metavar="DIR")
     gate.add_argument("--baseline", type=Path, metavar="BASELINE", help="folder of base verdicts")
