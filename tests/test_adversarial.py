@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_cli import clean, write_timeline
 from test_report import HEADER, RULES, incident
 
-from harness import fsio
+from harness import Recorder, fsio
 from harness.artifacts import write_index
 from harness.cli import main
 from harness.finish import finish_run
@@ -200,6 +200,24 @@ def test_two_runs_of_one_test_in_one_folder_keep_their_own_files(tmp_path):
         assert json.loads((tmp_path / f"{stem}.json").read_text())["run_id"] == run_id
     assert "**2 traced runs: 2 PASS" in write_index(tmp_path).read_text()
     assert main(["gate", str(tmp_path)]) == 0
+
+
+def test_two_recorders_on_one_timeline_name_keep_both_runs(tmp_path):
+    """What the plugin and ``tft.train`` see: the second recorder's timeline path says where
+    it went, and its report and verdict take that name."""
+    recorders = [Recorder("cpu", timeline=tmp_path / "t.jsonl") for _ in range(2)]
+    for recorder in recorders:
+        with recorder.phase("session"):
+            recorder.checkpoint("TRAIN_BATCH", phase="training", batch=0)
+        finish_run(recorder, name=recorder.timeline_path.stem, directory=tmp_path)
+    for recorder in recorders:
+        recorder.close()
+    first, second = (r.timeline_path for r in recorders)
+    assert first == tmp_path / "t.jsonl" and second.name == f"t.{recorders[1].run_id[:12]}.jsonl"
+    for recorder in recorders:
+        doc = json.loads(recorder.timeline_path.with_suffix(".json").read_text())
+        assert doc["run_id"] == recorder.run_id
+        assert read_timeline(recorder.timeline_path).header["run_id"] == recorder.run_id
 
 
 def test_a_reader_during_a_write_sees_the_old_file_or_the_new_one(tmp_path, monkeypatch):
