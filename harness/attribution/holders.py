@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import collections
 import gc
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 
+from harness.attribution.graph import Graphs
 from harness.attribution.sites import Block, cuda_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_of
 from harness.attribution.walk import Walk, kind_of
-from harness.units import format_mb
+from harness.units import format_mib
 
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque)
 _SITES_PER_HOLDER = 3
@@ -32,7 +33,9 @@ class Holder:
     container's length (the number of tensors for other objects), ``tensors`` the tensors under
     it, ``bytes`` their new storage, each counted once, ``graph_bytes`` the part of ``bytes``
     saved by their autograd graphs, ``sites`` the CUDA allocation sites, largest first.
-    ``phase``, ``epoch`` and ``label`` say which checkpoint the attribution ran at."""
+    ``phase``, ``epoch`` and ``label`` say which checkpoint the attribution ran at; ``note``
+    what a person should know about the answer (a cycle only ``gc`` frees, a library holding
+    the memory, a search cut short)."""
 
     path: str
     container: str
@@ -44,9 +47,11 @@ class Holder:
     phase: str | None = None
     epoch: int | None = None
     label: str | None = None
+    note: str = ""
 
     def __str__(self) -> str:
-        return f"{self.path} ({self.container}, {self.items} items, {format_mb(self.bytes)})"
+        note = f"; {self.note}" if self.note else ""
+        return f"{self.path} ({self.container}, {self.items} items, {format_mib(self.bytes)}{note})"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -77,7 +82,9 @@ def attribute(
     up from it:
 
     - an object's attribute or a class attribute: ``ClassName.attr`` (``nn.Module`` parameters,
-      buffers and submodules too: ``Linear.weight``);
+      buffers and submodules too: ``Linear.weight``); a submodule's attribute by the path from
+      its top module's own named reference through ``_modules`` (``train:model.0.activations``),
+      so that layers of one class stay apart;
     - a module global: ``module.name``;
     - a closure cell: ``function:name``, the function whose variable it is (the closure's
       enclosing function);
@@ -87,25 +94,32 @@ def attribute(
     The object that reference points to is the *holder*. Tensors under one holder form one
     :class:`Holder`, described at the deepest container they all share (``Cache.items['attn']``,
     a list of 176 items, rather than 176 tuples of one batch each). Bytes count each storage
-    once (views share their base's storage), for the holder with the most bytes (then the most
-    tensors), and only storages that are new: a view of a parameter holds nothing new.
+    once (views share their base's storage), for the holder that keeps the most alive (then
+    the most tensors), and only storages that are new: a view of a parameter holds nothing new.
 
     A tensor's autograd graph counts with it: the tensors its ``grad_fn`` chain saved for
     backward (activations, held in C++ where ``gc`` never sees them) are unpacked and their new
-    storages counted in ``graph_bytes``, which ``bytes`` includes. A saved tensor whose Python
-    object survives only because the graph holds it is counted there, not as a holder of its
-    own. The graph's C++ nodes are not counted: about 0.9 KB each, measured on the reference
-    TFT (263 nodes per batch, against 1.3 MB of activations at hidden size 64).
+    storages counted in ``graph_bytes``, which ``bytes`` includes and holders are ranked by. A
+    saved tensor whose Python object survives only because the graph holds it is counted there,
+    not as a holder of its own. The graph's C++ nodes are not counted: about 0.9 KB each,
+    measured on the reference TFT (263 nodes per batch, against 1.3 MB of activations at hidden
+    size 64).
 
-    Without ``before``, long-lived data (a data set, a cache meant to stay) ranks with the leak,
-    by size; with it the answer is the difference only. Objects that only C code references are
-    found through ``gc.get_objects`` but have no name (``<unnamed ...>``); a tensor referenced
-    from Python nowhere is ``<outside Python>``. ``max_objects`` bounds the search by the number
-    of objects visited (about 3 µs each), so its result does not depend on the machine's load:
-    tensors the walk did not reach within it are ``<not searched>``. On CUDA, with allocation
-    stacks recorded (:func:`~harness.attribution.record_sites`), each holder carries the
-    allocation sites of its storages, and new blocks no Python holder accounts for are grouped by
-    site under ``<no Python holder>``.
+    Without ``before``, every live tensor is a candidate except the state of live modules and
+    optimizers: long-lived data (a data set, a cache meant to stay) ranks with the leak, by
+    size; with it the answer is the difference only.
+
+    Objects that no named root reaches are walked from ``gc.get_objects`` too: a holder found
+    that way (a garbage cycle while ``gc`` is disabled, or C code) is named by class and
+    attribute with a note saying so; one without any name is ``<unnamed ...>``, and a tensor
+    referenced from Python nowhere is ``<outside Python>``. The example inputs a
+    ``torch.jit.trace`` result keeps in C++ count for whatever holds the result. ``max_objects``
+    bounds the search by the number of objects visited (about 3 µs each), so its result does
+    not depend on the machine's load: the tensors not reached within it are counted under
+    ``<not searched>``, and those reached are still named. On CUDA, with allocation stacks
+    recorded (:func:`~harness.attribution.record_sites`), each holder carries the allocation
+    sites of its storages, and new blocks no Python holder accounts for are grouped by site
+    under ``<no Python holder>``.
     """
     if max_depth < 1:
         raise ValueError(f"max_depth must be at least 1, got {max_depth}")
@@ -114,7 +128,7 @@ def attribute(
     walk = Walk(max_objects)
     try:
         walk.run()
-        holders = _Grouping(walk, before, max_depth).holders()
+        holders = _Grouping(walk, before, max_depth, collecting).holders()
     finally:
         walk.clear()
         if collecting:
@@ -143,10 +157,12 @@ _LOOSE = ("outside Python", "not searched")
 
 
 class _Grouping:
-    def __init__(self, walk: Walk, before: Snapshot | None, max_depth: int) -> None:
+    def __init__(self, walk: Walk, before: Snapshot | None, max_depth: int, gc_on: bool) -> None:
         self.walk = walk
         self.before = before
         self.max_depth = max_depth
+        self.gc_on = gc_on
+        self.graphs = Graphs(walk)
         kinds = walk.kinds
         unfrozen = {}
         for obj in gc.get_objects():
@@ -166,7 +182,6 @@ class _Grouping:
                 (self.new if key in unfrozen and t not in before else old).append(t)
             self.old = {storage_of(t)[0] for t in old}
         self.counted: set[StorageKey | None] = {None, *self.old}
-        self.nodes: dict[int, Any] = {}
 
     def holders(self) -> list[Holder]:
         groups: dict[tuple[str, int | None], _Group] = {}
@@ -178,21 +193,30 @@ class _Grouping:
         for group in groups.values():
             for tensor in group.tensors:
                 key, nbytes = storage_of(tensor)
-                if key is not None:
+                if key is not None and key not in self.counted:
                     group.storages[key] = nbytes
-        ordered = sorted(groups.values(), key=lambda g: (-sum(g.storages.values()), -len(g.chains)))
-        held = [g for g in ordered if g.why not in _LOOSE]
+        held = [g for g in groups.values() if g.why not in _LOOSE]
+        loose = sorted(
+            (g for g in groups.values() if g.why in _LOOSE), key=lambda g: -sum(g.storages.values())
+        )
+        for group in held:
+            reached = self.graphs.reach(group.tensors)
+            group.graph = {k: v for k, v in reached.items() if k not in self.counted}
+        # A storage counts once, for the holder that keeps the most alive (its tensors and
+        # what their graphs saved), so a list of losses gets the activations of every step
+        # rather than leaving the last one to a loop variable that also reaches it.
+        held.sort(key=lambda g: (-sum({**g.graph, **g.storages}.values()), -len(g.chains)))
         for group in held:
             self._count(group)
-        for group in held:
-            self._graph(group)
-        for group in ordered:
-            if group.why in _LOOSE:
-                self._count(group)
+            group.graph = {k: v for k, v in group.graph.items() if k not in self.counted}
+            self.counted.update(group.graph)
+        for group in loose:
+            self._count(group)
         blocks = cuda_blocks()
         sites = {(device, address): site_of(frames) for device, address, _, frames in blocks}
-        holders = [self._holder(g, sites) for g in ordered]
+        holders = [self._holder(g, sites) for g in (*held, *loose)]
         holders += self._unheld(blocks)
+        self.graphs.clear()
         return [h for h in holders if h.bytes > 0]
 
     def _count(self, group: _Group) -> None:
@@ -200,23 +224,26 @@ class _Grouping:
         group.storages = {k: v for k, v in group.storages.items() if k not in self.counted}
         self.counted.update(group.storages)
 
-    def _graph(self, group: _Group) -> None:
-        """Count the new storages that ``group``'s tensors' autograd graphs saved."""
-        stack: list[Any] = [t.grad_fn for t in group.tensors if t.grad_fn is not None]
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in self.nodes:
-                continue
-            self.nodes[id(node)] = node
-            self.walk.visited += 1
-            if self.walk.visited > self.walk.budget:
-                return
-            for saved in _saved_tensors(node):
-                key, nbytes = storage_of(saved)
-                if key is not None and key not in self.counted:
-                    self.counted.add(key)
-                    group.graph[key] = nbytes
-            stack.extend(following for following, _ in node.next_functions)
+    def _note(self, group: _Group) -> str:
+        """What a person should know about ``group``'s answer, or nothing."""
+        notes = []
+        if group.why == "not searched":
+            notes.append(
+                f"{len(group.chains)} tensors the search did not reach within its budget of "
+                f"{self.walk.budget:,} objects (max_objects)"
+            )
+        elif group.why not in _LOOSE and not self.walk.rooted(group.chains[0][0]):
+            notes.append(
+                "kept only by a reference cycle, or by C code"
+                + ("; gc is disabled" if not self.gc_on else "")
+            )
+        library = {
+            self.walk.library[id(o)] for c in group.chains for o in c if id(o) in self.walk.library
+        }
+        notes += sorted(library)
+        if group.graph and self.graphs.cut:
+            notes.append("graph counted in part (max_objects)")
+        return "; ".join(notes)
 
     def _holder(self, group: _Group, sites: Mapping[tuple[int, int], str | None]) -> Holder:
         """Describe ``group`` at the deepest object all its chains share (a tensor's container
@@ -254,6 +281,7 @@ class _Grouping:
             bytes=sum(group.storages.values()) + graph_bytes,
             graph_bytes=graph_bytes,
             sites=tuple(site for site, _ in by_site.most_common(_SITES_PER_HOLDER)),
+            note=self._note(group),
         )
 
     def _unheld(self, blocks: list[Block]) -> list[Holder]:
@@ -292,22 +320,3 @@ def _state_storages(
         for state in optimizer.state.values():
             tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return {storage_of(t)[0] for t in tensors}
-
-
-_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_tensors(node: Any) -> Iterator[torch.Tensor]:
-    """The tensors an autograd node saved for backward, unpacked (none once freed)."""
-    names = _SAVED_NAMES.get(type(node))
-    if names is None:
-        names = tuple(n for n in dir(type(node)) if n.startswith("_saved_") or n == "saved_tensors")
-        _SAVED_NAMES[type(node)] = names
-    for name in names:
-        try:
-            value = getattr(node, name)
-        except (RuntimeError, AttributeError):
-            continue
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, torch.Tensor):
-                yield item

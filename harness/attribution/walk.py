@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import inspect
+import itertools
 import sys
 import types
 from collections.abc import Iterator
@@ -20,13 +21,19 @@ _MODULE_STORES = ("_parameters", "_buffers", "_modules")
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _PACKAGE = __name__.rpartition(".")[0]
+_TOP_DEPTH = 8
+_CLIMB = 10_000
+TRACED_INPUTS = "torch.jit keeps each trace's example inputs"
 
 SKIP = object()
+UNROOTED = object()
+"""The parent recorded for an object that no named root reaches (kept by C code or a cycle)."""
 
 
 class Walk:
     """One breadth-first walk of the object graph: ``parent`` maps ``id(obj)`` to the object
-    it was first reached from (``None`` for roots and objects only C code references).
+    it was first reached from (``None`` for roots, :data:`UNROOTED` for objects that no root
+    reaches, which only C code or a reference cycle keeps).
 
     The walk, not ``gc.get_referrers``, finds referrers because ``gc.freeze()`` (which the
     :class:`~harness.Recorder` calls) hides frozen objects from ``gc.get_referrers`` and
@@ -48,6 +55,10 @@ class Walk:
         self.frame_locals: dict[int, dict[str, Any]] = {}
         self.slots: dict[int, dict[int, Any]] = {}
         self.kinds: dict[type, str | None] = {}
+        self.library: dict[int, str] = {}
+        self.module_parents: dict[int, tuple[torch.nn.Module, str]] = {}
+        self.top_names: dict[int, str] = {}
+        self._parents_known = False
         for own in (self, self.__dict__, *self.__dict__.values()):
             self.parent[id(own)] = SKIP
 
@@ -62,7 +73,8 @@ class Walk:
             return
         # What the named roots do not reach is referenced from C only (or is garbage): walk
         # it too, from the objects nothing else unreached refers to first, then from what is
-        # left (cycles), one object at a time.
+        # left (cycles), one object at a time: instances of classes first, whose attributes
+        # name what they hold, tensors last.
         everything = gc.get_objects()
         self.parent[id(everything)] = SKIP
         unreached = [o for o in everything if id(o) not in self.parent]
@@ -73,12 +85,14 @@ class Walk:
         tops = [o for o in unreached if id(o) not in inner]
         self.parent[id(tops)] = SKIP
         for obj in tops:
-            self._see(obj, None)
+            self._see(obj, UNROOTED)
         if not self._spread(tops):
             return
-        for obj in unreached:
+        rest = sorted((o for o in unreached if id(o) not in self.parent), key=_seed_rank)
+        self.parent[id(rest)] = SKIP
+        for obj in rest:
             if id(obj) not in self.parent:
-                self._see(obj, None)
+                self._see(obj, UNROOTED)
                 if not self._spread([obj]):
                     return
         self.complete = True
@@ -87,7 +101,7 @@ class Walk:
         """Drop every reference the walk took (frames among them, which would otherwise close
         reference cycles through the caller's locals)."""
         for value in self.__dict__.values():
-            if isinstance(value, (dict, list)):
+            if isinstance(value, (dict, list, set)):
                 value.clear()
 
     def _frames(self) -> Iterator[types.FrameType]:
@@ -142,8 +156,23 @@ class Walk:
             self.tensors[id(obj)] = obj
         elif kind == "module":
             self.modules.append(obj)
+            if isinstance(obj, torch.jit.ScriptModule):
+                self._link_traced_inputs(obj)
         else:
             self.optimizers.append(obj)
+
+    def _link_traced_inputs(self, module: torch.jit.ScriptModule) -> None:
+        """Link the example inputs a traced module keeps in C++ to the module, so that what
+        holds the module holds them."""
+        try:
+            stored = module._c._retrieve_traced_inputs()
+        except Exception:
+            return
+        for tensor in _tensors_in([value for _, value in stored.items()]):
+            if id(tensor) not in self.parent:
+                self.parent[id(tensor)] = module
+                self.tensors[id(tensor)] = tensor
+                self.library[id(tensor)] = TRACED_INPUTS
 
     def _spread(self, frontier: list[Any]) -> bool:
         """Breadth-first from ``frontier``; False when the budget ran out first (the objects
@@ -180,7 +209,7 @@ class Walk:
 
     # -- names ------------------------------------------------------------------------------------
 
-    def up(self, tensor: torch.Tensor, max_depth: int) -> tuple[list[Any], str | None, str]:
+    def up(self, tensor: Any, max_depth: int) -> tuple[list[Any], str | None, str]:
         """The objects from the holder down to ``tensor``, the holder's name (``None`` when
         unnamed) and, when unnamed, why: ``outside Python``, ``unnamed`` or ``not searched``."""
         chain = [tensor]
@@ -189,7 +218,7 @@ class Walk:
             parent = self.parent.get(id(obj), SKIP)
             if parent is SKIP:
                 return chain[::-1], None, "not searched"
-            if parent is None:
+            if parent is None or parent is UNROOTED:
                 return chain[::-1], None, "outside Python" if obj is tensor else "unnamed"
             text, named = self.edge(parent, obj)
             if named:
@@ -197,6 +226,52 @@ class Walk:
             chain.append(parent)
             obj = parent
         return chain[::-1], None, "unnamed"
+
+    def rooted(self, obj: Any) -> bool:
+        """Whether a named root reaches ``obj`` (False: only C code or a cycle keeps it)."""
+        for _ in range(_CLIMB):
+            parent = self.parent.get(id(obj), SKIP)
+            if parent is UNROOTED:
+                return False
+            if parent is None or parent is SKIP:
+                return True
+            obj = parent
+        return True
+
+    def module_name(self, module: torch.nn.Module) -> str:
+        """How to name ``module`` as the owner of an attribute: by its class for a top-level
+        module (``Tracked``), else by the path from its top module's named reference through
+        ``_modules`` (``train:model.0``), so that sibling layers of one class stay apart."""
+        if not self._parents_known:
+            self._parents_known = True
+            for owner in self.modules:
+                children = owner.__dict__.get("_modules")
+                if isinstance(children, dict):
+                    for name, child in children.items():
+                        if child is not None:
+                            self.module_parents.setdefault(id(child), (owner, name))
+        names: list[str] = []
+        node, seen = module, {id(module)}
+        while id(node) in self.module_parents:
+            node, name = self.module_parents[id(node)]
+            if id(node) in seen:
+                break
+            seen.add(id(node))
+            names.append(name)
+        if not names:
+            return type(module).__name__
+        return ".".join([self._top_name(node), *reversed(names)])
+
+    def _top_name(self, top: torch.nn.Module) -> str:
+        """The named reference to a top-level module (its class name when it has none)."""
+        name = self.top_names.get(id(top))
+        if name is None:
+            self.top_names[id(top)] = type(top).__name__  # stands in while the climb runs
+            chain, root, _ = self.up(top, _TOP_DEPTH)
+            if root is not None:
+                root += "".join(self.edge(a, b)[0] for a, b in itertools.pairwise(chain))
+            name = self.top_names[id(top)] = root or type(top).__name__
+        return name
 
     def edge(self, parent: Any, child: Any) -> tuple[str, bool]:
         """How ``parent`` refers to ``child``, and whether that reference is a named root."""
@@ -206,6 +281,8 @@ class Walk:
             return f"<{type(parent).__name__}>", False
 
     def _edge(self, parent: Any, child: Any) -> tuple[str, bool]:
+        if id(child) in self.library and self.parent.get(id(child)) is parent:
+            return "<traced inputs>", False
         module = self.module_dicts.get(id(parent))
         if module is not None:
             return f"{module}.{self.slot(parent, child)}", True
@@ -226,8 +303,14 @@ class Walk:
             return "{*}", False
         for name, value in _attributes(parent):
             if value is child:
-                return f"{type(parent).__name__}.{name}", True
+                return f"{self._owner(parent)}.{name}", True
         return f"<{type(parent).__name__}>", False
+
+    def _owner(self, obj: Any) -> str:
+        """An attribute owner's name: its class, or a submodule's path."""
+        if isinstance(obj, torch.nn.Module):
+            return self.module_name(obj)
+        return type(obj).__name__
 
     def locals(self, frame: types.FrameType) -> dict[str, Any]:
         """``frame``'s locals, read once per walk."""
@@ -264,18 +347,18 @@ class Walk:
     def _entry(self, mapping: dict[Any, Any], child: Any) -> tuple[str, bool]:
         key = self.slot(mapping, child)
         owner = self.parent.get(id(mapping))
-        if owner is None or owner is SKIP:
+        if owner is None or owner is SKIP or owner is UNROOTED:
             return f"[{key!r}]", False
         if isinstance(owner, type):
             if owner.__dict__.get(key) is child:
                 return f"{owner.__name__}.{key}", True
         elif getattr(owner, "__dict__", None) is mapping:
-            return f"{type(owner).__name__}.{key}", True
+            return f"{self._owner(owner)}.{key}", True
         module = owner if isinstance(owner, torch.nn.Module) else self.parent.get(id(owner))
         if isinstance(module, torch.nn.Module) and any(
             module.__dict__.get(store) is mapping for store in _MODULE_STORES
         ):
-            return f"{type(module).__name__}.{key}", True
+            return f"{self.module_name(module)}.{key}", True
         return f"[{key!r}]", False
 
 
@@ -287,6 +370,27 @@ def kind_of(kind: type) -> str | None:
     if issubclass(kind, torch.optim.Optimizer):
         return "optimizer"
     return None
+
+
+def _seed_rank(obj: Any) -> int:
+    """Order of seeds among unreached objects: instances of classes (whose attributes name
+    what they hold) first, builtin containers next, tensors last."""
+    kind = type(obj)
+    if issubclass(kind, torch.Tensor):
+        return 2
+    return 1 if kind.__module__ == "builtins" else 0
+
+
+def _tensors_in(values: list[Any]) -> Iterator[torch.Tensor]:
+    """The tensors in nested lists, tuples and dicts."""
+    while values:
+        value = values.pop()
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            values.extend(value)
+        elif isinstance(value, dict):
+            values.extend(value.values())
 
 
 def _frame_locals(frame: types.FrameType) -> dict[str, Any]:
