@@ -408,7 +408,7 @@ def test_explain_names_the_holders_of_the_failing_phase_and_searches_only_when_n
 ):
     searched = []
     monkeypatch.setattr(
-        "harness.attribution.phase.attribute",
+        "harness.attribution.findings.attribute",
         lambda **_: searched.append(1) or [Holder("mod.STORE", "list", 1, 1, 10)],
     )
     held = [

@@ -3,21 +3,25 @@
 what keeps each newer tensor by a bounded walk of the object graph from named roots
 (:mod:`~harness.attribution.walk`), grouped into :class:`Holder` s
 (:mod:`~harness.attribution.holders`); :class:`PhaseAttribution` does this at a recorder's
-checkpoints and :func:`explain` picks the holders for a verdict
-(:mod:`~harness.attribution.phase`); on CUDA, allocation sites come from torch's allocation
+checkpoints (:mod:`~harness.attribution.phase`) and :func:`explain` picks the holders for a
+verdict's findings, :func:`shares` how much of each they hold
+(:mod:`~harness.attribution.findings`); on CUDA, allocation sites come from torch's allocation
 history (:mod:`~harness.attribution.sites`)."""
 
+from harness.attribution.findings import Share, explain, shares
 from harness.attribution.holders import Holder, attribute
-from harness.attribution.phase import PhaseAttribution, explain
+from harness.attribution.phase import PhaseAttribution
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 
 __all__ = [
     "Holder",
     "PhaseAttribution",
+    "Share",
     "Snapshot",
     "attribute",
     "explain",
     "live_tensors",
     "record_sites",
+    "shares",
 ]

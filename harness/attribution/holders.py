@@ -15,7 +15,7 @@ import torch
 
 from harness.attribution.graph import Graphs
 from harness.attribution.sites import Block, cuda_blocks, site_of
-from harness.attribution.snapshot import Snapshot, StorageKey, storage_of
+from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
 from harness.attribution.walk import Walk, kind_of
 from harness.units import format_mib
 
@@ -74,8 +74,7 @@ def attribute(
     max_depth: int = 8,
     max_objects: int = MAX_OBJECTS,
 ) -> list[Holder]:
-    """The ``limit`` largest holders of tensors alive now and not in ``before`` (without
-    ``before``: of every tensor that is not a live module's or optimizer's state), largest
+    """The ``limit`` largest holders of tensors alive now and not in ``before``, largest
     first. Holders of no new bytes are left out.
 
     Each new tensor is named by its nearest *named* reference, at most ``max_depth`` references
@@ -105,9 +104,11 @@ def attribute(
     measured on the reference TFT (263 nodes per batch, against 1.3 MB of activations at hidden
     size 64).
 
-    Without ``before``, every live tensor is a candidate except the state of live modules and
-    optimizers: long-lived data (a data set, a cache meant to stay) ranks with the leak, by
-    size; with it the answer is the difference only.
+    New means: not in ``before`` and made after the last ``gc.freeze()``, over a storage that
+    no tensor of ``before`` had. Without ``before``, the freeze alone decides (a
+    :class:`~harness.Recorder` freezes what exists when it starts), and the state of live
+    modules and optimizers counts as old; with nothing frozen either, long-lived data (a data
+    set, a cache meant to stay) ranks with the leak, by size.
 
     Objects that no named root reaches are walked from ``gc.get_objects`` too: a holder found
     that way (a garbage cycle while ``gc`` is disabled, or C code) is named by class and
@@ -172,15 +173,19 @@ class _Grouping:
             if kinds[kind] == "tensor":
                 unfrozen[id(obj)] = obj
         candidates = {**walk.tensors, **unfrozen}
+        self.new: list[torch.Tensor] = []
+        old: list[torch.Tensor] = []
+        # Without a snapshot, the last gc.freeze() (a recorder's start) stands for one.
+        frozen_old = before is not None or gc.get_freeze_count() > 0
+        for key, t in candidates.items():
+            fresh = key in unfrozen or not frozen_old
+            (self.new if fresh and (before is None or t not in before) else old).append(t)
+        self.old = {storage_of(t)[0] for t in old}
         if before is None:
-            self.old = _state_storages(walk.modules, walk.optimizers)
-            self.new = [t for t in candidates.values() if storage_of(t)[0] not in self.old]
+            self.old |= _state_storages(walk.modules, walk.optimizers)
         else:
-            self.new = []
-            old: list[torch.Tensor] = []
-            for key, t in candidates.items():
-                (self.new if key in unfrozen and t not in before else old).append(t)
-            self.old = {storage_of(t)[0] for t in old}
+            alive = before.alive_storages()
+            self.old |= {storage_of(t)[0] for t in self.new if storage_id(t) in alive}
         self.counted: set[StorageKey | None] = {None, *self.old}
 
     def holders(self) -> list[Holder]:

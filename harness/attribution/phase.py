@@ -1,12 +1,11 @@
-"""Attribution during a run: :class:`PhaseAttribution` acts on a recorder's checkpoints (a
-snapshot at each phase's START, a search at its END, at an OOM event or once its growth passes
-a threshold) and :func:`explain` picks, for a verdict's findings, the holders to name."""
+"""Attribution during a run: :class:`PhaseAttribution` acts on each checkpoint a recorder takes,
+noting the live tensors when a phase starts and naming what holds the phase's new ones when it
+ends, at an out-of-memory event, or at the first checkpoint where its growth passes a budget,
+while the loop's locals that hold them are still alive."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -25,18 +24,21 @@ class PhaseAttribution:
     """Attribution at a recorder's checkpoints (``Recorder(attribute=...)``).
 
     A checkpoint whose label's last word is ``START`` (``VALIDATION_START``, ``validation
-    START``) notes the live tensors for its phase; one whose last word is ``END`` attributes
-    the tensors that are new since, and so does an ``OOM`` event (without a snapshot for its
-    phase: every live tensor, as :func:`attribute` without one). With ``growth`` (bytes or a
-    size such as ``"50MB"``), the first checkpoint of a phase whose ``allocated`` reading
-    (``rss`` when there is none) exceeds the phase's START by more than that attributes too:
-    a loop that frees what it kept once it ends is named while it still keeps it. With
-    ``at_end=False`` an END attributes nothing: only growth past ``growth`` and OOM events do,
-    so a run that stays within its budget pays for snapshots (well under a millisecond with
-    the recorder's frozen heap) and never for a search. With ``sites`` (the default) CUDA
-    allocation stacks are recorded while the recorder is open. ``limit``, ``max_depth`` and
-    ``max_objects`` go to each :func:`attribute`. Each result is kept in :attr:`holders`,
-    tagged with the checkpoint's phase, epoch and label.
+    START``) notes the live tensors for its phase; a phase whose checkpoints come without one
+    is noted at its first checkpoint instead. A checkpoint whose last word is ``END``
+    attributes the tensors that are new since, and so does an out-of-memory event (an ``OOM``
+    label, or a note that says so, such as an emulated capacity exceeded), once per phase, against
+    the phase's snapshot, or the run's first when the phase has none. With ``growth`` (bytes or
+    a size such as ``"50MB"``), the first checkpoint of a phase whose ``metric`` reading
+    (default ``allocated``, else ``rss``) exceeds the phase's first by more than that
+    attributes too: a loop that frees what it kept once it ends is named while it still keeps
+    it. With ``at_end=False`` an END attributes nothing: only growth past ``growth`` and OOM
+    events do, so a run that stays within its budget pays for snapshots (well under a
+    millisecond with the recorder's frozen heap) and a comparison per checkpoint, never for a
+    search. With ``sites`` (the default) CUDA allocation stacks are recorded while the recorder
+    is open. ``limit``, ``max_depth`` and ``max_objects`` go to each :func:`attribute`. Each
+    result is kept in :attr:`holders`, tagged with the checkpoint's phase, epoch and label; each
+    phase's latest snapshot stays available to :meth:`snapshot_for`.
     """
 
     def __init__(
@@ -48,14 +50,18 @@ class PhaseAttribution:
         max_depth: int = 8,
         max_objects: int = MAX_OBJECTS,
         sites: bool = True,
+        metric: str | None = None,
     ) -> None:
         self.growth = None if growth is None else parse_size(growth, what="growth")
         self.at_end = at_end
         self.limit = limit
         self.max_depth = max_depth
         self.max_objects = max_objects
+        self.metric = metric
         self.holders: list[Holder] = []
         self._open: dict[str | None, _Open] = {}
+        self._starts: dict[str | None, Snapshot] = {}
+        self._first: Snapshot | None = None
         self._sites = sites
         self._stop_sites = False
 
@@ -65,32 +71,44 @@ class PhaseAttribution:
             self._stop_sites = not record_sites(True)
 
     def close(self) -> None:
-        """Stop the recording :meth:`start` began; forget the snapshots."""
+        """Stop the recording :meth:`start` began; close the open phases (their snapshots stay
+        available to :meth:`snapshot_for`)."""
         if self._stop_sites:
             record_sites(False)
             self._stop_sites = False
         self._open.clear()
 
+    def snapshot_for(self, phase: str | None) -> Snapshot | None:
+        """What was alive when ``phase`` last started, else when the run's first phase did:
+        tensors older than that are never named for the phase's growth."""
+        return self._starts.get(phase, self._first)
+
     def observe(self, sample: Sample) -> bool:
         """Act on one recorded checkpoint; returns whether it took a snapshot or attributed."""
         word = labels.last_word(sample.label)
         if word == _START:
-            self._open[sample.phase] = _Open(live_tensors(), sample)
-            return True
-        if word == labels.OOM:
-            opened = self._open.get(sample.phase)
-            self.attribute(sample, opened.snapshot if opened else None)
+            self._open_phase(sample)
             return True
         opened = self._open.get(sample.phase)
-        if opened is None:
-            return False
         if word == _END:
-            del self._open[sample.phase]
-            if self.at_end:
+            self._open.pop(sample.phase, None)
+        if (word == labels.OOM or labels.is_oom(sample)) and not (opened and opened.oom):
+            if opened is not None:
+                opened.oom = True
+            self.attribute(sample, opened.snapshot if opened else self._first)
+            return True
+        if word == _END:
+            if opened is not None and self.at_end:
                 self.attribute(sample, opened.snapshot)
-            return self.at_end
+                return True
+            return False
+        if opened is None:
+            if sample.phase is None:
+                return False
+            self._open_phase(sample)
+            return True
         if self.growth is not None and not opened.grown:
-            grown = _growth(opened.start, sample)
+            grown = self._growth(opened.start, sample)
             if grown is not None and grown > self.growth:
                 opened.grown = True
                 self.attribute(sample, opened.snapshot)
@@ -109,31 +127,19 @@ class PhaseAttribution:
         self.holders.extend(tagged)
         return tagged
 
+    def _open_phase(self, sample: Sample) -> None:
+        snapshot = live_tensors()
+        self._open[sample.phase] = _Open(snapshot, sample)
+        self._starts[sample.phase] = snapshot
+        if self._first is None:
+            self._first = snapshot
 
-def explain(holders: Sequence[Holder], findings: Iterable[Any]) -> list[Holder]:
-    """Who to name for a verdict's leak, teardown and OOM findings, largest first, each path
-    once (a holder seen at several checkpoints is named at its largest).
-
-    A leak or OOM is explained by the ``holders`` a recorder found during the run in the
-    finding's phase. A teardown residue, or a leak or OOM nobody was found for, takes a search
-    of the tensors alive now (no snapshot: what outlived the run). Nothing to explain, nothing
-    searched: a passing run pays nothing.
-    """
-    named: list[Holder] = []
-    search = False
-    for finding in findings:
-        kind = getattr(finding, "kind", None)
-        if kind not in ("leak", "teardown", "oom"):
-            continue
-        found = [h for h in holders if h.phase == finding.phase and h not in named]
-        search = search or kind == "teardown" or not found
-        named += found
-    if search:
-        named += attribute(limit=5)
-    largest: dict[str, Holder] = {}
-    for holder in sorted(named, key=lambda h: -h.bytes):
-        largest.setdefault(holder.path, holder)
-    return list(largest.values())
+    def _growth(self, start: Sample, now: Sample) -> int | None:
+        for metric in (self.metric,) if self.metric else ("allocated", "rss"):
+            a, b = start.get(metric), now.get(metric)
+            if a is not None and b is not None:
+                return b - a
+        return None
 
 
 @dataclass
@@ -141,11 +147,4 @@ class _Open:
     snapshot: Snapshot
     start: Sample
     grown: bool = False
-
-
-def _growth(start: Sample, now: Sample) -> int | None:
-    for metric in ("allocated", "rss"):
-        a, b = start.get(metric), now.get(metric)
-        if a is not None and b is not None:
-            return b - a
-    return None
+    oom: bool = False

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.attribution.sites import cuda_blocks
 
@@ -22,11 +23,14 @@ StorageKey = tuple[str, int | None, int]
 class Snapshot:
     """The tensors alive at ``time``, by weak reference, but for those ``gc.freeze()`` hid
     (which count as older than any snapshot). ``blocks``: the CUDA blocks in use, as
-    ``(device, address, size)``, when CUDA was in use."""
+    ``(device, address, size)``, when CUDA was in use. ``storages``: the storages of those
+    tensors, by weak reference, so that a tensor made later over one of them (a view, a
+    reshape of a cached table) is not taken for new memory."""
 
     tensors: Mapping[int, weakref.ref[torch.Tensor]] = field(repr=False)
     blocks: frozenset[tuple[int, int, int]] = field(default=frozenset(), repr=False)
     time: float = 0.0
+    storages: Mapping[int, StorageWeakRef] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -35,11 +39,16 @@ class Snapshot:
         ref = self.tensors.get(id(tensor))
         return ref is not None and ref() is tensor
 
+    def alive_storages(self) -> set[int]:
+        """The storages (:func:`storage_id`) noted then that are still alive."""
+        return {key for key, ref in self.storages.items() if not ref.expired()}
+
 
 def live_tensors() -> Snapshot:
     """Note every tensor alive now (those ``gc.freeze()`` hid excepted) and the CUDA blocks in
     use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it."""
     tensors: dict[int, weakref.ref[torch.Tensor]] = {}
+    storages: dict[int, StorageWeakRef] = {}
     tensor_types: dict[type, bool] = {}
     for obj in gc.get_objects():
         kind = type(obj)
@@ -49,10 +58,13 @@ def live_tensors() -> Snapshot:
         if is_tensor:
             try:
                 tensors[id(obj)] = weakref.ref(obj)
-            except TypeError:
+                storage = obj.untyped_storage()
+            except (TypeError, RuntimeError, NotImplementedError):
                 continue
+            if storage._cdata not in storages:
+                storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
-    return Snapshot(tensors, blocks, time.time())
+    return Snapshot(tensors, blocks, time.time(), storages)
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:
@@ -67,3 +79,11 @@ def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:
     if not nbytes or not address or tensor.device.type == "meta":
         return None, 0
     return (tensor.device.type, tensor.device.index, address), nbytes
+
+
+def storage_id(tensor: torch.Tensor) -> int | None:
+    """The identity of a tensor's storage (its C++ object), shared by its views."""
+    try:
+        return int(tensor.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None

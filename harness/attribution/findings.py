@@ -1,0 +1,129 @@
+"""Explaining a verdict: for each leak, teardown and out-of-memory finding, the holders to name
+(:func:`explain`) and how much of the finding's bytes they account for (:func:`shares`), so a
+message can say ``held: 21.8 of 23.0 MiB`` or admit that most of the growth has no name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.attribution.holders import Holder, attribute
+from harness.attribution.phase import PhaseAttribution
+from harness.attribution.snapshot import Snapshot
+
+EXPLAINED = ("leak", "teardown", "oom")
+_SEARCH_LIMIT = 5
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+@dataclass(frozen=True)
+class Share:
+    """One finding's named holders and the part of its bytes they hold: ``growth`` is the
+    finding's ``bytes`` (growth, teardown residue, or the level at an OOM), ``held`` the bytes
+    of the holders named at the one checkpoint that names the most."""
+
+    kind: str
+    phase: str | None
+    epoch: int | None
+    growth: int | None
+    held: int
+    holders: tuple[Holder, ...] = ()
+
+    @property
+    def fraction(self) -> float | None:
+        """``held / growth``, or None without a positive ``growth``."""
+        return self.held / self.growth if self.growth is not None and self.growth > 0 else None
+
+    @property
+    def text(self) -> str:
+        """One line: ``held: 21.8 of 23.0 MiB``, saying so when that is under half."""
+        fraction = self.fraction
+        if self.growth is None or fraction is None:
+            return f"held: {_sizes(self.held)}"
+        text = f"held: {_sizes(self.held, self.growth)}"
+        if fraction < 0.5:
+            text += f" ({fraction:.0%}: most of it has no named holder)"
+        return text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]) -> list[Share]:
+    """For each leak, teardown and OOM finding (others are skipped), the holders to name for it
+    and how much of its bytes they hold.
+
+    A leak or OOM is explained by the holders found during the run in the finding's phase (of
+    its epoch, when some are). A teardown residue, or a finding nobody was found for, takes a
+    search of the tensors alive now, one per snapshot: given the :class:`PhaseAttribution`
+    itself, against what was alive when the finding's phase started (the run's start for a
+    phase without one), so nothing older is named for it; given its holders only, against the
+    last ``gc.freeze()`` (a recorder's start). Nothing to explain, nothing searched.
+    """
+    attribution = holders if isinstance(holders, PhaseAttribution) else None
+    found = list(holders.holders if isinstance(holders, PhaseAttribution) else holders)
+    searched: dict[int, list[Holder]] = {}
+    result = []
+    for finding in findings:
+        kind = getattr(finding, "kind", None)
+        if kind not in EXPLAINED:
+            continue
+        phase, epoch = getattr(finding, "phase", None), getattr(finding, "epoch", None)
+        named = [h for h in found if h.phase == phase]
+        if epoch is not None and any(h.epoch == epoch for h in named):
+            named = [h for h in named if h.epoch == epoch]
+        if kind == "teardown" or not named:
+            before = attribution.snapshot_for(phase) if attribution is not None else None
+            named += _search(before, searched)
+        result.append(
+            Share(
+                str(kind),
+                phase,
+                epoch,
+                getattr(finding, "bytes", None),
+                _held(named),
+                tuple(_largest(named)),
+            )
+        )
+    return result
+
+
+def explain(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]) -> list[Holder]:
+    """Who to name for a verdict's leak, teardown and OOM findings, largest first, each path
+    once (a holder seen at several checkpoints is named at its largest); see :func:`shares`
+    for which holders a finding takes. A passing run pays nothing."""
+    return _largest(h for share in shares(holders, findings) for h in share.holders)
+
+
+def _search(before: Snapshot | None, searched: dict[int, list[Holder]]) -> list[Holder]:
+    key = id(before)
+    if key not in searched:
+        searched[key] = attribute(before=before, limit=_SEARCH_LIMIT)
+    return searched[key]
+
+
+def _largest(holders: Iterable[Holder]) -> list[Holder]:
+    largest: dict[str, Holder] = {}
+    for holder in sorted(holders, key=lambda h: -h.bytes):
+        largest.setdefault(holder.path, holder)
+    return list(largest.values())
+
+
+def _held(holders: Sequence[Holder]) -> int:
+    """Bytes held at the checkpoint whose holders hold the most (one checkpoint's holders count
+    each storage once; two checkpoints may name the same storage twice)."""
+    by_checkpoint: dict[tuple[str | None, int | None], int] = {}
+    for holder in _largest(holders):
+        place = (holder.label, holder.epoch)
+        by_checkpoint[place] = by_checkpoint.get(place, 0) + holder.bytes
+    return max(by_checkpoint.values(), default=0)
+
+
+def _sizes(*sizes: int) -> str:
+    """Sizes in the binary unit of the largest, one decimal: ``21.8 of 23.0 MiB``."""
+    largest = max(abs(s) for s in sizes)
+    for unit, scale in _UNITS:
+        if largest >= scale:
+            return " of ".join(f"{s / scale:.1f}" for s in sizes) + f" {unit}"
+    return " of ".join(str(s) for s in sizes) + " B"
