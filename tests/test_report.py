@@ -157,6 +157,7 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == [
         "validation epoch 0",
+        "allocated",
         "35/40",
         "1611.0MiB",
         "1611.0MiB",
@@ -166,7 +167,15 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
         "20MiB",
         "**FAIL**",
     ]
-    assert "| training epoch 0 | -/20 | 1291.0MiB | 1611.0MiB | +320.0MiB |" in analysis
+    assert "| training epoch 0 | allocated | -/20 | 1291.0MiB | 1611.0MiB | +320.0MiB |" in analysis
+    assert "- **Re-check:** Epoch 0 AFTER_VALIDATION read 1611.0MiB after the loop, against " in (
+        issues
+    )
+    assert (
+        "the loop's fitted start level of 1618.0MiB (`allocated`, median of the first 5 batches "
+        "after the warm-up): -7.0MiB, within max_growth 20MiB, so the memory was released when "
+        "the phase ended; inside the loop it grew +34.0MiB." in issues
+    )
 
     results = section(text, "Test Results Summary")
     assert "| max_growth | validation epoch 0 | **FAIL** |" in results
@@ -225,6 +234,60 @@ def test_one_oom_event_seen_twice_is_one_issue():
     (oom,) = judge(samples, RULES).of_kind("oom")
     assert [e.label for e in oom.evidence] == ["VALIDATION_BATCH", "OOM"]
     assert text.count("Out of memory in validation epoch 0") == 1
+    (row,) = [r for r in section(text, "Memory Profile").splitlines() if "[OOM ERROR]" in r]
+    assert row.startswith("[OOM ERROR] Epoch 0 VALIDATION_BATCH #12:")
+    assert "4000.0MiB / 4096.0MiB" in row
+    assert row.endswith("(capacity 4GB exceeded; CUDA out of memory. Tried)")
+    assert "out of memory at #37 (Epoch 0 VALIDATION_BATCH #12)." in text
+
+
+def test_a_peak_in_another_metric_says_so_in_its_row():
+    rss, peaks = 400 * MB, [0] * 30
+    peaks[12] = 32 * MB  # one batch's high-water mark, of rss
+    samples = [
+        Sample(
+            "VALIDATION_BATCH",
+            "validation",
+            0,
+            b,
+            1.0,
+            {"allocated": 50 * MB, "rss": rss, "peak": rss + peaks[b]},
+        )
+        for b in range(30)
+    ]
+    run = run_of(samples, {"phase": "validation", "max_growth": "20MiB"})
+    (stats,) = run.verdict.phases
+    assert (stats.metric, stats.peak_metric) == ("allocated", "rss")
+    analysis = section(render_report(run), "Memory Analysis")
+    assert "| Phase | Metric | Batches | Start | End | Growth | Peak rise |" in analysis
+    row = next(r for r in analysis.splitlines() if r.startswith("| validation epoch 0"))
+    assert row.startswith("| validation epoch 0 | allocated | 25/30 | 50.0MiB | 50.0MiB |")
+    assert "| +32.0MiB (rss) |" in row
+
+
+def summary_cause(text):
+    return next(line for line in text.splitlines() if line.startswith("- **Root cause:**"))
+
+
+def test_the_root_cause_is_the_most_severe_finding_and_what_explains_an_oom():
+    spike = at(1611 + 300, "TRAIN_BATCH", "training", batch=20)
+    flat = [s for s in incident(val_batches=30, oom=True) if s.label != "VALIDATION_BATCH"]
+    flat[24:24] = [at(1611, "VALIDATION_BATCH", "validation", batch=b) for b in range(30)]
+    flat[-1] = replace(flat[-1], metrics={})  # the OOM event without a reading
+    flat.insert(22, spike)
+    rules = {"phase": ("training", "validation"), "max_growth": "1GB", "max_peak": "100MB"}
+    run = run_of(flat, rules)
+    assert {(f.kind, f.phase) for f in run.verdict.findings} == {
+        ("peak", "training"),
+        ("oom", "validation"),
+    }
+    cause = summary_cause(render_report(run))  # the P0 OOM, not the P1 peak of training
+    assert cause.startswith("- **Root cause:** out of memory at OOM epoch 0 batch 30")
+
+    leaky = run_of(incident(val_batches=30, oom=True))
+    cause = summary_cause(render_report(leaky))
+    assert cause.startswith("- **Root cause:** leak in validation epoch 0")
+    assert "which ran the device out of memory in validation epoch 0" in cause
 
 
 @pytest.mark.parametrize(
@@ -505,17 +568,31 @@ def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
     lines = write_index(tmp_path).read_text().splitlines()
     assert lines[0] == "# leakgate memory verdicts"
     assert lines[2] == (
-        "**2 traced runs: 1 PASS · 1 FAIL · 0 ERROR** · worst growth +34.0MiB (`t.py::test_leaky`)"
+        "**2 traced runs: 1 PASS · 1 FAIL · 0 ERROR** · most severe: P0 leak in validation "
+        "epoch 0: +34.0MiB (`t.py::test_leaky`)"
     )
     rows = [line for line in lines if line.startswith("| ")][1:]
-    assert rows[0].startswith(
-        "| **FAIL** | `t.py::test_leaky` | +34.0MiB | P0 leak (validation, +34.0MiB) "
-        "| [b.md](b.md) |"
+    assert rows[0] == (
+        "| **FAIL** | `t.py::test_leaky` | P0 leak in validation epoch 0: +34.0MiB "
+        "| P0 leak (validation, +34.0MiB) | [b.md](b.md) |"
     )
-    assert rows[1].startswith("| PASS | `t.py::test_clean` | +0B | none | [a.md](a.md) |")
+    assert rows[1] == "| PASS | `t.py::test_clean` | none | none | [a.md](a.md) |"
     assert "1 JSON file(s) here are not leakgate verdicts" in "\n".join(lines)
     recent = write_index(tmp_path, since=1_750_000_000.0).read_text()
     assert "**1 traced run: 0 PASS · 1 FAIL" in recent and "test_clean" not in recent
+
+
+def test_the_index_shows_a_runs_most_severe_finding_in_its_own_unit(tmp_path):
+    flat = [s for s in incident(val_batches=30, oom=True) if s.label != "VALIDATION_BATCH"]
+    flat[24:24] = [at(1611, "VALIDATION_BATCH", "validation", batch=b) for b in range(30)]
+    rules = {**RULES, "max_peak": "4GB"}
+    save_run(tmp_path, "oom", FakeRecorder(flat), judge(flat, rules))
+    doc = load_run_document(tmp_path / "oom.json")
+    assert abs(doc["worst_growth"]) < MB  # the loop itself was flat
+    text = write_index(tmp_path).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| **FAIL**"))
+    assert "| P0 oom in validation epoch 0: 3.9GiB in use |" in row
+    assert "+0" not in row and "most severe: P0 oom in validation epoch 0: 3.9GiB in use" in text
 
 
 def test_an_empty_directory_gets_an_index_that_says_so(tmp_path):

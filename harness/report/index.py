@@ -1,7 +1,9 @@
 """The directory's ``index.md``: totals on top, then one row per saved run, failures first.
 
 It is rendered from the runs' JSON documents (as written by :mod:`harness.artifacts`), so it
-reads plain mappings and treats every value in them as possibly missing or malformed.
+reads plain mappings and treats every value in them as possibly missing or malformed. Each run
+is summed up by its most severe finding, ranked as ``Verdict.worst`` ranks them, with its
+size in its own unit (a reading for an out-of-memory, a change for the others).
 """
 
 from __future__ import annotations
@@ -12,40 +14,42 @@ from pathlib import Path
 from typing import Any
 
 from harness.units import format_size
+from harness.verdict import Finding, Kind
+
+STATUS_ORDER = {"ERROR": 0, "FAIL": 1, "PASS": 2}
 
 
 def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> list[str]:
     """The lines of ``index.md`` for ``entries`` (a verdict JSON's path and its document);
     ``unreadable`` counts the JSON files that were not verdicts."""
-    order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
-    entries = sorted(entries, key=lambda e: (order.get(e[1].get("status"), 0), run_name(*e)))
+    entries = sorted(entries, key=lambda e: (STATUS_ORDER.get(e[1].get("status"), 0), run_name(*e)))
     counts = {s: sum(doc.get("status") == s for _, doc in entries) for s in ("FAIL", "ERROR")}
     passed = sum(doc.get("status") == "PASS" for _, doc in entries)
-    growths = [
-        (g, run_name(p, d))
-        for p, d in entries
-        if (g := as_number(d.get("worst_growth"))) is not None
-    ]
+    worst = {path: worst_finding(doc) for path, doc in entries}
     total = f"**{len(entries)} traced run{'s' * (len(entries) != 1)}: {passed} PASS"
     total += f" · {counts['FAIL']} FAIL · {counts['ERROR']} ERROR**"
-    if growths:
-        growth, where = max(growths)
-        total += f" · worst growth {format_size(growth, signed=True)} (`{where}`)"
+    ranked = [(f, path, doc) for path, doc in entries if (f := worst[path]) is not None]
+    if ranked:
+        top, path, doc = min(ranked, key=lambda r: rank(r[0]))
+        total += f" · most severe: {finding_text(top)} (`{run_name(path, doc)}`)"
     lines = ["# leakgate memory verdicts", "", total, ""]
     if unreadable:
         lines += [f"{unreadable} JSON file(s) here are not leakgate verdicts and were skipped.", ""]
     if not entries:
         return [*lines, "No traced run."]
-    lines += ["| Verdict | Run | Worst growth | Findings | Report |", "|---|---|---|---|---|"]
+    lines += [
+        "| Verdict | Run | Most severe finding | Findings | Report |",
+        "|---|---|---|---|---|",
+    ]
     for path, doc in entries:
         status = str(doc.get("status"))
-        growth = as_number(doc.get("worst_growth"))
         report = doc.get("report") or f"{path.stem}.md"
         link = f"[{report}]({report})" if (path.parent / report).exists() else "n/a"
+        top = worst[path]
         cells = [
             f"**{status}**" if status != "PASS" else status,
             f"`{run_name(path, doc)}`",
-            format_size(growth, signed=True) if growth is not None else "n/a",
+            finding_text(top) if top is not None else "none",
             findings_cell(doc.get("findings")),
             link,
         ]
@@ -53,18 +57,59 @@ def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> 
     return lines
 
 
-def findings_cell(findings: Any) -> str:
-    """Every finding of a run: severity, kind, phase and bytes."""
-    if not isinstance(findings, list) or not findings:
+def findings(doc: Mapping[str, Any]) -> list[Finding]:
+    """The findings of a verdict document that read as findings."""
+    found = []
+    raw = doc.get("findings")
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            found.append(Finding.from_dict(item))
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def worst_finding(doc: Mapping[str, Any]) -> Finding | None:
+    """The most severe finding of a verdict document, as :meth:`Verdict.worst` chooses it."""
+    return min(findings(doc), key=rank, default=None)
+
+
+def rank(finding: Finding) -> tuple[bool, str, int]:
+    """:meth:`Verdict.worst`'s order: blocking first, then P0 before P1, then larger."""
+    return (not finding.blocking, finding.severity, -(size(finding) or 0))
+
+
+def finding_text(finding: Finding) -> str:
+    """``P0 leak in validation epoch 0: +34.0MiB``; ``P0 oom in validation: 3.9GiB in use``."""
+    where = finding.phase or "the run"
+    if finding.epoch is not None:
+        where += f" epoch {finding.epoch}"
+    text = f"{finding.severity} {finding.kind} in {where}"
+    return text + (f": {amount}" if (amount := amount_text(finding)) else "")
+
+
+def amount_text(finding: Finding) -> str:
+    """A finding's bytes in their own unit: a change, signed; the reading at an OOM, not."""
+    nbytes = size(finding)
+    if nbytes is None:
+        return ""
+    if finding.kind == Kind.OOM:
+        return f"{format_size(nbytes)} in use"
+    return format_size(nbytes, signed=True)
+
+
+def findings_cell(raw: Any) -> str:
+    """Every finding of a run: severity, kind, phase and bytes in their own unit."""
+    if not isinstance(raw, list):
         return "none"
     parts = []
-    for f in findings:
-        if not isinstance(f, Mapping):
-            continue
-        where = f.get("phase") or "run"
-        size = as_number(f.get("bytes"))
-        amount = f", {format_size(size, signed=f.get('kind') != 'oom')}" if size is not None else ""
-        parts.append(f"{f.get('severity', '?')} {f.get('kind', '?')} ({where}{amount})")
+    for finding in findings({"findings": raw}):
+        amount = amount_text(finding)
+        parts.append(
+            f"{finding.severity} {finding.kind} ({finding.phase or 'run'}"
+            + (f", {amount}" if amount else "")
+            + ")"
+        )
     return "; ".join(parts) or "none"
 
 
@@ -76,8 +121,9 @@ def run_name(path: Path, doc: Mapping[str, Any]) -> str:
     return path.stem
 
 
-def as_number(value: Any) -> float | None:
-    """``value`` as a float when it is a finite number (not a bool), else None."""
+def size(finding: Finding) -> int | None:
+    """A finding's bytes when they are a finite number, else None."""
+    value = finding.bytes
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    return int(value) if math.isfinite(value) else None

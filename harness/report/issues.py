@@ -13,14 +13,16 @@ from harness.advice import advise
 from harness.markdown import line
 from harness.report.memory import scope
 from harness.report.run import Run, as_int, checkpoint_name, describe
+from harness.rules import Context
 from harness.sample import Sample
-from harness.units import format_mib, format_rate, format_size
-from harness.verdict import Finding
+from harness.stats import edge_window
+from harness.units import echo_size, format_mib, format_rate, format_size
+from harness.verdict import Finding, Kind, Outcome
 
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
 ROOT_CAUSE_ORDER = ("leak", "peak", "teardown", "check", "drift", "oom", "fragmentation")
-"""Which finding the Executive Summary names as the root cause: causes before symptoms (a leak
-or a peak explains an OOM)."""
+"""The order of issues of one severity: causes before symptoms (a leak or a peak explains an
+OOM)."""
 KIND_TITLE = {
     "leak": "Leak",
     "peak": "Peak",
@@ -48,6 +50,7 @@ def issues(run: Run) -> list[str]:
             f"{scope(finding.phase, finding.epoch)}",
             "",
             f"- **Evidence:** {evidence(finding)}",
+            *([f"- **Re-check:** {checked}"] if (checked := recheck(run, finding)) else []),
             f"- **Suspected root cause:** {cause}",
             f"- **Recommended fix:** {fix}",
             "",
@@ -56,17 +59,75 @@ def issues(run: Run) -> list[str]:
 
 
 def root_cause(run: Run) -> str | None:
-    """The Executive Summary's root-cause sentence; ``None`` when nothing failed."""
+    """The Executive Summary's root-cause sentence, ``None`` when nothing failed: the most
+    severe finding (:meth:`Verdict.worst`); for an out-of-memory, the leak or peak of its phase
+    that explains it when there is one."""
     verdict = run.verdict
-    blocking = [f for f in verdict.findings if f.blocking]
-    if verdict.passed or not blocking:
+    worst = verdict.worst()
+    if verdict.passed or worst is None or not worst.blocking:
         return None
-    first = min(blocking, key=lambda f: (order(f.kind), -(as_int(f.bytes) or 0)))
-    text = line(first.message)
-    holders = holders_for(run, first)
+    cause = explanation(worst, verdict.findings) if worst.kind == Kind.OOM else None
+    text = line((cause or worst).message)
+    if cause is not None:
+        text += f", which ran the device out of memory in {scope(worst.phase, worst.epoch)}"
+    holders = holders_for(run, cause or worst)
     if holders:
         text += f"; {holder_text(holders[0])}"
     return text + ("" if text.endswith(".") else ".")
+
+
+def explanation(oom: Finding, findings: Sequence[Finding]) -> Finding | None:
+    """The finding that explains an out-of-memory: a leak, else a peak, of its phase (of its
+    epoch first, then the largest)."""
+    for kind in (Kind.LEAK, Kind.PEAK):
+        found = [f for f in findings if f.kind == kind and f.phase == oom.phase]
+        if found:
+            return max(found, key=lambda f: (f.epoch == oom.epoch, as_int(f.bytes) or 0))
+    return None
+
+
+def recheck(run: Run, finding: Finding) -> str | None:
+    """What a leak's re-check compared: the loop's fitted start level against the reading
+    after the loop that released the memory, or against the collected one that still held
+    it. ``None`` for other findings, or when the judged loop cannot be found again."""
+    if finding.kind != Kind.LEAK or finding.outcome is None:
+        return None
+    if finding.outcome == Outcome.UNCHECKED:
+        return "no collected reading after the loop, so the growth inside it stands."
+    if len(finding.evidence) < 3:
+        return None
+    after = finding.evidence[-1]
+    group = next(
+        (
+            g
+            for g in Context(list(run.samples), run.verdict.rules).groups
+            if g.key == (finding.phase, finding.epoch)
+        ),
+        None,
+    )
+    value = as_int(after.value)
+    if group is None or group.fit is None or group.metric != after.metric or value is None:
+        return None
+    level = group.fit.baseline
+    rules = run.verdict.rules
+    budget = echo_size(rules.shown("max_growth"), rules.max_growth)
+    where = checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch))
+    against = (
+        f"against the loop's fitted start level of {format_mib(level)} (`{group.metric}`, "
+        f"median of the first {edge_window(len(group.judged))} batches after the warm-up): "
+        f"{format_size(value - level, signed=True)}"
+    )
+    if finding.outcome == Outcome.RELEASED:
+        grown = format_size(finding.bytes, signed=True)
+        return (
+            f"{where} read {format_mib(value)} after the loop, {against}, within max_growth "
+            f"{budget}, so the memory was released when the phase ended; inside the loop it "
+            f"grew {grown}."
+        )
+    return (
+        f"{where} (collected) read {format_mib(value)} after the loop, {against}, more than "
+        f"max_growth {budget}, so the memory was still held after a full collection."
+    )
 
 
 def advice(run: Run, finding: Finding) -> tuple[str, str]:

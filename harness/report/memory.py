@@ -6,11 +6,11 @@ the Memory Analysis table (one row per phase and epoch with the verdict's statis
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.chart import MAX_POINTS, memory_chart, shows_capacity
 from harness.markdown import fenced, line, table
-from harness.report.run import Run, as_int, checkpoint_name, oom_positions
+from harness.report.run import Run, as_int, checkpoint_name, oom_events
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import PhaseStats, Rules
 
@@ -81,7 +81,7 @@ def chart(run: Run) -> list[str]:
     caption = f"MiB per checkpoint ({lines_text}); x is the checkpoint number"
     if len(run.samples) > MAX_POINTS:
         caption += f"; the run is drawn as {MAX_POINTS} spans at each span's highest reading"
-    ooms = sorted(oom_positions(run))
+    ooms = [event[0] for event in oom_events(run)]
     if ooms:
         caption += "; out of memory at " + ", ".join(
             f"#{i} ({checkpoint_name(run.samples[i])})" for i in ooms[:3]
@@ -93,27 +93,66 @@ def chart(run: Run) -> list[str]:
     return lines
 
 
+class AnalysisRow(NamedTuple):
+    """One row of the Memory Analysis, as text: every figure but ``peak`` is in ``metric``;
+    ``peak`` names its own metric when it is another one."""
+
+    phase: str
+    batches: str
+    start: str
+    end: str
+    growth: str
+    peak: str
+    slope: str
+    budget: str
+    status: str
+    metric: str
+
+
+ANALYSIS_COLUMNS = (
+    ("Phase", "phase"),
+    ("Metric", "metric"),
+    ("Batches", "batches"),
+    ("Start", "start"),
+    ("End", "end"),
+    ("Growth", "growth"),
+    ("Peak rise", "peak"),
+    ("Slope", "slope"),
+    ("Budget", "budget"),
+    ("Status", "status"),
+)
+
+
 def analysis(run: Run) -> list[str]:
-    header = ("Phase", "Batches", "Start", "End", "Growth", "Peak", "Slope", "Budget", "Status")
     rows = analysis_rows(run)
     lines = ["## Memory Analysis", ""]
     if not rows:
         return [*lines, "No phase has per-batch checkpoints to analyse."]
     lines += [
-        "Per phase and epoch, in the phase's metric: batches judged (after the warm-up of "
-        f"{run.verdict.rules.warmup}) of those recorded; start and end readings; growth and "
-        "slope after the warm-up (robust: Theil-Sen slope, medians of the ends); peak is the "
-        "highest reading's rise above the start (the high-water mark where the probe has one); "
-        "budget is `max_growth`. Phases outside the rules' `phase` are shown unjudged.",
+        "Per phase and epoch, every figure in the row's metric: batches judged (after the "
+        f"warm-up of {run.verdict.rules.warmup}) of those recorded; start and end readings; "
+        "growth and slope after the warm-up (robust: Theil-Sen slope, medians of the ends); "
+        "peak rise is the highest reading's rise above the start (the high-water mark where "
+        "the probe has one, in the metric it marks, named when it is another one); budget is "
+        "`max_growth`. Phases outside the rules' `phase` are shown unjudged.",
         "",
-        *table(header, rows),
+        *table(
+            [title for title, _ in ANALYSIS_COLUMNS],
+            [[getattr(row, field) for _, field in ANALYSIS_COLUMNS] for row in rows],
+        ),
     ]
     return lines
 
 
 def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
-    """(name, position, notes) for each row of the Memory Profile."""
-    ooms = oom_positions(run)
+    """(name, position, notes) for each row of the Memory Profile. An out-of-memory event
+    seen by several samples (see :func:`oom_events`) is one row, at its first sample with a
+    reading, with every sample's note."""
+    ooms: dict[int, list[int]] = {}
+    for event in oom_events(run):
+        shown = next((i for i in event if run.reading(run.samples[i]) is not None), event[0])
+        ooms.update({i: [] for i in event})
+        ooms[shown] = event
     keep: dict[int, list[str]] = {}
     for positions in batch_runs(run):
         values = [run.reading(run.samples[i]) for i in positions]
@@ -130,13 +169,17 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
             keep.setdefault(positions[k], [])
     rows = []
     for i, s in enumerate(run.samples):
+        if i in ooms and not ooms[i]:
+            continue  # shown on its event's row
         if i not in keep and not (s.batch is None or i in ooms or s.note):
             continue
         notes = list(keep.get(i, []))
         if s.collected:
             notes.append("after gc")
-        if s.note:
-            notes.append(line(s.note)[:NOTE_CHARS])
+        for j in ooms.get(i) or [i]:
+            note = run.samples[j].note
+            if note and line(note)[:NOTE_CHARS] not in notes:
+                notes.append(line(note)[:NOTE_CHARS])
         name = checkpoint_name(s)
         rows.append((f"[OOM ERROR] {name}" if i in ooms else name, i, notes))
     return rows
@@ -188,27 +231,31 @@ def phase_guide(run: Run) -> str:
     return " · ".join(parts)
 
 
-def phase_row(p: PhaseStats, rules: Rules) -> tuple[str, ...]:
+def phase_row(p: PhaseStats, rules: Rules) -> AnalysisRow:
     if p.budget is None:
         budget = "n/a"
     elif p.budget == rules.max_growth:
         budget = echo_size(rules.shown("max_growth"), p.budget)
     else:
         budget = format_size(p.budget)
-    return (
+    peak = format_size(p.peak_rise, signed=True)
+    if p.peak_rise is not None and p.peak_metric and p.peak_metric != p.metric:
+        peak += f" ({p.peak_metric})"
+    return AnalysisRow(
         scope(p.phase, p.epoch),
         f"{p.judged}/{p.batches}",
         format_mib(p.start),
         format_mib(p.end),
         format_size(p.growth, signed=True),
-        format_size(p.peak_rise, signed=True),
+        peak,
         format_rate(p.slope),
         budget,
         status(p.status),
+        p.metric or "n/a",
     )
 
 
-def analysis_rows(run: Run) -> list[tuple[str, ...]]:
+def analysis_rows(run: Run) -> list[AnalysisRow]:
     """One row per phase and epoch with batches, in timeline order: the verdict's statistics
     where the rules judged it, else start, end, change and peak of the readings."""
     judged = {(p.phase, p.epoch): p for p in run.verdict.phases}
@@ -225,7 +272,7 @@ def analysis_rows(run: Run) -> list[tuple[str, ...]]:
         if not batches or not values:
             continue
         rows.append(
-            (
+            AnalysisRow(
                 scope(*key),
                 f"-/{len(batches)}",
                 format_mib(values[0]),
@@ -235,6 +282,7 @@ def analysis_rows(run: Run) -> list[tuple[str, ...]]:
                 "n/a",
                 "n/a",
                 "not judged",
+                run.metric,
             )
         )
     return rows + [phase_row(p, run.verdict.rules) for p in judged.values()]

@@ -107,6 +107,17 @@ def oom_positions(run: Run) -> set[int]:
     return positions
 
 
+def oom_events(run: Run) -> list[list[int]]:
+    """The run's out-of-memory events, in timeline order, each the positions of its samples:
+    samples of :func:`oom_positions` at the same phase, epoch and batch are one event (a
+    checkpoint over the capacity and the OOM the trainer then reports for that batch)."""
+    events: dict[tuple[Any, Any, Any], list[int]] = {}
+    for i in sorted(oom_positions(run)):
+        s = run.samples[i]
+        events.setdefault((s.phase, s.epoch, s.batch), []).append(i)
+    return sorted(events.values())
+
+
 def checkpoint_name(sample: Sample) -> str:
     """``Epoch 0 VALIDATION_BATCH #12``, ``SESSION_START``; an OOM event names its phase."""
     if sample.label.upper() == "OOM" and sample.phase:
