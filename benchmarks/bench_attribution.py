@@ -7,7 +7,9 @@ their graphs (the incident's fault). Prints the median and best of a few runs of
 - ``live_tensors()``, the snapshot taken at each phase START, with the heap frozen (as under a
   Recorder) and not;
 - ``attribute(before)`` (at a phase END or an OOM) and ``attribute()`` without a snapshot;
-- a per-batch checkpoint of a ``Recorder(attribute=True)`` against a plain one.
+- a per-batch checkpoint of a plain ``Recorder``, of one attributing at each phase END
+  (``attribute=True``) and of one attributing only once growth passes a budget
+  (``PhaseAttribution(growth=..., at_end=False)``): while the budget holds, only the comparison.
 
     python benchmarks/bench_attribution.py
 """
@@ -22,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from harness import Recorder
-from harness.attribution import attribute, live_tensors
+from harness.attribution import PhaseAttribution, attribute, live_tensors
 from tft.model import TemporalFusionTransformer, TFTConfig, quantile_loss
 
 
@@ -62,18 +64,18 @@ def leak_and_measure(model: TemporalFusionTransformer, config: TFTConfig, frozen
     show("attribute(before)", lambda: attribute(before))
     show("attribute()", attribute)
     [top] = attribute(before, limit=1)
-    print(f"  top holder: {top} (graph {top.graph_bytes / 2**20:.1f}MB)")
+    print(f"  top holder: {top} (graph {top.graph_bytes / 2**20:.1f}MiB)")
     if frozen:
         gc.unfreeze()
 
 
-def checkpoint_cost(attribute_on: bool, rounds: int = 20_000) -> float:
+def checkpoint_cost(attribution: bool | PhaseAttribution, rounds: int = 20_000) -> float:
     """Median cost of a per-batch checkpoint, in microseconds."""
-    with Recorder("cpu", attribute=attribute_on) as rec:
+    with Recorder("cpu", attribute=attribution) as rec, rec.phase("validation"):
         times = []
         for batch in range(rounds):
             started = time.perf_counter()
-            rec.checkpoint("VALIDATION_BATCH", phase="validation", batch=batch)
+            rec.checkpoint("VALIDATION_BATCH", batch=batch)
             times.append(time.perf_counter() - started)
             if len(rec.samples) > 1000:
                 rec.samples.clear()
@@ -94,7 +96,11 @@ def main() -> None:
         leak_and_measure(model, config, frozen)
 
     plain, attributed = checkpoint_cost(False), checkpoint_cost(True)
-    print(f"\nper-batch checkpoint: plain {plain:.1f} µs, attribute=True {attributed:.1f} µs")
+    budget = checkpoint_cost(PhaseAttribution(growth="50MB", at_end=False))
+    print(
+        f"\nper-batch checkpoint: plain {plain:.1f} µs, attribute=True {attributed:.1f} µs, "
+        f"growth budget only {budget:.1f} µs"
+    )
     del data
 
 
