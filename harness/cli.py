@@ -11,6 +11,7 @@ atomically (:mod:`harness.fsio`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -213,15 +214,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
     """The timeline's stored rules, each overridden by an option given on the command line."""
     try:
-        values = rules_of(header).to_dict()
-        values.pop("written", None)
-        for option in options():
-            given = getattr(args, option.name)
-            if given is not None:
-                values[option.name] = tuple(given) if option.name == "phase" else given
-        if isinstance(values.get("phase"), list):
-            values["phase"] = tuple(values["phase"])
-        return Rules.from_dict(values)
+        stored = rules_of(header)
+        given = {o.name: getattr(args, o.name) for o in options()}
+        given = {k: tuple(v) if k == "phase" else v for k, v in given.items() if v is not None}
+        written = {k: v for k, v in stored.written.items() if k not in given}
+        return dataclasses.replace(stored, **given, written=written)
     except (ValueError, TypeError) as exc:
         raise BadInput(f"rules: {_one_line(exc)}") from None
 

@@ -84,7 +84,9 @@ def finish_run(
     holders of what failed while they are alive (a recorder's run only), and write the report
     and the JSON verdict: to ``directory/<name>.md`` and ``.json``, or to ``markdown`` and
     ``document`` (either may be None). ``timeline`` is the timeline file the report links to
-    (default: the recorder's, or ``directory/<name>.jsonl`` when it exists). A write that
+    (default: the recorder's, or ``directory/<name>.jsonl`` when it exists). A recorder whose
+    timeline took another name (``<name>.<run id>.jsonl``: another live run held the name)
+    saves its report and verdict under that stem, so neither run's files are lost. A write that
     fails is returned as ``write_error``, never raised: the verdict must still reach its caller.
     """
     from harness.recorder import Recorder
@@ -101,6 +103,8 @@ def finish_run(
     holders = _explain(found, verdict) if isinstance(record, Recorder) else []
     if directory is not None:
         folder = Path(directory)
+        if isinstance(record, Recorder) and timeline is not None and timeline.parent == folder:
+            name = timeline.stem
         markdown, document = folder / f"{name}.md", folder / f"{name}.json"
         if timeline is None and (folder / f"{name}.jsonl").exists():
             timeline = folder / f"{name}.jsonl"
