@@ -95,6 +95,7 @@ class Trace:
     rules: Rules
     files: Path | None
     holders: tuple[str, ...] = ()
+    judged: bool = False
 
 
 @dataclass
@@ -249,6 +250,7 @@ class LeakGate:
         if finished.write_error is not None:
             self.write_failed(finished.write_error)
         verdict = finished.verdict
+        trace.judged = True
         trace.holders = tuple(str(h) for h in finished.holders[:3])
         summary = {
             "status": verdict.status,
@@ -262,8 +264,14 @@ class LeakGate:
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         trace = self.traces.pop(item.nodeid, None)
-        if trace is not None:
-            trace.recorder.close()
+        if trace is None:
+            return
+        trace.recorder.close()
+        timeline = trace.recorder.timeline_path
+        if not trace.judged and timeline is not None:
+            # Skipped, or stopped in set-up: no verdict will follow, and a timeline without
+            # one would read as a killed run to the gate.
+            timeline.unlink(missing_ok=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for name, value in report.user_properties:

@@ -196,3 +196,36 @@ def test_known_leak_strict(memtrace):
     )
     result.assert_outcomes(xfailed=2)
     assert result.ret == 0
+
+
+def test_a_test_skipped_at_run_time_leaves_no_timeline_for_the_gate(pytester):
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(max_growth="1MB")
+def test_skips(memtrace):
+    pytest.skip("not on this machine")
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("set-up failed")
+
+
+@pytest.mark.memleak(max_growth="1MB")
+def test_setup_fails(memtrace, broken):
+    pass
+
+
+@pytest.mark.memleak(max_growth="1MB")
+def test_judged(memtrace):
+    validation(memtrace)
+""",
+        "--memreport=out",
+    )
+    result.assert_outcomes(passed=1, skipped=1, errors=1)
+    out = pytester.path / "out"
+    assert sorted(p.name.split("-")[0] for p in out.glob("*.jsonl")) == ["test_window__test_judged"]
+    from harness.cli import main
+
+    assert main(["gate", str(out)]) == 0
