@@ -16,6 +16,7 @@ import numpy as np
 from harness import labels
 from harness.sample import Sample
 from harness.stats import Trend, edge_window, robust_delta, trend
+from harness.units import format_size
 from harness.verdict import Check, CheckStatus, Evidence, Rules
 
 FALLBACK_METRIC = "rss"
@@ -228,5 +229,5 @@ def where(s: Sample) -> str:
 
 
 def rate(slope: float) -> str:
-    """Bytes per batch, in KB."""
-    return f"{slope / 1024:+.1f}KB/batch"
+    """Bytes per batch, in the largest binary unit that keeps the number >= 1."""
+    return f"{format_size(slope, signed=True)}/batch"

@@ -67,7 +67,7 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
     ctx.check("max_growth", group.scope, "FAIL", f"{summary}; {note}", fit.growth, limit)
     message = (
         f"leak in {group.scope}: {rate(t.slope)}, {format_size(fit.growth, signed=True)} "
-        f"> max_growth {format_size(limit)} (trend p={t.p:.2g}); {note}"
+        f"> max_growth {ctx.rules.shown('max_growth')} (trend p={t.p:.2g}); {note}"
     )
     return [
         Finding(
@@ -97,7 +97,8 @@ def peak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         ctx.check("max_peak", group.scope, "PASS", details, top.rise, limit)
         return []
     ctx.check("max_peak", group.scope, "FAIL", details, top.rise, limit)
-    message = f"peak in {group.scope}: {rise} above start at {at} > max_peak {format_size(limit)}"
+    limit_text = ctx.rules.shown("max_peak")
+    message = f"peak in {group.scope}: {rise} above start at {at} > max_peak {limit_text}"
     evidence = (ctx.evidence(top.start, top.base), ctx.evidence(top.at, top.metric))
     return [
         Finding(

@@ -54,7 +54,7 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
         if status == "FAIL":
             message = (
                 f"drift at {label}: {format_size(amount, signed=True)} from epoch {epochs[0]} "
-                f"to epoch {samples[at].epoch} > max_drift {format_size(limit)}"
+                f"to epoch {samples[at].epoch} > max_drift {ctx.rules.shown('max_drift')}"
             )
             evidence = (ctx.evidence(ref, metric), ctx.evidence(at, metric))
             failures.append(
@@ -115,7 +115,7 @@ def teardown(ctx: Context, limit: int) -> list[Finding]:
     ctx.check("teardown", "session", "FAIL", details, residue, limit)
     message = (
         f"teardown: {format_size(residue, signed=True)} still held after the session and "
-        f"collection > teardown {format_size(limit)}"
+        f"collection > teardown {ctx.rules.shown('teardown')}"
     )
     evidence = (ctx.evidence(start, metric), ctx.evidence(at, metric))
     return [
