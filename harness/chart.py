@@ -11,15 +11,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from harness.markdown import mermaid
+
 MAX_POINTS = 120
 MIB = 2**20
 
 
 def memory_chart(
-    series: Mapping[str, Sequence[int | None]], *, capacity: int | None = None
+    series: Mapping[str, Sequence[int | None]],
+    *,
+    capacity: int | None = None,
+    title: str = "Memory per checkpoint",
 ) -> list[str]:
     """The fenced ``mermaid`` block for ``series`` (metric name to bytes per checkpoint, ``None``
-    where not measured; all of one length); no lines when nothing was measured."""
+    where not measured; all of one length); no lines when nothing was measured. ``title`` may be
+    any text: it is written as an inert Mermaid string."""
     lines = {name: points for name, r in series.items() if (points := _downsample(r))}
     if not lines:
         return []
@@ -35,7 +41,7 @@ def memory_chart(
     return [
         "```mermaid",
         "xychart-beta",
-        '    title "Memory per checkpoint"',
+        f'    title "{mermaid(title)}"',
         f'    x-axis "checkpoint" 0 --> {max(checkpoints - 1, 1)}',
         f'    y-axis "MiB" {y_min:.1f} --> {y_max:.1f}',
         *(f"    line [{', '.join(f'{p / MIB:.1f}' for p in points)}]" for points in lines.values()),

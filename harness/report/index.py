@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness.markdown import code, link_to, plain, strong, table, text
 from harness.units import format_size
 from harness.verdict import Finding, Kind
 
@@ -22,7 +23,9 @@ STATUS_ORDER = {"ERROR": 0, "FAIL": 1, "PASS": 2}
 def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> list[str]:
     """The lines of ``index.md`` for ``entries`` (a verdict JSON's path and its document);
     ``unreadable`` counts the JSON files that were not verdicts."""
-    entries = sorted(entries, key=lambda e: (STATUS_ORDER.get(e[1].get("status"), 0), run_name(*e)))
+    entries = sorted(
+        entries, key=lambda e: (STATUS_ORDER.get(str(e[1].get("status")), 0), run_name(*e))
+    )
     counts = {s: sum(doc.get("status") == s for _, doc in entries) for s in ("FAIL", "ERROR")}
     passed = sum(doc.get("status") == "PASS" for _, doc in entries)
     worst = {path: worst_finding(doc) for path, doc in entries}
@@ -31,30 +34,31 @@ def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> 
     ranked = [(f, path, doc) for path, doc in entries if (f := worst[path]) is not None]
     if ranked:
         top, path, doc = min(ranked, key=lambda r: rank(r[0]))
-        total += f" · most severe: {finding_text(top)} (`{run_name(path, doc)}`)"
+        total += f" · most severe: {text(finding_text(top))} ({code(run_name(path, doc))})"
     lines = ["# leakgate memory verdicts", "", total, ""]
     if unreadable:
         lines += [f"{unreadable} JSON file(s) here are not leakgate verdicts and were skipped.", ""]
     if not entries:
         return [*lines, "No traced run."]
-    lines += [
-        "| Verdict | Run | Most severe finding | Findings | Report |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for path, doc in entries:
         status = str(doc.get("status"))
-        report = doc.get("report") or f"{path.stem}.md"
-        link = f"[{report}]({report})" if (path.parent / report).exists() else "n/a"
-        top = worst[path]
-        cells = [
-            f"**{status}**" if status != "PASS" else status,
-            f"`{run_name(path, doc)}`",
-            finding_text(top) if top is not None else "none",
-            findings_cell(doc.get("findings")),
-            link,
-        ]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return lines
+        report = doc.get("report")
+        report = report if isinstance(report, str) and report else f"{path.stem}.md"
+        plain_name = plain(report) == report and "/" not in report and "\\" not in report
+        exists = plain_name and (path.parent / report).is_file()
+        most = worst[path]
+        rows.append(
+            (
+                strong(status) if status != "PASS" else status,
+                code(run_name(path, doc)),
+                finding_text(most) if most is not None else "none",
+                findings_cell(doc.get("findings")),
+                link_to(report, report) if exists else "n/a",
+            )
+        )
+    header = ("Verdict", "Run", "Most severe finding", "Findings", "Report")
+    return lines + table(header, rows)
 
 
 def findings(doc: Mapping[str, Any]) -> list[Finding]:
@@ -80,8 +84,9 @@ def rank(finding: Finding) -> tuple[bool, str, int]:
 
 
 def finding_text(finding: Finding) -> str:
-    """``P0 leak in validation epoch 0: +34.0MiB``; ``P0 oom in validation: 3.9GiB in use``."""
-    where = finding.phase or "the run"
+    """``P0 leak in validation epoch 0: +34.0MiB``; ``P0 oom in validation: 3.9GiB in use``
+    (not escaped)."""
+    where = plain(finding.phase, 120) if finding.phase else "the run"
     if finding.epoch is not None:
         where += f" epoch {finding.epoch}"
     text = f"{finding.severity} {finding.kind} in {where}"
@@ -99,14 +104,15 @@ def amount_text(finding: Finding) -> str:
 
 
 def findings_cell(raw: Any) -> str:
-    """Every finding of a run: severity, kind, phase and bytes in their own unit."""
+    """Every finding of a run: severity, kind, phase and bytes in their own unit (not
+    escaped)."""
     if not isinstance(raw, list):
         return "none"
     parts = []
     for finding in findings({"findings": raw}):
         amount = amount_text(finding)
         parts.append(
-            f"{finding.severity} {finding.kind} ({finding.phase or 'run'}"
+            f"{finding.severity} {finding.kind} ({plain(finding.phase or 'run', 120)}"
             + (f", {amount}" if amount else "")
             + ")"
         )
@@ -114,11 +120,12 @@ def findings_cell(raw: Any) -> str:
 
 
 def run_name(path: Path, doc: Mapping[str, Any]) -> str:
-    """What a run is called in the index: its test id, title or name, else its file's stem."""
+    """What a run is called in the index: its test id, title or name, else its file's stem
+    (on one line, not escaped)."""
     for key in ("test", "title", "name"):
-        if isinstance(doc.get(key), str) and doc[key]:
-            return " ".join(doc[key].split())
-    return path.stem
+        if isinstance(doc.get(key), str) and (name := plain(doc[key])):
+            return name
+    return plain(path.stem)
 
 
 def size(finding: Finding) -> int | None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.advice import advise
-from harness.markdown import line
+from harness.markdown import Markdown, code, text
 from harness.report.memory import scope
 from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.rules import Context
@@ -20,6 +20,8 @@ from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import Finding, Kind, Outcome
 
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
+MESSAGE_CHARS = 600
+"""Characters kept of a finding's message."""
 ROOT_CAUSE_ORDER = ("leak", "peak", "teardown", "check", "drift", "oom", "fragmentation")
 """The order of issues of one severity: causes before symptoms (a leak or a peak explains an
 OOM)."""
@@ -38,7 +40,7 @@ def issues(run: Run) -> list[str]:
     lines = ["## Issues Found", ""]
     verdict = run.verdict
     if verdict.error:
-        lines += [f"The run raised `{line(verdict.error)}`; its timeline was judged up to there."]
+        lines += [f"The run raised {code(verdict.error)}; its timeline was judged up to there."]
         lines.append("")
     if not verdict.findings:
         return [*lines, "None: no rule was broken."]
@@ -46,8 +48,8 @@ def issues(run: Run) -> list[str]:
         cause, fix = advice(run, finding)
         lines += [
             f"### Issue {n} ({finding.severity}): "
-            f"{KIND_TITLE.get(finding.kind, finding.kind.capitalize())} in "
-            f"{scope(finding.phase, finding.epoch)}",
+            f"{text(KIND_TITLE.get(finding.kind, str(finding.kind).capitalize()))} in "
+            f"{text(scope(finding.phase, finding.epoch))}",
             "",
             f"- **Evidence:** {evidence(finding)}",
             *([f"- **Re-check:** {checked}"] if (checked := recheck(run, finding)) else []),
@@ -58,7 +60,7 @@ def issues(run: Run) -> list[str]:
     return lines[:-1]
 
 
-def root_cause(run: Run) -> str | None:
+def root_cause(run: Run) -> Markdown | None:
     """The Executive Summary's root-cause sentence, ``None`` when nothing failed: the most
     severe finding (:meth:`Verdict.worst`); for an out-of-memory, the leak or peak of its phase
     that explains it when there is one."""
@@ -67,13 +69,13 @@ def root_cause(run: Run) -> str | None:
     if verdict.passed or worst is None or not worst.blocking:
         return None
     cause = explanation(worst, verdict.findings) if worst.kind == Kind.OOM else None
-    text = line((cause or worst).message)
+    said: str = text((cause or worst).message, MESSAGE_CHARS)
     if cause is not None:
-        text += f", which ran the device out of memory in {scope(worst.phase, worst.epoch)}"
+        said += f", which ran the device out of memory in {text(scope(worst.phase, worst.epoch))}"
     holders = holders_for(run, cause or worst)
     if holders:
-        text += f"; {holder_text(holders[0])}"
-    return text + ("" if text.endswith(".") else ".")
+        said += f"; {holder_text(holders[0])}"
+    return Markdown(said + ("" if said.endswith(".") else "."))
 
 
 def explanation(oom: Finding, findings: Sequence[Finding]) -> Finding | None:
@@ -86,14 +88,14 @@ def explanation(oom: Finding, findings: Sequence[Finding]) -> Finding | None:
     return None
 
 
-def recheck(run: Run, finding: Finding) -> str | None:
+def recheck(run: Run, finding: Finding) -> Markdown | None:
     """What a leak's re-check compared: the loop's fitted start level against the reading
     after the loop that released the memory, or against the collected one that still held
     it. ``None`` for other findings, or when the judged loop cannot be found again."""
     if finding.kind != Kind.LEAK or finding.outcome is None:
         return None
     if finding.outcome == Outcome.UNCHECKED:
-        return "no collected reading after the loop, so the growth inside it stands."
+        return Markdown("no collected reading after the loop, so the growth inside it stands.")
     if len(finding.evidence) < 3:
         return None
     after = finding.evidence[-1]
@@ -110,21 +112,21 @@ def recheck(run: Run, finding: Finding) -> str | None:
         return None
     level = group.fit.baseline
     rules = run.verdict.rules
-    budget = echo_size(rules.shown("max_growth"), rules.max_growth)
-    where = checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch))
+    budget = text(echo_size(rules.shown("max_growth"), as_int(rules.max_growth)))
+    where = text(checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch)))
     against = (
-        f"against the loop's fitted start level of {format_mib(level)} (`{group.metric}`, "
+        f"against the loop's fitted start level of {format_mib(level)} ({code(group.metric)}, "
         f"median of the first {edge_window(len(group.judged))} batches after the warm-up): "
         f"{format_size(value - level, signed=True)}"
     )
     if finding.outcome == Outcome.RELEASED:
         grown = format_size(finding.bytes, signed=True)
-        return (
+        return Markdown(
             f"{where} read {format_mib(value)} after the loop, {against}, within max_growth "
             f"{budget}, so the memory was released when the phase ended; inside the loop it "
             f"grew {grown}."
         )
-    return (
+    return Markdown(
         f"{where} (collected) read {format_mib(value)} after the loop, {against}, more than "
         f"max_growth {budget}, so the memory was still held after a full collection."
     )
@@ -140,10 +142,10 @@ def advice(run: Run, finding: Finding) -> tuple[str, str]:
     return advise(
         finding,
         run.verdict.findings,
-        phase=line(finding.phase) if finding.phase else "the run",
+        phase=text(finding.phase) if finding.phase else "the run",
         size=format_size(as_int(finding.bytes)),
         holders=described,
-        holder=f"`{line(str(path))}`" if path else "",
+        holder=code(path) if path else "",
     )
 
 
@@ -175,11 +177,11 @@ def holders_for(run: Run, finding: Finding) -> list[Mapping[str, Any]]:
     return sorted(matching, key=lambda h: -(as_int(h.get("bytes")) or 0))
 
 
-def holder_text(holder: Mapping[str, Any]) -> str:
+def holder_text(holder: Mapping[str, Any]) -> Markdown:
     """``held by Trainer._attn_cache (list, 176 items, 2.3MiB), allocated at tft/faults.py:42``"""
-    details = []
+    details: list[str] = []
     if holder.get("container") is not None:
-        details.append(describe(holder["container"]))
+        details.append(text(describe(holder["container"])))
     items = as_int(holder.get("items"))
     if items is not None:
         details.append(f"{items} item{'s' * (items != 1)}")
@@ -187,24 +189,24 @@ def holder_text(holder: Mapping[str, Any]) -> str:
     if size is not None:
         details.append(format_size(size))
     path = holder.get("path")
-    text = f"held by `{line(str(path))}`" if path else "held by an unnamed object"
+    said = f"held by {code(path)}" if path else "held by an unnamed object"
     if details:
-        text += f" ({', '.join(details)})"
+        said += f" ({', '.join(details)})"
     sites = holder.get("sites")
     if isinstance(sites, (list, tuple)) and sites:
-        text += ", allocated at " + ", ".join(f"`{line(str(s))}`" for s in sites[:3])
-    return text
+        said += ", allocated at " + ", ".join(code(s) for s in sites[:3])
+    return Markdown(said)
 
 
-def evidence(finding: Finding) -> str:
-    text = line(finding.message)
+def evidence(finding: Finding) -> Markdown:
+    said: str = text(finding.message, MESSAGE_CHARS)
     readings = []
     for e in finding.evidence:
         value = as_int(e.value)
         where = checkpoint_name(Sample(e.label, e.phase, e.epoch, e.batch))
-        readings.append(f"{where} = {format_mib(value)} ({e.metric or 'n/a'})")
+        readings.append(f"{text(where)} = {format_mib(value)} ({text(e.metric or 'n/a')})")
     if readings:
-        text += ". Readings: " + "; ".join(readings)
+        said += ". Readings: " + "; ".join(readings[:12])
     if finding.slope is not None:
-        text += f". Slope {format_rate(finding.slope)}"
-    return text + "."
+        said += f". Slope {format_rate(finding.slope)}"
+    return Markdown(said + ".")

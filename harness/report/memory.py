@@ -9,7 +9,7 @@ import math
 from typing import Any, NamedTuple
 
 from harness.chart import MAX_POINTS, memory_chart, shows_capacity
-from harness.markdown import fenced, line, table
+from harness.markdown import Markdown, code, fenced, plain, strong, table, text
 from harness.report.run import Run, as_int, checkpoint_name, oom_events
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import PhaseStats, Rules
@@ -20,9 +20,15 @@ Nth, highest, last)."""
 HIGHEST_MARGIN = 2**20 // 10
 """How far a loop's highest reading must rise above its first and last to get its own row."""
 NOTE_CHARS = 120
+NAME_CHARS = 120
+"""Characters kept of a note, and of a checkpoint's name, in the Memory Profile."""
 
 
 def profile(run: Run) -> list[str]:
+    if getattr(run, "ranks", None):  # a distributed run: one column per rank
+        from harness.report.ranks import rank_profile
+
+        return rank_profile(run)  # type: ignore[arg-type]
     lines = ["## Memory Profile", ""]
     if not run.samples:
         return [*lines, "No checkpoint was recorded."]
@@ -30,8 +36,8 @@ def profile(run: Run) -> list[str]:
     capacity = run.capacity
     rows = profile_rows(run)
     width = max(len(name) for name, _, _ in rows) + 1
-    right = f"{against} / capacity" if capacity else against
-    header = [f"{'checkpoint':<{width}}", f"{metric:>10}"]
+    right = f"{plain(against, 40)} / capacity" if capacity else plain(against, 40)
+    header = [f"{'checkpoint':<{width}}", f"{plain(metric, 40):>10}"]
     if against != metric:
         header.append(right)
     elif capacity:
@@ -50,12 +56,12 @@ def profile(run: Run) -> list[str]:
         body.append("  ".join(cells).rstrip())
     explained = "; per-batch checkpoints: first, every Nth, highest and last of each loop"
     capacity_text = (
-        f"; utilization is `{against}` against the capacity ({format_mib(capacity)})"
+        f"; utilization is {code(against)} against the capacity ({format_mib(capacity)})"
         if capacity
         else ""
     )
     lines.append(
-        f"`{metric}` at each named checkpoint"
+        f"{code(metric)} at each named checkpoint"
         + (explained if batch_runs(run) else "")
         + capacity_text
         + f". {len(run.samples)} checkpoints in all."
@@ -64,6 +70,10 @@ def profile(run: Run) -> list[str]:
 
 
 def chart(run: Run) -> list[str]:
+    if getattr(run, "ranks", None):  # a distributed run: one line per rank
+        from harness.report.ranks import rank_chart
+
+        return rank_chart(run)  # type: ignore[arg-type]
     series = {run.metric: [run.reading(s) for s in run.samples]}
     against = run.capacity_metric
     if against != run.metric:
@@ -74,7 +84,7 @@ def chart(run: Run) -> list[str]:
     block = memory_chart(series, capacity=run.capacity)
     if not block:
         return []
-    drawn = [f"`{m}`" for m in names if any(v is not None for v in series[m])]
+    drawn: list[str] = [code(m) for m in names if any(v is not None for v in series[m])]
     if shows_capacity(series, run.capacity):
         drawn.append(f"the capacity ({format_mib(run.capacity)}, flat)")
     lines_text = f"lines, in order: {', '.join(drawn)}" if len(drawn) > 1 else drawn[0]
@@ -84,7 +94,7 @@ def chart(run: Run) -> list[str]:
     ooms = [event[0] for event in oom_events(run)]
     if ooms:
         caption += "; out of memory at " + ", ".join(
-            f"#{i} ({checkpoint_name(run.samples[i])})" for i in ooms[:3]
+            f"#{i} ({text(checkpoint_name(run.samples[i]))})" for i in ooms[:3]
         )
     lines = ["## Memory Over the Run", "", *block, "", caption + "."]
     guide = phase_guide(run)
@@ -124,6 +134,10 @@ ANALYSIS_COLUMNS = (
 
 
 def analysis(run: Run) -> list[str]:
+    if getattr(run, "ranks", None):  # a distributed run: one column per rank
+        from harness.report.ranks import rank_analysis
+
+        return rank_analysis(run)  # type: ignore[arg-type]
     rows = analysis_rows(run)
     lines = ["## Memory Analysis", ""]
     if not rows:
@@ -155,14 +169,15 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
         ooms[shown] = event
     keep: dict[int, list[str]] = {}
     for positions in batch_runs(run):
-        values = [run.reading(run.samples[i]) for i in positions]
         step = nice_step(math.ceil(len(positions) / PROFILE_BATCH_ROWS))
         chosen = {0, len(positions) - 1, *range(0, len(positions), step)}
-        measured = [k for k, v in enumerate(values) if v is not None]
+        measured = {
+            k: v for k, i in enumerate(positions) if (v := run.reading(run.samples[i])) is not None
+        }
         if measured:
-            high = max(measured, key=lambda k: values[k])
-            ends = max(values[measured[0]], values[measured[-1]])
-            if values[high] >= ends + HIGHEST_MARGIN:
+            high = max(measured, key=lambda k: measured[k])
+            first, last = min(measured), max(measured)
+            if measured[high] >= max(measured[first], measured[last]) + HIGHEST_MARGIN:
                 chosen.add(high)
                 keep[positions[high]] = ["highest of the loop"]
         for k in chosen:
@@ -178,9 +193,9 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
             notes.append("after gc")
         for j in ooms.get(i) or [i]:
             note = run.samples[j].note
-            if note and line(note)[:NOTE_CHARS] not in notes:
-                notes.append(line(note)[:NOTE_CHARS])
-        name = checkpoint_name(s)
+            if note and plain(note, NOTE_CHARS) not in notes:
+                notes.append(plain(note, NOTE_CHARS))
+        name = plain(checkpoint_name(s), NAME_CHARS)
         rows.append((f"[OOM ERROR] {name}" if i in ooms else name, i, notes))
     return rows
 
@@ -211,7 +226,7 @@ def nice_step(at_least: int) -> int:
         scale *= 100
 
 
-def phase_guide(run: Run) -> str:
+def phase_guide(run: Run) -> Markdown:
     """``training e0 #1-21 · validation e0 #22-34 · ...``: where each phase lies on the x axis."""
     spans: list[list[Any]] = []
     for i, s in enumerate(run.samples):
@@ -224,11 +239,11 @@ def phase_guide(run: Run) -> str:
             spans.append([key, i, i])
     parts = []
     for (phase, epoch), first, last in spans[:12]:
-        name = line(str(phase)) if phase is not None else "batches"
+        name = text(phase, NAME_CHARS) if phase is not None else "batches"
         parts.append(f"{name}{'' if epoch is None else f' e{epoch}'} #{first}-{last}")
     if len(spans) > 12:
         parts.append(f"... {len(spans) - 12} more")
-    return " · ".join(parts)
+    return Markdown(" · ".join(parts))
 
 
 def phase_row(p: PhaseStats, rules: Rules) -> AnalysisRow:
@@ -289,11 +304,11 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
 
 
 def scope(phase: Any, epoch: Any) -> str:
-    """``validation epoch 0``; ``(no phase)`` for samples outside any phase."""
-    name = line(str(phase)) if phase is not None else "(no phase)"
-    return name if epoch is None else f"{name} epoch {epoch}"
+    """``validation epoch 0``; ``(no phase)`` for samples outside any phase (not escaped)."""
+    name = plain(phase, NAME_CHARS) if phase is not None else "(no phase)"
+    return name if epoch is None else f"{name} epoch {plain(epoch, 20)}"
 
 
-def status(text: str) -> str:
+def status(value: str) -> Markdown:
     """A check's or phase's status, in bold when it failed."""
-    return f"**{text}**" if text in ("FAIL", "ERROR") else text
+    return strong(value) if value in ("FAIL", "ERROR") else text(value)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from harness.markdown import line
+from harness.markdown import plain
 from harness.sample import Sample
 from harness.verdict import Verdict
 
@@ -128,21 +128,21 @@ def checkpoint_name(sample: Sample) -> str:
     return text if sample.epoch is None else f"Epoch {sample.epoch} {text}"
 
 
-def describe(value: Any) -> str:
-    """A header value for a person: text as is, others as compact JSON, ``n/a`` for None."""
+def describe(value: Any, limit: int = 80) -> str:
+    """A header value for a person, on one line (not escaped): text as is (up to
+    :data:`~harness.markdown.LIMIT` characters), a list of texts joined by commas and others as
+    compact JSON (up to ``limit``), ``n/a`` for None."""
     if value is None:
         return "n/a"
     if isinstance(value, str):
-        return line(value) or "n/a"
+        return plain(value) or "n/a"
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
-        text = ", ".join(line(v) for v in value)
-        return text if len(text) <= 80 else text[:77] + "..."
+        return plain(", ".join(plain(v, limit) for v in value[:limit]), limit)
     try:
         text = json.dumps(value, default=str, separators=(",", ":"))
-    except (TypeError, ValueError):
-        text = str(value)
-    text = line(text)
-    return text if len(text) <= 80 else text[:77] + "..."
+    except (TypeError, ValueError, RecursionError):
+        text = repr(type(value))
+    return plain(text, limit)
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:

@@ -12,9 +12,10 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from harness.markdown import code, line, link, table
-from harness.report.issues import issues, ranked, root_cause
+from harness.markdown import Markdown, code, link_to, strong, table, text
+from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
 from harness.report.memory import analysis, chart, profile, status
+from harness.report.ranks import rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
 from harness.verdict import Verdict
@@ -38,12 +39,12 @@ def render_report(run: Run) -> str:
 
 
 def title(run: Run) -> list[str]:
-    name = line(run.title or run.name) or "unnamed run"
+    name = text(run.title or run.name) or "unnamed run"
     return [
         f"# Memory report: {name}",
         "",
         f"{date(run.header.get('started'))} · {device(run.header)} · "
-        f"verdict **{run.verdict.status}**",
+        f"verdict {strong(run.verdict.status)}",
     ]
 
 
@@ -81,7 +82,7 @@ def configuration(run: Run) -> list[str]:
         ("Validation samples", describe(meta.get("val_samples"))),
         (
             "Probe / metric",
-            f"{describe(run.header.get('probe'))} / {run.metric}"
+            f"{describe(run.header.get('probe'))} / {describe(run.metric)}"
             f" (primary: {describe(run.header.get('primary'))})",
         ),
         ("Rules", rules_text(run.verdict)),
@@ -96,9 +97,10 @@ def configuration(run: Run) -> list[str]:
     other += [f"{k}={describe(v)}" for k, v in meta.items() if k not in shown_meta]
     if other:
         rows.append(("Other settings", ", ".join(other)))
+    rows += rank_rows(run)
     notes = run.header.get("notes")
     if isinstance(notes, list) and notes:
-        rows.append(("Probe notes", "; ".join(line(str(n)) for n in notes)))
+        rows.append(("Probe notes", "; ".join(describe(n) for n in notes[:20])))
     return ["## Configuration", "", *table(("Setting", "Value"), rows)]
 
 
@@ -131,7 +133,7 @@ def final(run: Run) -> list[str]:
     ]
     remaining = [f for f in ranked(verdict.findings) if f.blocking]
     if remaining:
-        listed = "; ".join(f"{f.severity} {line(f.message)}" for f in remaining)
+        listed = "; ".join(f"{f.severity} {text(f.message, MESSAGE_CHARS)}" for f in remaining)
         lines += ["", f"Remaining: {listed}"]
     if run.torn or ended(run.samples) is False:
         lines += ["", "Judged on an incomplete timeline: the run did not reach its end."]
@@ -142,10 +144,8 @@ def logs(run: Run) -> list[str]:
     count = f"{len(run.samples)} checkpoints"
     if run.torn:
         count += f"; {run.torn} torn last line skipped: the writer was killed mid-line"
-    timeline = f"[{run.timeline}]({link(run.timeline)})" if run.timeline else "not written"
-    verdict = (
-        f"[{run.verdict_file}]({link(run.verdict_file)})" if run.verdict_file else ("not written")
-    )
+    timeline = link_to(run.timeline, run.timeline) if run.timeline else "not written"
+    verdict = link_to(run.verdict_file, run.verdict_file) if run.verdict_file else "not written"
     return [
         "## Logs",
         "",
@@ -154,46 +154,48 @@ def logs(run: Run) -> list[str]:
     ]
 
 
-def environment(header: Mapping[str, Any]) -> str:
-    parts = [device(header)]
-    for key, name in (("torch", "torch"), ("python", "Python"), ("leakgate", "leakgate")):
+def environment(header: Mapping[str, Any]) -> Markdown:
+    parts: list[str] = [device(header)]
+    for key, name in (
+        ("torch", "torch"),
+        ("python", "Python"),
+        ("leakgate", "leakgate"),
+        ("driver", "driver"),
+        ("host", "host"),
+    ):
         if header.get(key):
-            parts.append(f"{name} {describe(header[key])}")
-    if header.get("driver"):
-        parts.append(f"driver {describe(header['driver'])}")
-    if header.get("host"):
-        parts.append(f"host {describe(header['host'])}")
+            parts.append(f"{name} {text(describe(header[key]))}")
     commit = header.get("git_commit")
     if isinstance(commit, str) and commit:
-        parts.append(f"commit {commit[:10]}")
-    return " · ".join(parts)
+        parts.append(f"commit {text(commit[:10])}")
+    return Markdown(" · ".join(parts))
 
 
-def run_line(run: Run) -> str:
+def run_line(run: Run) -> Markdown:
     done, planned = epochs(run)
     if planned is not None:
-        text = f"{done} of {planned} epochs completed"
+        line = f"{done} of {planned} epochs completed"
     elif done:
-        text = f"{done} epochs completed (planned: n/a)"
+        line = f"{done} epochs completed (planned: n/a)"
     else:
-        text = "epochs: n/a"
-    text += f" · {len(run.samples)} checkpoints"
+        line = "epochs: n/a"
+    line += f" · {len(run.samples)} checkpoints"
     times = [s.time for s in run.samples if isinstance(s.time, (int, float)) and s.time > 0]
     if len(times) > 1:
-        text += f" over {max(times) - min(times):.1f} s"
+        line += f" over {max(times) - min(times):.1f} s"
     finished = ended(run.samples)
     if finished is False and run.samples:
-        text += f" · stopped at {checkpoint_name(run.samples[-1])}, before the end of the run"
+        line += f" · stopped at {text(checkpoint_name(run.samples[-1]))}, before the end of the run"
     elif finished is None and planned is not None and done < planned and run.samples:
-        text += f" · stopped at {checkpoint_name(run.samples[-1])}"
+        line += f" · stopped at {text(checkpoint_name(run.samples[-1]))}"
     if run.torn:
-        text += " · timeline cut short (torn last line skipped)"
-    return text
+        line += " · timeline cut short (torn last line skipped)"
+    return Markdown(line)
 
 
 def verdict_line(verdict: Verdict) -> str:
     if verdict.status == "ERROR":
-        return f"ERROR: the run raised `{line(verdict.error or 'an error')}`"
+        return f"ERROR: the run raised {code(verdict.error or 'an error')}"
     counts: dict[str, int] = {}
     for f in verdict.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
@@ -206,6 +208,7 @@ def verdict_line(verdict: Verdict) -> str:
 
 
 def rules_text(verdict: Verdict) -> str:
+    """The rules in force, as plain text (a table escapes it)."""
     rules = verdict.rules
     parts = [f"phase {', '.join(rules.phase) if rules.phase else 'all'}"]
     for name in ("max_growth", "max_peak", "max_drift", "teardown"):
@@ -214,11 +217,9 @@ def rules_text(verdict: Verdict) -> str:
     return " · ".join(parts)
 
 
-def device(header: Mapping[str, Any]) -> str:
-    probe = header.get("probe")
-    name = header.get("device")
-    parts = [line(str(p)) for p in (probe, name) if p]
-    return ": ".join(parts) if parts else "device n/a"
+def device(header: Mapping[str, Any]) -> Markdown:
+    parts = [text(describe(p)) for p in (header.get("probe"), header.get("device")) if p]
+    return Markdown(": ".join(parts) if parts else "device n/a")
 
 
 def date(started: Any) -> str:
