@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness import labels
 from harness.report import Run
-from harness.rules import judge
+from harness.rules import describe_error, judge
 from harness.timeline import Timeline
 from harness.units import format_size
 from harness.verdict import Rules, Verdict
@@ -95,8 +96,10 @@ def finish_run(
         header, samples, torn = record.header, list(record.samples), 0
         found = record.holders
         timeline = timeline or record.timeline_path
+        record.end(None if error is None else describe_error(error))
     else:
         header, samples, torn, found = record.header, record.samples, record.torn, []
+        error = record.error if record.end is not None else unfinished(record)
     if rules is None:
         rules = rules_of(header)
     verdict = judge(samples, rules, error=error)
@@ -132,6 +135,21 @@ def finish_run(
         if timeline is not None:
             paths["timeline"] = timeline
     return Finished(run, holders, paths)
+
+
+def unfinished(timeline: Timeline) -> str | None:
+    """Why a timeline without an end record is not a finished run (``None`` when it still
+    reached its end checkpoint: written before end records existed)."""
+    samples = timeline.samples
+    if any(labels.is_run_end(s.label) for s in samples):
+        return None
+    epochs = [s.epoch for s in samples if s.epoch is not None]
+    config = timeline.header.get("config")
+    planned = config.get("epochs") if isinstance(config, Mapping) else None
+    where = f"epoch {epochs[-1]}" if epochs else "no epoch"
+    if epochs and isinstance(planned, int) and not isinstance(planned, bool):
+        where += f" of {planned}"
+    return f"run ended at checkpoint {len(samples)}, {where}: killed or crashed before its end"
 
 
 def summary_line(verdict: Verdict) -> str:

@@ -79,6 +79,8 @@ def is_oom_error(error: BaseException | str) -> bool:
     """Whether what a run raised is an out-of-memory error."""
     if isinstance(error, BaseException):
         names = [c.__name__ for c in type(error).__mro__]
-        if any(n in _OOM_TYPES or n.endswith("OOM") for n in names):
-            return True
+    else:  # "TypeName: message", as a timeline's end record keeps it
+        names = [error.split(":", 1)[0].strip()]
+    if any(n in _OOM_TYPES or n.endswith(("OOM", "OutOfMemory")) for n in names):
+        return True
     return bool(_OOM_TEXT.search(str(error)))

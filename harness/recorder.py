@@ -21,6 +21,7 @@ import torch
 
 from harness import __version__
 from harness.attribution import Holder, PhaseAttribution
+from harness.distributed import rank_info, rank_timeline
 from harness.probes import Probe, make_probe
 from harness.sample import Sample
 from harness.store import SampleStore
@@ -46,6 +47,11 @@ class Recorder:
     settings), ``meta`` (anything else) and the probe's notes on missing sources. Bad input
     raises at construction, before any file is created. ``capacity`` (the attribute) is the
     emulated capacity when one is given, else the device's.
+
+    In a distributed run (an initialised process group, or ``RANK``/``WORLD_SIZE`` set: see
+    :func:`harness.distributed.rank_info`, kept as :attr:`rank`) the header also holds ``rank``,
+    ``world_size``, ``local_rank`` and ``backend``, and the timeline is written to
+    ``<stem>.rank<N>.jsonl``: each rank has its own file.
 
     ``capacity`` (bytes, or a size such as ``"4GiB"``) emulates a smaller device:
 
@@ -88,6 +94,7 @@ class Recorder:
         if attribute is True:
             attribute = PhaseAttribution()
         self.attribution: PhaseAttribution | None = attribute or None
+        self.rank = rank_info()
         self.probe = make_probe(probe)
         self._timeline = None
         try:
@@ -96,6 +103,10 @@ class Recorder:
             self.header = self._header(limit is not None, config, meta)
             if rules is not None:
                 self.header["rules"] = rules.to_dict()
+            if self.rank is not None:
+                self.header.update(self.rank.to_header())
+            if timeline is not None and self.rank is not None:
+                timeline = rank_timeline(timeline, self.rank.rank)
             if timeline is not None:
                 self._timeline = TimelineWriter(timeline, self.header)
         except BaseException:
@@ -109,6 +120,7 @@ class Recorder:
         self._notes_said = len(self.probe.notes)
         self._over = False
         self._closed = False
+        self._ended = False
         self._unfreeze = gc.get_freeze_count() == 0
         gc.freeze()
         if self.attribution is not None:
@@ -292,6 +304,12 @@ class Recorder:
             finally:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
+
+    def end(self, error: str | None = None) -> None:
+        """Write the timeline's end record once: the run finished, raising ``error`` (text)."""
+        if self._timeline is not None and not self._ended and not self._closed:
+            self._ended = True
+            self._timeline.end(error)
 
     @property
     def closed(self) -> bool:

@@ -46,8 +46,10 @@ from harness.sample import Sample
 from harness.units import parse_size
 from harness.verdict import size_fields
 
-FORMAT = 1
-"""Version of the timeline format, written in the header as ``leakgate_timeline``."""
+FORMAT = 2
+"""Version of the timeline format, written in the header as ``leakgate_timeline``. Version 2
+adds the end record (``{"leakgate_end": {"error": ...}}``, written once the run is judged);
+version 1 timelines still read."""
 
 MAX_DEPTH = 64
 """How deeply a header's values may nest (a run's config is a few levels deep)."""
@@ -103,6 +105,10 @@ class TimelineWriter:
         """Append one sample line, equal to ``sample.to_dict()``; built shallowly because
         ``to_dict``'s deep copy alone costs about 11 µs, a third of a checkpoint's budget."""
         self._write(_encode({**sample.__dict__, "metrics": dict(sample.metrics)}))
+
+    def end(self, error: str | None) -> None:
+        """Write the end record: the run finished (``error``: what it raised, if anything)."""
+        self._write(_encode({"leakgate_end": {"error": error}}))
 
     def close(self) -> None:
         """Close the file, which ends this writer's hold on its name."""
@@ -218,11 +224,18 @@ def _same_entry(path: Path, info: os.stat_result) -> bool:
 
 @dataclass(frozen=True)
 class Timeline:
-    """A timeline as read back: ``torn`` counts skipped incomplete last lines (0 or 1)."""
+    """A timeline as read back: ``torn`` counts skipped incomplete last lines (0 or 1); ``end``
+    is the end record (``error``: what the run raised), None when the run did not write one."""
 
     header: dict[str, Any]
     samples: list[Sample]
     torn: int = 0
+    end: dict[str, Any] | None = None
+
+    @property
+    def error(self) -> str | None:
+        """What the run raised, as its end record says."""
+        return self.end.get("error") if self.end is not None else None
 
 
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
@@ -258,12 +271,20 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     except ValueError as exc:
         raise ValueError(f"{path}:1: header{exc}") from None
     samples = []
+    end = None
     for number, record in rest:
+        if end is not None:
+            raise ValueError(f"{path}:{number}: a line after the end record")
+        if isinstance(record, dict) and "leakgate_end" in record:
+            end = record["leakgate_end"]
+            if not isinstance(end, dict) or not isinstance(end.get("error"), (str, type(None))):
+                raise ValueError(f"{path}:{number}: end record: expected {{'error': text or null}}")
+            continue
         try:
             samples.append(sample_of(record))
         except ValueError as exc:
             raise ValueError(f"{path}:{number}: sample{exc}") from None
-    return Timeline(header, samples, torn)
+    return Timeline(header, samples, torn, end)
 
 
 def check_header(header: Mapping[str, Any]) -> None:

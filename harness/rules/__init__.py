@@ -53,6 +53,7 @@ __all__ = [
     "Rule",
     "Rules",
     "Verdict",
+    "describe_error",
     "judge",
     "register_rule",
     "registered",
@@ -193,7 +194,7 @@ def _judge_error(
     """Add the run-wide OOM check (and a finding for an OOM the run raised without an OOM
     event); return the error's text when it is not an OOM."""
     ooms = [f for f in findings if f.kind == Kind.OOM]
-    text = None if error is None else _error_text(error)
+    text = None if error is None else describe_error(error)
     error_is_oom = error is not None and labels.is_oom_error(error)
     if error_is_oom and not ooms:
         findings.append(Finding(Kind.OOM, None, None, None, f"out of memory: {text}", rule="oom"))
@@ -206,7 +207,8 @@ def _judge_error(
     return text
 
 
-def _error_text(error: BaseException | str) -> str:
+def describe_error(error: BaseException | str) -> str:
+    """``TypeName: first line of the message``, as verdicts and timelines keep an error."""
     if isinstance(error, BaseException):
         text = str(error).strip().splitlines()
         return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
