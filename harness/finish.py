@@ -23,7 +23,7 @@ from harness.units import format_size
 from harness.verdict import Rules, Verdict
 
 if TYPE_CHECKING:
-    from harness.attribution import Holder
+    from harness.attribution import Holder, Share
     from harness.recorder import Recorder
 
 
@@ -34,12 +34,22 @@ class Finished:
 
     run: Run
     holders: Sequence[Holder] = ()
+    shares: Sequence[Share] = ()
     paths: Mapping[str, Path] = field(default_factory=dict)
     write_error: OSError | None = None
 
     @property
     def verdict(self) -> Verdict:
         return self.run.verdict
+
+    def holder_lines(self, limit: int = 3) -> list[str]:
+        """Who holds the memory of each explained finding, and how much of it they hold."""
+        lines = []
+        for share in self.shares:
+            if share.holders:
+                lines.append(f"  {share.kind} in {share.phase or 'the run'}: {share.text}")
+                lines += [f"    held by {h}" for h in share.holders[:limit]]
+        return lines
 
     def lines(self, *, holders: int = 3) -> list[str]:
         """The verdict for a terminal: a status line, one line per finding, the top holders."""
@@ -48,7 +58,7 @@ class Finished:
             f"memory verdict: {verdict.status}" + (f" ({verdict.error})" if verdict.error else "")
         ]
         lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
-        lines += [f"  held by {h}" for h in self.holders[:holders]]
+        lines += self.holder_lines(holders)
         return lines
 
 
@@ -90,23 +100,22 @@ def finish_run(
     saves its report and verdict under that stem, so neither run's files are lost. A write that
     fails is returned as ``write_error``, never raised: the verdict must still reach its caller.
     """
-    from harness.recorder import Recorder
-
-    if isinstance(record, Recorder):
+    live = not isinstance(record, Timeline)
+    if isinstance(record, Timeline):
+        header, samples, torn = record.header, record.samples, record.torn
+        error = record.error if record.end is not None else unfinished(record)
+    else:
         header, samples, torn = record.header, list(record.samples), 0
-        found = record.holders
         timeline = timeline or record.timeline_path
         record.end(None if error is None else describe_error(error))
-    else:
-        header, samples, torn, found = record.header, record.samples, record.torn, []
-        error = record.error if record.end is not None else unfinished(record)
     if rules is None:
         rules = rules_of(header)
     verdict = judge(samples, rules, error=error)
-    holders = _explain(found, verdict) if isinstance(record, Recorder) else []
+    explained = _shares(record, verdict) if not isinstance(record, Timeline) else []
+    holders = _named(explained)
     if directory is not None:
         folder = Path(directory)
-        if isinstance(record, Recorder) and timeline is not None and timeline.parent == folder:
+        if live and timeline is not None and timeline.parent == folder:
             name = timeline.stem
         markdown, document = folder / f"{name}.md", folder / f"{name}.json"
         if timeline is None and (folder / f"{name}.jsonl").exists():
@@ -130,11 +139,11 @@ def finish_run(
         try:
             write_run(run, markdown, document)
         except OSError as exc:
-            return Finished(run, holders, {}, exc)
+            return Finished(run, holders, explained, {}, exc)
         paths = {k: p for k, p in (("md", markdown), ("json", document)) if p is not None}
         if timeline is not None:
             paths["timeline"] = timeline
-    return Finished(run, holders, paths)
+    return Finished(run, holders, explained, paths)
 
 
 def unfinished(timeline: Timeline) -> str | None:
@@ -161,12 +170,22 @@ def summary_line(verdict: Verdict) -> str:
     return text
 
 
-def _explain(found: Sequence[Holder], verdict: Verdict) -> list[Holder]:
+def _shares(recorder: Recorder, verdict: Verdict) -> list[Share]:
+    """Holders for a failing verdict's findings, searched while the run's objects live:
+    against what existed when each finding's phase started, when the recorder attributed."""
     if verdict.passed:
         return []
-    from harness.attribution import explain
+    from harness.attribution import shares
 
-    return explain(found, verdict.findings)
+    return shares(recorder.attribution or recorder.holders, verdict.findings)
+
+
+def _named(explained: Sequence[Share]) -> list[Holder]:
+    if not explained:
+        return []
+    from harness.attribution import named
+
+    return named(h for share in explained for h in share.holders)
 
 
 def _test_of(header: Mapping[str, Any]) -> str | None:

@@ -152,7 +152,11 @@ class LeakGate:
         marker = item.get_closest_marker("memleak")
         asked = marker is not None and bool(marker.kwargs.get("attribute", False))
         files = self.files_for(item)
-        attribution = PhaseAttribution(growth=rules.size("max_growth")) if asked else False
+        # Always ready to name holders while they live: at the checkpoint where a phase's growth
+        # first crosses its budget, or an OOM. attribute=True also names them at every END.
+        attribution = PhaseAttribution(
+            growth=rules.size("max_growth"), metric=rules.metric, at_end=asked, sites=asked
+        )
         meta = {"test": item.nodeid}
         try:
             recorder = Recorder(
@@ -251,7 +255,7 @@ class LeakGate:
             self.write_failed(finished.write_error)
         verdict = finished.verdict
         trace.judged = True
-        trace.holders = tuple(str(h) for h in finished.holders[:3])
+        trace.holders = tuple(finished.holder_lines())
         summary = {
             "status": verdict.status,
             "worst_growth": worst_growth(verdict),

@@ -18,13 +18,14 @@ def worst_growth(verdict: Verdict) -> float | None:
 
 
 def failure_message(
-    verdict: Verdict, samples: Sequence[Sample], metric: str, holders: Sequence[str] = ()
+    verdict: Verdict, samples: Sequence[Sample], metric: str, held: Sequence[str] = ()
 ) -> str:
-    """Findings and who holds the memory, then the checkpoint table: label, phase, MiB, delta
-    against the phase start."""
+    """Findings, then who holds the memory (``held``: lines, as
+    :meth:`harness.finish.Finished.holder_lines` gives them), then the checkpoint table:
+    label, phase, MiB, delta against the phase start."""
     lines = [f"leakgate: memory verdict {verdict.status}"]
     lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
-    lines += [f"  held by {h}" for h in holders]
+    lines += held
     if verdict.error:
         lines.append(f"  error: {verdict.error}")
     lines += ["", *checkpoint_table(samples, metric)]

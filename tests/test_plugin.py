@@ -112,9 +112,10 @@ def test_raises(memtrace):
     verdict = json.loads(next(out.glob("*.json")).read_text())
     assert verdict["status"] == "ERROR" and "boom in batch 50" in verdict["error"]
     lines = next(out.glob("*.jsonl")).read_text().splitlines()
-    samples = [json.loads(line) for line in lines[1:]]
+    *samples, end = [json.loads(line) for line in lines[1:]]
     assert [s["batch"] for s in samples if s["label"] == "VALIDATION_BATCH"] == list(range(50))
     assert samples[-1]["label"] == "TEST_END" and "RuntimeError" in samples[-1]["note"]
+    assert end["leakgate_end"]["error"].startswith("RuntimeError: boom in batch 50")
 
 
 def test_marker_alone_traces_the_whole_test_for_teardown(pytester):
@@ -153,7 +154,8 @@ def test_named(memtrace, name):
     timeline = next((pytester.path / "reports").glob("*.jsonl")).read_text().splitlines()
     header = json.loads(timeline[0])
     assert header["meta"]["test"].startswith("test_loop.py::test_named[")
-    labels = [json.loads(line)["label"] for line in timeline[1:]]
+    labels = [json.loads(line)["label"] for line in timeline[1:-1]]
+    assert json.loads(timeline[-1]) == {"leakgate_end": {"error": None}}
     assert labels[0] == "TEST_START" and labels[-1] == "TEST_END"
     assert labels.count("VALIDATION_BATCH") == 176
 

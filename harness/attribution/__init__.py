@@ -8,7 +8,7 @@ verdict's findings, :func:`shares` how much of each they hold
 (:mod:`~harness.attribution.findings`); on CUDA, allocation sites come from torch's allocation
 history (:mod:`~harness.attribution.sites`)."""
 
-from harness.attribution.findings import Share, explain, shares
+from harness.attribution.findings import Share, explain, named, shares
 from harness.attribution.holders import Holder, attribute
 from harness.attribution.phase import PhaseAttribution
 from harness.attribution.sites import record_sites
@@ -22,6 +22,7 @@ __all__ = [
     "attribute",
     "explain",
     "live_tensors",
+    "named",
     "record_sites",
     "shares",
 ]

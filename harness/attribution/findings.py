@@ -70,20 +70,20 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
         if kind not in EXPLAINED:
             continue
         phase, epoch = getattr(finding, "phase", None), getattr(finding, "epoch", None)
-        named = [h for h in found if h.phase == phase]
-        if epoch is not None and any(h.epoch == epoch for h in named):
-            named = [h for h in named if h.epoch == epoch]
-        if kind == "teardown" or not named:
+        chosen = [h for h in found if h.phase == phase]
+        if epoch is not None and any(h.epoch == epoch for h in chosen):
+            chosen = [h for h in chosen if h.epoch == epoch]
+        if kind == "teardown" or not chosen:
             before = attribution.snapshot_for(phase) if attribution is not None else None
-            named += _search(before, searched)
+            chosen += _search(before, searched)
         result.append(
             Share(
                 str(kind),
                 phase,
                 epoch,
                 getattr(finding, "bytes", None),
-                _held(named),
-                tuple(_largest(named)),
+                _held(chosen),
+                tuple(named(chosen)),
             )
         )
     return result
@@ -93,7 +93,7 @@ def explain(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any
     """Who to name for a verdict's leak, teardown and OOM findings, largest first, each path
     once (a holder seen at several checkpoints is named at its largest); see :func:`shares`
     for which holders a finding takes. A passing run pays nothing."""
-    return _largest(h for share in shares(holders, findings) for h in share.holders)
+    return named(h for share in shares(holders, findings) for h in share.holders)
 
 
 def _search(before: Snapshot | None, searched: dict[int, list[Holder]]) -> list[Holder]:
@@ -103,7 +103,8 @@ def _search(before: Snapshot | None, searched: dict[int, list[Holder]]) -> list[
     return searched[key]
 
 
-def _largest(holders: Iterable[Holder]) -> list[Holder]:
+def named(holders: Iterable[Holder]) -> list[Holder]:
+    """``holders`` largest first, each path once (at its largest)."""
     largest: dict[str, Holder] = {}
     for holder in sorted(holders, key=lambda h: -h.bytes):
         largest.setdefault(holder.path, holder)
@@ -114,7 +115,7 @@ def _held(holders: Sequence[Holder]) -> int:
     """Bytes held at the checkpoint whose holders hold the most (one checkpoint's holders count
     each storage once; two checkpoints may name the same storage twice)."""
     by_checkpoint: dict[tuple[str | None, int | None], int] = {}
-    for holder in _largest(holders):
+    for holder in named(holders):
         place = (holder.label, holder.epoch)
         by_checkpoint[place] = by_checkpoint.get(place, 0) + holder.bytes
     return max(by_checkpoint.values(), default=0)
