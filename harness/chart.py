@@ -1,9 +1,8 @@
-"""Memory over a run as a Mermaid ``xychart-beta`` block, which GitHub renders without tooling.
-
-The x axis is the checkpoint number (the sample's position in the timeline); runs longer than
-:data:`MAX_POINTS` are cut into that many equal spans and each span drawn at its highest
-reading, so short spikes stay visible. Each metric is one line, in the order given; a last, flat
-line marks the device's capacity when the readings come within a quarter of it.
+"""Memory over a run as a Mermaid ``xychart-beta`` block, which GitHub renders without tooling:
+the x axis is the checkpoint number (the sample's position in the timeline), runs longer than
+:data:`MAX_POINTS` are cut into that many equal spans each drawn at its highest reading (so
+short spikes stay visible), each metric is one line in the order given, and a last, flat line
+marks the device's capacity when the readings come within a quarter of it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""Markdown that stays inert whatever text it is given: the one escaping family used by the
-report and the index (which end up in GitHub job summaries).
-
-Text from outside leakgate (test ids, phases, labels, notes, error messages, holder paths,
-titles, header values) reaches markdown only through these functions: :func:`text` for running
-text, headings and table cells, :func:`code` for inline code, :func:`fenced` for code blocks,
-:func:`link_to` for links to our own files and :func:`mermaid` for chart labels. Each makes its
-input one line, replaces control and bidirectional-override characters with U+FFFD and
-shortens absurd lengths with an ellipsis (:func:`plain`). What they return is a
-:class:`Markdown` string, which :func:`table` passes through; any other ``str`` given to
-:func:`table` is escaped as text.
+"""Markdown that stays inert whatever text it is given: the one escaping family the report and
+the index use (they end up in GitHub job summaries). Text from outside leakgate (test ids,
+phases, labels, notes, errors, holder paths, titles, header values) reaches markdown only
+through :func:`text` (running text, headings, table cells), :func:`code` (inline code),
+:func:`fenced` (code blocks), :func:`link_to` (links to our own files) or :func:`mermaid`
+(chart labels); each makes it one line, replaces control and bidirectional-override characters
+with U+FFFD and cuts absurd lengths with an ellipsis (:func:`plain`), and returns a
+:class:`Markdown` string, which :func:`table` passes through while it escapes any other ``str``.
 """
 
 from __future__ import annotations

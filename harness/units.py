@@ -1,11 +1,8 @@
-"""Byte sizes, read and written.
-
-:func:`parse_size` reads ints and strings such as ``"50MB"``, ``"512KiB"`` or ``"4 GB"``:
-decimal units (kB, MB, GB, TB, PB) are powers of 1000 and binary ones (KiB ... PiB) powers of
-1024, computed exactly (no float on the way), and sizes above :data:`MAX_BYTES` are refused.
-Sizes are printed with binary units and binary labels (``3.8MiB``), as
-``torch.cuda.memory_summary`` and ``nvidia-smi`` print them; a threshold is echoed as the
-user wrote it (:func:`echo_size`).
+"""Byte sizes, read and written: :func:`parse_size` reads ints and strings such as ``"50MB"``,
+``"512KiB"`` or ``"4 GB"`` exactly (decimal units are powers of 1000, binary ones of 1024, with
+no float on the way) and refuses sizes above :data:`MAX_BYTES`; sizes are printed with binary
+units and labels (``3.8MiB``), as ``torch.cuda.memory_summary`` and ``nvidia-smi`` print them,
+and a threshold is echoed as the user wrote it (:func:`echo_size`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""The directory's ``index.md``: totals on top, then one row per saved run, failures first.
-
-It is rendered from the runs' JSON documents (as written by :mod:`harness.artifacts`), so it
-reads plain mappings and treats every value in them as possibly missing or malformed. Each run
-is summed up by its most severe finding, ranked as ``Verdict.worst`` ranks them, with its
-size in its own unit (a reading for an out-of-memory, a change for the others).
+"""The directory's ``index.md``: totals on top, then one row per saved run, failures first,
+each run summed up by its most severe finding (ranked as ``Verdict.worst`` ranks them) with its
+size in its own unit: a reading for an out-of-memory, a change for the others. It reads the
+runs' JSON documents (as :mod:`harness.artifacts` writes them) as plain mappings, so any value
+in them may be missing or malformed.
 """
 
 from __future__ import annotations

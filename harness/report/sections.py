@@ -1,9 +1,8 @@
 """The report's frame: :func:`render_report` and the sections around the memory and findings
-sections (title, Executive Summary, Configuration, Test Results Summary, Final Verdict, Logs).
-
-The order follows the verification report a team wrote by hand for the TFT incident. No section
-raises on what a timeline may hold: missing header keys, an empty or partial timeline, findings
-without evidence all render as ``n/a`` or a sentence saying so.
+sections (title, Executive Summary, Configuration, Test Results Summary, Final Verdict, Logs),
+in the order of the verification report a team wrote by hand for the TFT incident. No section
+raises on what a timeline may hold: missing header keys, an empty or partial timeline and
+findings without evidence render as ``n/a`` or a sentence saying so.
 """
 
 from __future__ import annotations
