@@ -613,19 +613,6 @@ def doc_with(scale=1.0, growth_scale=1.0):
     return json.loads(json.dumps(doc))
 
 
-def test_compare_flags_a_20_percent_growth_and_ignores_a_2_percent_wobble():
-    base = doc_with()
-    grown = compare_runs(base, doc_with(scale=1.2))
-    assert grown.regressed and [c.item for c in grown.regressions] == ["Epoch 0 VALIDATION_END"]
-    assert grown.regressions[0].delta == pytest.approx(0.2 * 1651 * MB, rel=1e-6)
-    wobble = compare_runs(base, doc_with(scale=1.02, growth_scale=1.02))
-    assert not wobble.regressed and not wobble.regressions
-    shrunk = compare_runs(doc_with(scale=1.2), base)
-    assert not shrunk.regressed and [c.item for c in shrunk.changes if c.improvement] == [
-        "Epoch 0 VALIDATION_END"
-    ]
-
-
 def test_compare_has_a_noise_floor_for_small_numbers_and_gates_on_status():
     base = doc_with()
     tiny = doc_with(growth_scale=1.5)  # +17MB on a 34MB growth: beyond 10% and beyond 1MiB
@@ -634,13 +621,6 @@ def test_compare_has_a_noise_floor_for_small_numbers_and_gates_on_status():
     passed = {**base, "status": "PASS"}
     assert compare_runs(passed, base).regressed and compare_runs(passed, base).status_regressed
     assert not compare_runs(base, passed).regressed
-
-
-def test_compare_matches_what_both_runs_have():
-    base = doc_with()
-    short = {**base, "checkpoints": base["checkpoints"][:3], "phases": []}
-    result = compare_runs(base, short)
-    assert len(result.changes) == 3 and result.only_in_base > 0 and result.only_in_new == 0
 
 
 # -- the plugin writes reports and an index --------------------------------------------------------
