@@ -1,11 +1,17 @@
 """Robust statistics for memory series: Theil-Sen slope, Mann-Kendall trend test, robust levels.
 
-Everything is plain numpy. Series longer than :data:`MAX_POINTS` are reduced to that many block
-medians first, which keeps the pairwise statistics at O(MAX_POINTS²) and removes short spikes.
+Everything is plain numpy. Series longer than :data:`MAX_POINTS` are reduced first: the points
+are cut, in order, into ``MAX_POINTS`` consecutive blocks whose sizes differ by at most one
+(as ``numpy.array_split`` cuts them), and each block becomes one point, the median of its ``x``
+and the median of its ``y``. That keeps the pairwise statistics at O(MAX_POINTS²) whatever the
+length of the run, and removes spikes shorter than half a block. The pairs ``i < j`` of a length
+are computed once and kept (:func:`_pairs`), and :func:`trend` computes the differences
+``y[j] - y[i]`` once for both the Theil-Sen slope and the Mann-Kendall statistic.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,13 +50,31 @@ def theil_sen(x: Series, y: Series) -> tuple[float, float]:
     Returns ``(0.0, median(y))`` when no two points have distinct ``x``.
     """
     xs, ys = _arrays(x, y)
-    i, j = np.triu_indices(len(xs), k=1)
+    i, j = _pairs(len(xs))
+    return _theil_sen(xs, ys, ys[j] - ys[i], i, j)
+
+
+def _theil_sen(
+    xs: np.ndarray, ys: np.ndarray, dy: np.ndarray, i: np.ndarray, j: np.ndarray
+) -> tuple[float, float]:
     dx = xs[j] - xs[i]
-    keep = dx != 0
-    if not keep.any():
-        return 0.0, float(np.median(ys)) if len(ys) else 0.0
-    slope = float(np.median((ys[j][keep] - ys[i][keep]) / dx[keep]))
+    if len(xs) > 1 and bool((xs[1:] > xs[:-1]).all()):
+        slopes = np.divide(dy, dx, out=dx)  # x strictly increasing: every pair counts
+    else:
+        keep = dx != 0
+        if not keep.any():
+            return 0.0, float(np.median(ys)) if len(ys) else 0.0
+        slopes = dy[keep] / dx[keep]
+    slope = float(np.median(slopes))
     return slope, float(np.median(ys - slope * xs))
+
+
+@functools.lru_cache(maxsize=16)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(i, j)`` of every pair ``i < j`` of ``n`` points (read-only, shared)."""
+    i, j = np.triu_indices(n, k=1)
+    i.flags.writeable = j.flags.writeable = False
+    return i, j
 
 
 def mann_kendall(y: Series) -> tuple[int, float, float]:
@@ -60,11 +84,17 @@ def mann_kendall(y: Series) -> tuple[int, float, float]:
     approximation, which is adequate from about six points on.
     """
     ys = np.asarray(y, dtype=np.float64)
+    if len(ys) < 2:
+        return 0, 0.0, 0.5
+    i, j = _pairs(len(ys))
+    return _mann_kendall(ys, ys[j] - ys[i])
+
+
+def _mann_kendall(ys: np.ndarray, dy: np.ndarray) -> tuple[int, float, float]:
     n = len(ys)
     if n < 2:
         return 0, 0.0, 0.5
-    i, j = np.triu_indices(n, k=1)
-    s = int(np.sign(ys[j] - ys[i]).sum())
+    s = int(np.count_nonzero(dy > 0)) - int(np.count_nonzero(dy < 0))
     _, counts = np.unique(ys, return_counts=True)
     ties = counts[counts > 1].astype(np.float64)
     var = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18
@@ -77,8 +107,10 @@ def mann_kendall(y: Series) -> tuple[int, float, float]:
 def trend(x: Series, y: Series, *, max_points: int = MAX_POINTS) -> Trend:
     """Theil-Sen line and Mann-Kendall test of ``y`` against ``x`` (points ordered by ``x``)."""
     xs, ys = reduce(*_arrays(x, y), max_points=max_points)
-    slope, intercept = theil_sen(xs, ys)
-    s, z, p = mann_kendall(ys)
+    i, j = _pairs(len(xs))
+    dy = ys[j] - ys[i]
+    s, z, p = _mann_kendall(ys, dy)
+    slope, intercept = _theil_sen(xs, ys, dy, i, j)
     residuals = ys - (slope * xs + intercept)
     noise = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
     return Trend(slope, intercept, s, z, p, noise if len(ys) else 0.0, len(xs))
@@ -90,10 +122,19 @@ def reduce(
     """Return ``(x, y)`` unchanged if short enough, else medians of ``max_points`` blocks."""
     if len(x) <= max_points:
         return x, y
-    blocks = np.array_split(np.arange(len(x)), max_points)
-    return (
-        np.array([np.median(x[b]) for b in blocks]),
-        np.array([np.median(y[b]) for b in blocks]),
+    return _block_medians(x, max_points), _block_medians(y, max_points)
+
+
+def _block_medians(values: np.ndarray, blocks: int) -> np.ndarray:
+    """Medians of ``numpy.array_split(values, blocks)``: the first ``len % blocks`` blocks
+    hold one point more than the others, so two reshapes cover them all."""
+    size, longer = divmod(len(values), blocks)
+    cut = longer * (size + 1)
+    return np.concatenate(
+        [
+            np.median(values[:cut].reshape(longer, size + 1), axis=1),
+            np.median(values[cut:].reshape(blocks - longer, size), axis=1),
+        ]
     )
 
 
