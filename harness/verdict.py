@@ -46,6 +46,7 @@ class Kind(StrEnum):
     OOM = "oom"
     CHECK = "check"
     FRAGMENTATION = "fragmentation"
+    CACHE = "cache"
 
 
 class Severity(StrEnum):
@@ -72,7 +73,10 @@ SEVERITY = {
     Kind.CHECK: Severity.P1,
     Kind.DRIFT: Severity.P2,
     Kind.FRAGMENTATION: Severity.P2,
+    Kind.CACHE: Severity.P2,
 }
+WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE)
+"""Kinds that warn without failing a verdict."""
 
 
 def _option(help: str, kind: str = "str", **extra: Any) -> Any:
@@ -119,6 +123,26 @@ class Rules:
             "let a rule that saw nothing to judge pass (default: the verdict is ERROR)", "flag"
         ),
     )
+    project_to: int | None = field(
+        default=None,
+        metadata=_option(
+            "batches a phase runs for real: a significant per-batch slope projected over them "
+            "must stay within max_projected (default max_growth)",
+            "count",
+        ),
+    )
+    max_projected: int | str | None = field(
+        default=None,
+        metadata=_option("growth allowed in a phase projected over project_to batches", "size"),
+    )
+    cache_is_leak: bool = field(
+        default=False,
+        metadata=_option(
+            "judge growth that shrinks to nothing epoch over epoch as a leak too (default: a "
+            "bounded cache, a P2 warning)",
+            "flag",
+        ),
+    )
     custom: Mapping[str, Any] = field(
         default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
     )
@@ -148,6 +172,18 @@ class Rules:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Rules.{name}: expected a whole number >= 0, got {value!r}")
+        if self.project_to is not None and (
+            isinstance(self.project_to, bool)
+            or not isinstance(self.project_to, int)
+            or self.project_to < 1
+        ):
+            raise ValueError(
+                f"Rules.project_to: expected a whole number >= 1, got {self.project_to!r}"
+            )
+        if not isinstance(self.cache_is_leak, bool):
+            raise ValueError(
+                f"Rules.cache_is_leak: expected True or False, got {self.cache_is_leak!r}"
+            )
         if not isinstance(self.allow_unjudged, bool):
             raise ValueError(
                 f"Rules.allow_unjudged: expected True or False, got {self.allow_unjudged!r}"
@@ -288,8 +324,8 @@ class Finding:
 
     @property
     def blocking(self) -> bool:
-        """Whether this finding fails the verdict (every kind but fragmentation)."""
-        return self.kind != Kind.FRAGMENTATION
+        """Whether this finding fails the verdict (every kind but fragmentation and cache)."""
+        return self.kind not in WARNINGS
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from harness import labels
-from harness.rules import loop, run  # noqa: F401  (registers the built-in rules)
+from harness.rules import loop, run, saturation  # noqa: F401  (registers the built-in rules)
 from harness.rules.context import Context, Group
 from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS
 from harness.rules.registry import Rule, register_rule, registered, unregister_rule
@@ -96,6 +96,7 @@ def judge(
             enabled, option = rule.enabled_with(rules)
             if enabled:
                 findings += _named(rule, rule.function(ctx, option))
+    findings, phases = saturation.bounded(ctx, findings, phases)
     message = _judge_error(ctx, findings, error)
     unjudged = None if rules.allow_unjudged else _unjudged(ctx, findings, seen)
     if unjudged is not None:
