@@ -14,6 +14,7 @@ from typing import Any
 from harness.markdown import Markdown, code, link_to, strong, table, text
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
 from harness.report.memory import analysis, chart, profile, status
+from harness.report.ranks import rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
 from harness.verdict import Verdict
@@ -95,6 +96,7 @@ def configuration(run: Run) -> list[str]:
     other += [f"{k}={describe(v)}" for k, v in meta.items() if k not in shown_meta]
     if other:
         rows.append(("Other settings", ", ".join(other)))
+    rows += rank_rows(run)
     notes = run.header.get("notes")
     if isinstance(notes, list) and notes:
         rows.append(("Probe notes", "; ".join(describe(n) for n in notes[:20])))
@@ -146,7 +148,7 @@ def logs(run: Run) -> list[str]:
     return [
         "## Logs",
         "",
-        f"- Timeline (JSONL): {timeline} ({count})",
+        *(rank_logs(run) or [f"- Timeline (JSONL): {timeline} ({count})"]),
         f"- Verdict (JSON): {verdict}",
     ]
 

@@ -1,0 +1,264 @@
+"""The report of a distributed run: one rank per column.
+
+A :class:`MergedRun` is the :class:`~harness.report.run.Run` of the whole run (the merged
+verdict, rank 0's header and samples) plus every rank's own part (:class:`RankRun`). The
+Memory Profile, the chart and the Memory Analysis give each rank its own column (or line);
+Configuration names the rank, world size and backend of any run whose header has them, and
+Logs lists every rank's timeline. Nothing here writes a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from harness.chart import memory_chart
+from harness.markdown import Markdown, code, fenced, link_to, plain, strong, table, text
+from harness.report.memory import (
+    NAME_CHARS,
+    NOTE_CHARS,
+    AnalysisRow,
+    analysis_rows,
+    profile_rows,
+    status,
+)
+from harness.report.run import Run, as_int, checkpoint_name
+from harness.sample import Sample
+from harness.units import format_mib
+from harness.verdict import Verdict
+
+if TYPE_CHECKING:
+    from harness.attribution import Share
+
+MAX_COLUMNS = 8
+"""Ranks shown side by side in the tables; a larger run shows its first ones and says so."""
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """One rank of a distributed run, judged on its own: its timeline header and samples, its
+    verdict, the holders named on it (and their shares of each finding, while the rank was
+    alive), torn lines skipped, and its timeline's path relative to the report."""
+
+    rank: int
+    header: Mapping[str, Any]
+    samples: Sequence[Sample]
+    verdict: Verdict
+    holders: Sequence[Mapping[str, Any]] = ()
+    torn: int = 0
+    timeline: str | None = None
+    shares: tuple[Share, ...] = ()
+
+    @property
+    def run_id(self) -> str | None:
+        value = self.header.get("run_id")
+        return value if isinstance(value, str) else None
+
+    def view(self, name: str) -> Run:
+        """This rank as a run of its own, for the sections that read one."""
+        return Run(
+            name=name,
+            header=self.header,
+            samples=self.samples,
+            verdict=self.verdict,
+            holders=self.holders,
+            torn=self.torn,
+            timeline=self.timeline,
+        )
+
+
+@dataclass(frozen=True)
+class MergedRun(Run):
+    """A distributed run as one: ``verdict`` is the merged verdict, ``header`` and ``samples``
+    are rank 0's (the header with the ranks' run ids), ``ranks`` every rank's part."""
+
+    ranks: tuple[RankRun, ...] = ()
+
+
+def ranks_of(run: Run) -> tuple[RankRun, ...]:
+    """The ranks of a merged run; empty for any other run."""
+    return run.ranks if isinstance(run, MergedRun) else ()
+
+
+def rank_rows(run: Run) -> list[tuple[str, str]]:
+    """Configuration rows: ``Ranks`` for a merged run (world size, backend, each rank's status,
+    run id and timeline), ``Rank`` for one rank's own report; none for a one-process run."""
+    header = run.header
+    backend = f"backend {text(header.get('backend') or 'n/a', 40)}"
+    ranks = ranks_of(run)
+    if ranks:
+        parts = [
+            f"rank {r.rank} {strong(r.verdict.status)} (run {text((r.run_id or 'n/a')[:12])}"
+            + (f", {code(r.timeline)}" if r.timeline else "")
+            + ")"
+            for r in ranks
+        ]
+        size = as_int(header.get("world_size")) or len(ranks)
+        return [("Ranks", Markdown(f"world size {size}, {backend}: {'; '.join(parts)}"))]
+    rank, world = as_int(header.get("rank")), as_int(header.get("world_size"))
+    if rank is None or world is None:
+        return []
+    return [("Rank", Markdown(f"{rank} of world size {world}, {backend}"))]
+
+
+def rank_profile(run: MergedRun) -> list[str]:
+    """The Memory Profile with one column per rank: the checkpoints each rank's own profile
+    would show, matched across ranks by label, phase, epoch and batch."""
+    lines = ["## Memory Profile", ""]
+    shown = run.ranks[:MAX_COLUMNS]
+    views = [r.view(run.name) for r in shown]
+    if not any(v.samples for v in views):
+        return [*lines, "No checkpoint was recorded."]
+    order: dict[tuple[Any, ...], tuple[int, int]] = {}
+    notes: dict[tuple[Any, ...], list[str]] = {}
+    positions: list[dict[tuple[Any, ...], int]] = []
+    for column, view in enumerate(views):
+        keys = _keys(view.samples)
+        positions.append({k: i for i, k in enumerate(keys)})
+        for _, i, found in profile_rows(view):
+            key = keys[i]
+            order.setdefault(key, (i, column))
+            for note in found:
+                tagged = note if len(views) == 1 else f"rank {shown[column].rank}: {note}"
+                if tagged not in notes.setdefault(key, []):
+                    notes[key].append(tagged)
+    rows = sorted(order, key=lambda k: order[k])
+    names = {k: plain(checkpoint_name(_sample_at(views, positions, k)), NAME_CHARS) for k in rows}
+    width = max(len(n) for n in names.values()) + 1
+    heads = [f"rank {r.rank}" for r in shown]
+    cell = max(10, *(len(h) for h in heads))
+    body = ["  ".join([f"{'checkpoint':<{width}}", *(f"{h:>{cell}}" for h in heads)])]
+    for key in rows:
+        cells = [f"{names[key] + ':':<{width}}"]
+        for view, where in zip(views, positions, strict=True):
+            at = where.get(key)
+            reading = None if at is None else view.reading(view.samples[at])
+            cells.append(f"{format_mib(reading):>{cell}}")
+        line = "  ".join(cells)
+        if notes.get(key):
+            line += f"  ({'; '.join(plain(n, NOTE_CHARS) for n in notes[key])})"
+        body.append(line.rstrip())
+    counts = ", ".join(f"rank {r.rank}: {len(r.samples)}" for r in shown)
+    lines.append(
+        f"{code(run.metric)} at each named checkpoint, one column per rank; per-batch "
+        "checkpoints: first, every Nth, highest and last of each loop on any rank. Checkpoints "
+        f"in all: {counts}.{_more(run)}"
+    )
+    return [*lines, "", *fenced("text", body)]
+
+
+def rank_chart(run: MergedRun) -> list[str]:
+    """The run's memory, one line per rank."""
+    shown = run.ranks[:MAX_COLUMNS]
+    series = {f"rank {r.rank}": [as_int(s.get(run.metric)) for s in r.samples] for r in shown}
+    block = memory_chart(series)
+    if not block:
+        return []
+    drawn = [name for name, values in series.items() if any(v is not None for v in values)]
+    caption = (
+        f"MiB of {code(run.metric)} per checkpoint, one line per rank (in order: "
+        f"{', '.join(drawn)}); x is the checkpoint number on each rank"
+    )
+    return ["## Memory Over the Run", "", *block, "", f"{caption}.{_more(run)}"]
+
+
+def rank_analysis(run: MergedRun) -> list[str]:
+    """The Memory Analysis with growth, peak rise and slope in one column per rank, and the
+    phase's status on every rank."""
+    shown = run.ranks[:MAX_COLUMNS]
+    lines = ["## Memory Analysis", ""]
+    per_rank = [{row.phase: row for row in analysis_rows(r.view(run.name))} for r in shown]
+    scopes: list[str] = []
+    for by_scope in per_rank:
+        scopes += [s for s in by_scope if s not in scopes]
+    if not scopes:
+        return [*lines, "No phase has per-batch checkpoints to analyse."]
+    header = ["Phase", "Metric", "Batches", "Budget"]
+    for r in shown:
+        header += [f"Growth r{r.rank}", f"Peak rise r{r.rank}", f"Slope r{r.rank}"]
+    header.append("Status")
+    body: list[list[str]] = []
+    for where in scopes:
+        rows = [by_scope.get(where) for by_scope in per_rank]
+        present = [row for row in rows if row is not None]
+        cells = [
+            where,
+            " · ".join(dict.fromkeys(row.metric for row in present)),
+            " · ".join(dict.fromkeys(row.batches for row in present)),
+            present[0].budget,
+        ]
+        for row in rows:
+            cells += [row.growth, row.peak, row.slope] if row is not None else ["n/a"] * 3
+        cells.append(_statuses(shown, rows))
+        body.append(cells)
+    lines += [
+        "Per phase and epoch, each rank in its own columns (`r0` is rank 0), in the row's "
+        f"metric: growth and slope after the warm-up of {run.verdict.rules.warmup}, peak rise "
+        "as the highest reading's rise above the start; batches judged of those recorded (one "
+        "value when every rank has the same). Status names the ranks that failed.",
+        "",
+        *table(header, body),
+    ]
+    more = _more(run).strip()
+    return [*lines, "", more] if more else lines
+
+
+def rank_logs(run: Run) -> list[str]:
+    """One Logs line per rank's timeline (none for a run that is not merged)."""
+    lines = []
+    for r in ranks_of(run):
+        count = f"{len(r.samples)} checkpoints"
+        if r.torn:
+            count += f"; {r.torn} torn last line skipped"
+        where = link_to(r.timeline, r.timeline) if r.timeline else "not written"
+        lines.append(f"- Rank {r.rank} timeline (JSONL): {where} ({count})")
+    return lines
+
+
+def _keys(samples: Sequence[Sample]) -> list[tuple[Any, ...]]:
+    """A key per sample that matches the same checkpoint on another rank: label, phase, epoch,
+    batch and how many times that combination came before."""
+    seen: dict[tuple[Any, ...], int] = {}
+    keys = []
+    for s in samples:
+        base = (s.label, s.phase, s.epoch, s.batch)
+        seen[base] = seen.get(base, -1) + 1
+        keys.append((*base, seen[base]))
+    return keys
+
+
+def _sample_at(
+    views: Sequence[Run], positions: Sequence[dict[tuple[Any, ...], int]], key: tuple[Any, ...]
+) -> Sample:
+    for view, where in zip(views, positions, strict=True):
+        if key in where:
+            return view.samples[where[key]]
+    raise KeyError(key)
+
+
+def _statuses(shown: Sequence[RankRun], rows: Sequence[AnalysisRow | None]) -> str:
+    """``PASS``, or the failing ranks: ``**FAIL** (rank 0)``."""
+    found = [row.status.strip("*") if row is not None else "n/a" for row in rows]
+    for worst in ("ERROR", "FAIL", "WARN"):
+        ranks = [str(r.rank) for r, s in zip(shown, found, strict=True) if s == worst]
+        if ranks:
+            return Markdown(f"{status(worst)} (rank {', '.join(ranks)})")
+    return found[0] if len(set(found)) == 1 else " · ".join(found)
+
+
+def _more(run: MergedRun) -> str:
+    hidden = len(run.ranks) - MAX_COLUMNS
+    return f" Ranks {MAX_COLUMNS} and up ({hidden} more) are left out here." if hidden > 0 else ""
+
+
+__all__ = [
+    "MergedRun",
+    "RankRun",
+    "rank_analysis",
+    "rank_chart",
+    "rank_logs",
+    "rank_profile",
+    "rank_rows",
+    "ranks_of",
+]
