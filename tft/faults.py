@@ -8,6 +8,10 @@ prove that leakgate catches them, and are selected by name::
 
 or ``python -m tft.train --inject-fault NAME``. The production code paths never refer to them.
 ``param-store-ref`` keeps parameters in a class-level store on purpose: :func:`reset` empties it.
+
+:data:`FAULTS` are the one-process faults; :data:`DISTRIBUTED_FAULTS` leak under DDP (run them
+with ``torchrun``: in one process they still leak, on the only rank there is). Every function
+here takes a name from either.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from tft.model import TemporalFusionTransformer
+from tft.model import Interpretation, TemporalFusionTransformer
 from tft.trainer import Batch, Callback, TrainConfig, Trainer
 
 
@@ -117,6 +122,52 @@ class PredictionsOnDevice(Trainer):
         return prediction
 
 
+def gather(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """``tensor`` from every rank, in rank order (``[tensor]`` in a one-process run)."""
+    if world_size == 1:
+        return [tensor]
+    gathered = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(gathered, tensor.contiguous())
+    return gathered
+
+
+class Rank0Gather(Trainer):
+    """Rank 0 collects every validation batch's predictions, targets and attention from all
+    ranks (for an interpretation plot at the end) and never lets them go; the other ranks
+    gather and drop them, so only rank 0 grows."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gathered: list[list[torch.Tensor]] = []
+
+    def validate_step(self, batch: Batch, acc: Any) -> torch.Tensor:
+        prediction, seen = self.model(batch, interpret=True)
+        assert isinstance(seen, Interpretation)
+        self.score(prediction, batch, acc)
+        for tensor in (prediction, batch["target"], seen.attention, seen.encoder_weights):
+            everyone = gather(tensor, self.world_size)
+            if self.rank == 0:
+                self.gathered.append(everyone)
+        return prediction
+
+
+class MetricSyncKeep(Trainer):
+    """A validation metric keeps each batch's predictions and targets as list states and syncs
+    them on every step (as a metric with ``dist_sync_on_step`` does), keeping the gathered
+    copies from every rank in place of its own: every rank grows, world-size times as fast as
+    the metric's own states would."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.metric_states: list[torch.Tensor] = []
+
+    def validate_step(self, batch: Batch, acc: Any) -> torch.Tensor:
+        prediction = super().validate_step(batch, acc)
+        for state in (prediction, batch["target"]):
+            self.metric_states.extend(gather(state, self.world_size))
+        return prediction
+
+
 @dataclass(frozen=True)
 class Fault:
     """A named bug: a trainer subclass carrying it, or the config fields it sets."""
@@ -172,14 +223,33 @@ FAULTS: dict[str, Fault] = {
 }
 
 
+DISTRIBUTED_FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "rank0-gather",
+            "rank 0 keeps every validation batch gathered from all ranks (DDP)",
+            Rank0Gather,
+        ),
+        Fault(
+            "metric-sync-keep",
+            "a metric syncs its states every step and keeps every rank's copies (DDP)",
+            MetricSyncKeep,
+        ),
+    )
+}
+CATALOGUE: dict[str, Fault] = {**FAULTS, **DISTRIBUTED_FAULTS}
+"""Every fault by name: the one-process ones and the distributed ones."""
+
+
 def get(names: Iterable[str]) -> list[Fault]:
     """The faults named, in order, each once; an unknown name is a ValueError listing them all."""
     faults: list[Fault] = []
     for name in names:
-        if name not in FAULTS:
-            raise ValueError(f"unknown fault {name!r}; known faults: {', '.join(FAULTS)}")
-        if FAULTS[name] not in faults:
-            faults.append(FAULTS[name])
+        if name not in CATALOGUE:
+            raise ValueError(f"unknown fault {name!r}; known faults: {', '.join(CATALOGUE)}")
+        if CATALOGUE[name] not in faults:
+            faults.append(CATALOGUE[name])
     return faults
 
 
@@ -214,17 +284,22 @@ def reset() -> None:
 
 
 __all__ = [
+    "CATALOGUE",
+    "DISTRIBUTED_FAULTS",
     "FAULTS",
     "Fault",
     "HookPerEpoch",
     "KeepOptimizer",
     "LossAccumulate",
+    "MetricSyncKeep",
     "ParamStoreRef",
     "PredictionsOnDevice",
     "QatLrStale",
+    "Rank0Gather",
     "ValAttentionCache",
     "build_trainer",
     "configure",
+    "gather",
     "get",
     "reset",
     "trainer_class",

@@ -10,6 +10,16 @@ One epoch, with the checkpoint each callback receives (``phase`` in brackets)::
 framed by SESSION_START and SESSION_END [session]. A callback is called as
 ``callback(label, phase=..., epoch=..., batch=...)``, and for an out-of-memory error as
 ``callback("OOM", phase=..., epoch=..., batch=..., note=message)``.
+
+Under ``torch.distributed`` (an initialised default process group of more than one rank, as
+``torchrun`` gives ``python -m tft.train``) the trainer runs DDP: training goes through
+``DistributedDataParallel``, each rank takes its share of every epoch's windows (as
+``DistributedSampler`` splits them: padded by repeating windows so every rank has as many
+batches; repeated validation windows are not scored), validation sums and the training loss
+are reduced across ranks, and only rank 0 writes checkpoints (the others wait for it). After
+each batch the ranks agree whether any ran out of memory, so every rank backs off together
+(the rank that failed reports the ``OOM`` checkpoint) and their collectives stay matched; an
+out-of-memory error inside the gradient synchronisation itself cannot be recovered from.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
 
 from tft.checkpoint import CheckpointError, read_checkpoint
@@ -110,12 +122,16 @@ class EpochStats:
 
 @dataclass
 class _Accumulator:
-    """Running sums for validation: a few device scalars whatever the number of batches."""
+    """Running sums for validation: a few device scalars whatever the number of batches.
+
+    ``padding`` is how many rows at the end of the next batch repeat windows another rank
+    scores (a distributed shard's padding): :meth:`Trainer.validate_step` leaves them out."""
 
     loss: torch.Tensor | None = None
     pinball: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     count: int = 0
+    padding: int = 0
 
     def add(self, loss: torch.Tensor, pinball: torch.Tensor, scale: torch.Tensor, n: int) -> None:
         def plus(total: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -133,6 +149,25 @@ class _Accumulator:
         q_risk = 2 * self.pinball / self.scale.clamp_min(1e-12)
         return float(self.loss) / self.count, q_risk.tolist()
 
+    def reduce(self, quantiles: int, device: torch.device) -> None:
+        """Sum the sums of every rank into each rank's (a rank that scored nothing adds 0)."""
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        parts = [
+            (self.loss if self.loss is not None else zero).double().reshape(1),
+            (self.scale if self.scale is not None else zero).double().reshape(1),
+            torch.tensor([float(self.count)], dtype=torch.float64, device=device),
+            (
+                self.pinball.double()
+                if self.pinball is not None
+                else torch.zeros(quantiles, dtype=torch.float64, device=device)
+            ),
+        ]
+        total = torch.cat(parts)
+        dist.all_reduce(total)
+        self.loss, self.scale = total[0].float(), total[1].float()
+        self.count = round(float(total[2]))
+        self.pinball = total[3:].float()
+
 
 @dataclass
 class _State:
@@ -143,6 +178,26 @@ class _State:
     retries: int = 0
     epoch: int = 0
     history: list[EpochStats] = field(default_factory=list)
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group; ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard(indices: Sequence[int], rank: int, world_size: int) -> tuple[list[int], int]:
+    """This rank's share of ``indices`` as ``DistributedSampler`` splits them: padded by
+    repeating from the start to a multiple of ``world_size``, then every ``world_size``-th from
+    ``rank``. Returns the share and how many of its first entries are not padding."""
+    n = len(indices)
+    if world_size == 1 or n == 0:
+        return list(indices), n
+    total = math.ceil(n / world_size) * world_size
+    padded = list(indices) * math.ceil(total / n)
+    share = padded[rank:total:world_size]
+    return share, len(range(rank, n, world_size))
 
 
 class Trainer:
@@ -164,6 +219,10 @@ class Trainer:
         if self.config.qat:
             prepare_qat(model)
         self.model = model.to(self.device)
+        self.rank, self.world_size = world()
+        self.network: nn.Module = self.model
+        if self.world_size > 1:
+            self.network = DistributedDataParallel(self.model, device_ids=self._device_ids())
         self.quantiles = tuple(model.config.quantiles)
         self.callbacks = list(callbacks)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, fused=True)
@@ -218,8 +277,8 @@ class Trainer:
         return loss.detach()
 
     def training_loss(self, batch: Batch) -> torch.Tensor:
-        """The loss of one training batch, with its graph."""
-        return quantile_loss(self.model(batch), batch["target"], self.quantiles)
+        """The loss of one training batch, with its graph (through DDP when distributed)."""
+        return quantile_loss(self.network(batch), batch["target"], self.quantiles)
 
     def step_schedule(self) -> None:
         """Advance the learning-rate schedule (QAT) by one optimizer step."""
@@ -231,17 +290,24 @@ class Trainer:
         return torch.inference_mode()
 
     def validate_step(self, batch: Batch, acc: _Accumulator) -> torch.Tensor:
-        """Score one batch into the bounded accumulator; returns the prediction."""
+        """Score one batch into the bounded accumulator (its padding rows left out); returns
+        the prediction."""
         prediction = self.model(batch)
-        target = batch["target"]
-        loss = quantile_loss(prediction, target, self.quantiles)
-        acc.add(
-            loss,
-            pinball(prediction, target, self.quantiles).flatten(0, -2).sum(0),
-            target.abs().sum(),
-            len(target),
-        )
+        self.score(prediction, batch, acc)
         return prediction
+
+    def score(self, prediction: torch.Tensor, batch: Batch, acc: _Accumulator) -> None:
+        """Add a batch's prediction to the accumulator, leaving its padding rows out."""
+        scored = len(batch["target"]) - acc.padding
+        if scored > 0:
+            target, predicted = batch["target"][:scored], prediction[:scored]
+            loss = quantile_loss(predicted, target, self.quantiles)
+            acc.add(
+                loss,
+                pinball(predicted, target, self.quantiles).flatten(0, -2).sum(0),
+                target.abs().sum(),
+                scored,
+            )
 
     def release_optimizer(self) -> None:
         """Move the optimizer state off the device before validation (CPU: kept as is)."""
@@ -343,11 +409,13 @@ class Trainer:
         )
         losses: list[float] = []
 
-        def step(batch: Batch, index: int) -> None:
+        def step(batch: Batch, index: int, rows: range) -> None:
             losses.append(float(self.train_step(batch)))
             self.emit("TRAIN_BATCH", "training", index)
 
-        self._batches(train, order.tolist(), "training", step)
+        share, _ = shard(order.tolist(), self.rank, self.world_size)
+        self._batches(train, share, "training", step)
+        train_loss = self._mean(losses)
         self.emit("AFTER_TRAINING", "training")
 
         self.release_optimizer()
@@ -359,7 +427,7 @@ class Trainer:
         self.state.history.append(
             EpochStats(
                 epoch=epoch,
-                train_loss=sum(losses) / max(1, len(losses)),
+                train_loss=train_loss,
                 val_loss=val_loss,
                 q_risk=q_risk,
                 batch_size=self.state.batch_size,
@@ -369,8 +437,10 @@ class Trainer:
         )
         if self.config.checkpoint_dir:
             directory = Path(self.config.checkpoint_dir)
-            self.save_checkpoint(directory / f"epoch-{epoch}.pt")
-            self.save_checkpoint(directory / "last.pt")
+            if self.rank == 0:
+                self.save_checkpoint(directory / f"epoch-{epoch}.pt")
+                self.save_checkpoint(directory / "last.pt")
+            self._barrier()
             self.emit("CHECKPOINT_SAVED", "epoch")
         self.emit("EPOCH_END", "epoch")
         self.state.epoch += 1
@@ -379,25 +449,62 @@ class Trainer:
         self.model.eval()
         acc = _Accumulator()
         self.emit("VALIDATION_START", "validation")
+        share, real = shard(range(len(val)), self.rank, self.world_size)
 
-        def step(batch: Batch, index: int) -> None:
+        def step(batch: Batch, index: int, rows: range) -> None:
+            acc.padding = len([r for r in rows if r >= real])
             self.validate_step(batch, acc)
             self.emit("VALIDATION_BATCH", "validation", index)
 
         with self.validation_mode():
-            self._batches(val, list(range(len(val))), "validation", step)
+            self._batches(val, share, "validation", step)
+        acc.padding = 0
+        if self.world_size > 1:
+            acc.reduce(len(self.quantiles), self.device)
         self.emit("VALIDATION_END", "validation")
         self.model.train()
         return acc.result()
+
+    def _mean(self, losses: Sequence[float]) -> float:
+        """The mean training loss of the epoch, over every rank's batches."""
+        total, count = sum(losses), len(losses)
+        if self.world_size > 1:
+            sums = torch.tensor([total, float(count)], dtype=torch.float64, device=self.device)
+            dist.all_reduce(sums)
+            total, count = float(sums[0]), round(float(sums[1]))
+        return total / max(1, count)
+
+    def _barrier(self) -> None:
+        """Wait for every rank (nothing to wait for in a one-process run)."""
+        if self.world_size > 1:
+            dist.barrier(device_ids=self._device_ids())
+
+    def _device_ids(self) -> list[int] | None:
+        """This rank's CUDA device, as DDP and NCCL's barrier take it (None on the CPU)."""
+        if self.device.type != "cuda":
+            return None
+        index = self.device.index
+        return [index if index is not None else torch.cuda.current_device()]
+
+    def _failed_ranks(self, failed: bool) -> list[int]:
+        """The ranks where the last batch ran out of memory (this one's ``failed`` included)."""
+        if self.world_size == 1:
+            return [0] if failed else []
+        flags = torch.zeros(self.world_size, device=self.device)
+        flags[self.rank] = float(failed)
+        dist.all_reduce(flags)
+        return [r for r, flag in enumerate(flags.tolist()) if flag]
 
     def _batches(
         self,
         data: Windows,
         order: Sequence[int],
         phase: str,
-        step: Callable[[Batch, int], None],
+        step: Callable[[Batch, int, range], None],
     ) -> None:
-        """Run ``step`` over ``order`` in batches, halving the batch size on out-of-memory."""
+        """Run ``step(batch, index, rows)`` over ``order`` in batches (``rows``: the batch's
+        positions in ``order``), halving the batch size on out-of-memory; distributed, every
+        rank backs off when any rank ran out."""
         size_field = "batch_size" if phase == "training" else "validation_batch_size"
         start, index = 0, 0
         while start < len(order):
@@ -406,19 +513,25 @@ class Trainer:
             batch: Batch | None = None
             try:
                 batch = self._collate(data, order[start : start + size])
-                step(batch, index)
+                step(batch, index, range(start, min(start + size, len(order))))
             except torch.OutOfMemoryError as exc:
                 failure = (
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 )
             batch = None
-            if failure is None:
+            failed = self._failed_ranks(failure is not None)
+            if not failed:
                 start, index = start + size, index + 1
                 continue
-            self._back_off(phase, index, size_field, failure)
+            if failure is None:
+                failure = f"rank {', '.join(map(str, failed))} ran out of memory"
+            self._back_off(phase, index, size_field, failure, here=self.rank in failed)
 
-    def _back_off(self, phase: str, index: int, size_field: str, failure: str) -> None:
-        self.emit("OOM", phase, index, note=failure)
+    def _back_off(
+        self, phase: str, index: int, size_field: str, failure: str, *, here: bool = True
+    ) -> None:
+        if here:
+            self.emit("OOM", phase, index, note=failure)
         self.optimizer.zero_grad(set_to_none=True)
         gc.collect()
         if self.device.type == "cuda":
