@@ -26,12 +26,13 @@ from harness.artifacts import (
     load_run_document,
     write_index,
 )
+from harness.distributed import gate_problems
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
 from harness.labels import is_run_end
 from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
-from harness.units import format_mb, format_size, parse_size
+from harness.units import format_mib, format_size, parse_size
 from harness.verdict import Rules, options
 
 PASS, FAIL, BAD_INPUT = 0, 1, 2
@@ -238,7 +239,7 @@ def comparison_lines(comparison: Comparison) -> list[str]:
     """A summary line, then a small table: every value beyond the tolerance (or, when none is,
     the three largest changes)."""
     c = comparison
-    limit = f"{c.tolerance:.0%} and {format_mb(c.min_bytes)}"
+    limit = f"{c.tolerance:.0%} and {format_mib(c.min_bytes)}"
     regressions = c.regressions
     if c.nothing_compared:
         return [
@@ -283,7 +284,7 @@ def _change_row(change: Change) -> tuple[str, str, str, str, str, str]:
     def shown(value: float | None, *, signed: bool = False) -> str:
         if change.per_batch:
             return f"{format_size(value, signed=signed)}/batch"
-        return format_mb(value, signed=signed)
+        return format_mib(value, signed=signed)
 
     text = shown(delta, signed=True)
     percent = change.percent
@@ -382,7 +383,10 @@ def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]
     verdict = path.with_suffix(".json").name
     doc = docs.get(verdict)
     run_id = timeline.header.get("run_id")
-    if doc is None:
+    rank = gate_problems(path, timeline.header, docs)  # a rank's timeline: its run's verdict
+    if rank is not None:
+        problems += rank
+    elif doc is None:
         problems.append(f"missing verdict: {path.name} has no {verdict}")
     elif doc.get("run_id") != run_id:
         problems.append(

@@ -24,9 +24,9 @@ from harness.attribution import Holder, PhaseAttribution
 from harness.distributed import rank_info, rank_timeline
 from harness.probes import Probe, make_probe
 from harness.sample import Sample
-from harness.store import SampleStore
+from harness.store import SampleStore, make_sample
 from harness.timeline import TimelineWriter
-from harness.units import format_mb, parse_size
+from harness.units import format_mib, parse_size
 from harness.verdict import Rules
 
 
@@ -184,7 +184,17 @@ class Recorder:
     ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
-        _check_arguments(label, phase, epoch, batch, note)
+        if not (
+            type(label) is str
+            and label in _CHECKED
+            and (phase is None or (type(phase) is str and phase in _CHECKED))
+            and (epoch is None or (type(epoch) is int and 0 <= epoch < _LIMIT))
+            and (batch is None or (type(batch) is int and 0 <= batch < _LIMIT))
+            and (note is None or type(note) is str)
+        ):
+            _check_arguments(label, phase, epoch, batch, note)
+            if len(_CHECKED) < _MAX_CHECKED:
+                _CHECKED.update(t for t in (label, phase) if type(t) is str)
         if collect:
             gc.collect()
             self.probe.release()
@@ -196,10 +206,10 @@ class Recorder:
         if len(self.probe.notes) > self._notes_said:
             notes += self.probe.notes[self._notes_said :]
             self._notes_said = len(self.probe.notes)
-        overflow = self._overflow(label, metrics, may_raise)
+        overflow = self._overflow(label, metrics, may_raise) if self._limit_at_checkpoints else None
         if overflow:
             notes.append(overflow)
-        sample = Sample(
+        sample = make_sample(
             label,
             self._phase if phase is None else phase,
             self._epoch if epoch is None else epoch,
@@ -222,7 +232,7 @@ class Recorder:
         """Host readings less the recorder's own sample store, which grows with every
         checkpoint and must not be judged as the run's growth."""
         own = self.samples.nbytes()
-        return {k: None if v is None else v - own for k, v in metrics.items()}
+        return {k: v if v is None else v - own for k, v in metrics.items()}
 
     def _attribute(self, sample: Sample) -> None:
         """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,
@@ -273,8 +283,8 @@ class Recorder:
         if not may_raise or used is None or used <= capacity:
             return None
         return (
-            f"emulated capacity {format_mb(self.capacity)} exceeded at {label!r}: "
-            f"{format_mb(used)} on {self.probe.name}"
+            f"emulated capacity {format_mib(self.capacity)} exceeded at {label!r}: "
+            f"{format_mib(used)} on {self.probe.name}"
         )
 
     @contextmanager
@@ -340,6 +350,10 @@ class Recorder:
 
 MAX_TEXT = 256
 """Longest label or phase name a checkpoint takes."""
+_LIMIT = 2**62
+_CHECKED: set[str] = set()
+"""Labels and phase names already found valid, so a checkpoint checks each name once."""
+_MAX_CHECKED = 4096
 
 
 def _check_arguments(

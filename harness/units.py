@@ -84,10 +84,6 @@ def format_mib(nbytes: float | None, *, signed: bool = False) -> str:
     return f"{nbytes / 2**20:{'+' if signed else ''}.1f}MiB"
 
 
-format_mb = format_mib
-"""The former name of :func:`format_mib`, kept for callers not yet renamed."""
-
-
 def format_rate(slope: float | None) -> str:
     """Bytes per batch in their own unit: ``+1.0MiB/batch``, ``+615B/batch``."""
     text = format_size(slope, signed=True)

@@ -348,7 +348,8 @@ class PhaseStats:
     increase) and ``noise`` (robust residual spread) describe the series ``label``; ``peak`` is
     the highest reading and ``peak_rise`` its rise above ``start``, in ``peak_metric``.
     ``batches`` counts the series' samples and ``judged`` those after warm-up; ``budget`` is
-    ``max_growth``.
+    ``max_growth``; ``baseline`` is the loop's fitted start level (the median of its first
+    ``baseline_batches`` judged readings), what a leak's re-check compares against.
     """
 
     phase: str | None
@@ -368,6 +369,8 @@ class PhaseStats:
     peak_rise: int | None = None
     budget: int | None = None
     peak_metric: str | None = None
+    baseline: float | None = None
+    baseline_batches: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from harness.attribution import (
     live_tensors,
     record_sites,
 )
-from harness.units import format_mib
+from harness.units import format_size
 from tft.trainer import TrainConfig, Trainer
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -69,7 +69,7 @@ def test_an_attribute_list_is_named_by_class_and_attribute():
     assert holder.path == "Cache._items"
     assert (holder.container, holder.items, holder.tensors) == ("list", 4, 4)
     assert holder.bytes == 4 * 1024
-    assert str(holder) == f"Cache._items (list, 4 items, {format_mib(4096)})"
+    assert str(holder) == f"Cache._items (list, 4 items, {format_size(4096)})"
     del cache
 
 
@@ -251,7 +251,7 @@ def test_holders_round_trip_through_dicts():
     assert {"path", "container", "items", "bytes", "sites", "phase"} <= set(data)
     assert data["sites"] == ["m.py:3"]
     assert Holder.from_dict({**data, "unknown": 1}) == holder
-    assert str(holder) == f"Trainer._attn_cache (list, 176 items, {format_mib(2_500_000)})"
+    assert str(holder) == f"Trainer._attn_cache (list, 176 items, {format_size(2_500_000)})"
 
 
 def test_max_depth_must_be_positive():

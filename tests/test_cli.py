@@ -11,7 +11,7 @@ from test_report import HEADER, RULES, incident
 from harness.cli import main
 from harness.sample import Sample
 from harness.timeline import TimelineWriter
-from harness.units import format_mb, format_size
+from harness.units import format_mib, format_size
 
 MB = 2**20
 
@@ -124,10 +124,10 @@ def test_compare_exits_1_on_a_20_percent_growth_and_prints_a_table(tmp_path, cap
     assert main(["compare", base, new, "--tolerance", "10%"]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(
-        f"compare: REGRESSION: 2 of 3 values grew by more than 10% and {format_mb(MB)}"
+        f"compare: REGRESSION: 2 of 3 values grew by more than 10% and {format_mib(MB)}"
     )
     assert lines[1].split() == ["value", "metric", "base", "new", "change"]
-    growth = [format_mb(m * MB) for m in (8.5, 10.2)] + [format_mb(1.7 * MB, signed=True)]
+    growth = [format_mib(m * MB) for m in (8.5, 10.2)] + [format_mib(1.7 * MB, signed=True)]
     assert lines[2].split() == [
         "validation", "epoch", "0", "growth", "allocated", *growth, "(+20.0%)", "REGRESSION"
     ]  # fmt: skip
@@ -169,7 +169,7 @@ def test_compare_prints_no_percentage_on_a_base_near_zero(tmp_path, capsys):
     assert main(["compare", base, new]) == 1
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if line.endswith("REGRESSION")]
-    shown = [format_mb(0), format_mb(6.8 * MB), format_mb(6.8 * MB, signed=True)]
+    shown = [format_mib(0), format_mib(6.8 * MB), format_mib(6.8 * MB, signed=True)]
     assert rows[0].split()[3:] == ["growth", "allocated", *shown, "REGRESSION"]
     assert not any("%" in row for row in lines[1:])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -14,10 +15,11 @@ from typing import Any
 import torch
 
 from harness.attribution.graph import Graphs
+from harness.attribution.lines import Lines
 from harness.attribution.sites import Block, cuda_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
 from harness.attribution.walk import Walk, kind_of
-from harness.units import format_mib
+from harness.units import format_size
 
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque)
 _SITES_PER_HOLDER = 3
@@ -33,7 +35,8 @@ class Holder:
     container's length (the number of tensors for other objects), ``tensors`` the tensors under
     it, ``bytes`` their new storage, each counted once, ``graph_bytes`` the part of ``bytes``
     saved by their autograd graphs, ``sites`` the CUDA allocation sites, largest first.
-    ``phase``, ``epoch`` and ``label`` say which checkpoint the attribution ran at; ``note``
+    ``phase``, ``epoch`` and ``label`` say which checkpoint the attribution ran at, ``growth``
+    how much its phase had grown by then (when a recorder's attribution knows it); ``note``
     what a person should know about the answer (a cycle only ``gc`` frees, a library holding
     the memory, a search cut short)."""
 
@@ -48,10 +51,15 @@ class Holder:
     epoch: int | None = None
     label: str | None = None
     note: str = ""
+    growth: int | None = None
 
     def __str__(self) -> str:
         note = f"; {self.note}" if self.note else ""
-        return f"{self.path} ({self.container}, {self.items} items, {format_mib(self.bytes)}{note})"
+        if self.sites and not self.path.endswith(self.sites[0]):
+            note += f"; allocated at {', '.join(self.sites[:2])}"
+        return (
+            f"{self.path} ({self.container}, {self.items} items, {format_size(self.bytes)}{note})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -73,6 +81,7 @@ def attribute(
     limit: int | None = 5,
     max_depth: int = 8,
     max_objects: int = MAX_OBJECTS,
+    lines: Lines | None = None,
 ) -> list[Holder]:
     """The ``limit`` largest holders of tensors alive now and not in ``before``, largest
     first. Holders of no new bytes are left out.
@@ -120,7 +129,10 @@ def attribute(
     ``<not searched>``, and those reached are still named. On CUDA, with allocation stacks
     recorded (:func:`~harness.attribution.record_sites`), each holder carries the allocation
     sites of its storages, and new blocks no Python holder accounts for are grouped by site
-    under ``<no Python holder>``.
+    under ``<no Python holder>``. With ``lines`` (an open :class:`~harness.attribution.lines.Lines`,
+    the dearer search) each holder carries the lines that allocated its storages on any device,
+    and new storages still alive that no Python object holds are grouped by that line under
+    ``<no Python holder>`` too.
     """
     if max_depth < 1:
         raise ValueError(f"max_depth must be at least 1, got {max_depth}")
@@ -129,7 +141,7 @@ def attribute(
     walk = Walk(max_objects)
     try:
         walk.run()
-        holders = _Grouping(walk, before, max_depth, collecting).holders()
+        holders = _Grouping(walk, before, max_depth, collecting, lines).holders()
     finally:
         walk.clear()
         if collecting:
@@ -158,8 +170,16 @@ _LOOSE = ("outside Python", "not searched")
 
 
 class _Grouping:
-    def __init__(self, walk: Walk, before: Snapshot | None, max_depth: int, gc_on: bool) -> None:
+    def __init__(
+        self,
+        walk: Walk,
+        before: Snapshot | None,
+        max_depth: int,
+        gc_on: bool,
+        lines: Lines | None = None,
+    ) -> None:
         self.walk = walk
+        self.lines = lines
         self.before = before
         self.max_depth = max_depth
         self.gc_on = gc_on
@@ -189,10 +209,12 @@ class _Grouping:
         self.counted: set[StorageKey | None] = {None, *self.old}
 
     def holders(self) -> list[Holder]:
-        groups: dict[tuple[str, int | None], _Group] = {}
+        groups: dict[tuple[str, object], _Group] = {}
         for tensor in self.new:
             chain, name, why = self.walk.up(tensor, self.max_depth)
-            top = None if why in _LOOSE else id(chain[0])
+            top: object = None if why in _LOOSE else id(chain[0])
+            if name is not None and top is not None and self._alike(chain[0], name):
+                top = name
             group = groups.setdefault((why, top), _Group(name, why))
             group.chains.append(chain)
         for group in groups.values():
@@ -221,8 +243,27 @@ class _Grouping:
         sites = {(device, address): site_of(frames) for device, address, _, frames in blocks}
         holders = [self._holder(g, sites) for g in (*held, *loose)]
         holders += self._unheld(blocks)
+        holders += self._unheld_lines(bool(blocks))
         self.graphs.clear()
         return [h for h in holders if h.bytes > 0]
+
+    def _alike(self, top: Any, name: str) -> bool:
+        """Whether holders of one name are one holder however many objects bear it: garbage
+        cycles (``Node.value`` of each unreachable node) and locals of frames that tracebacks
+        keep (``step:out`` of each stored exception)."""
+        if not self.walk.rooted(top):
+            return True
+        frame = self.walk.parent.get(id(top))
+        return isinstance(frame, types.FrameType) and frame.f_code.co_name in name
+
+    def _owner_type(self, top: Any) -> str:
+        """The type name of what holds ``top`` (``Node``, ``frame``)."""
+        owner = self.walk.parent.get(id(top))
+        if isinstance(owner, dict):
+            owner = self.walk.parent.get(id(owner))
+        if owner is None or type(owner) is object:
+            owner = top
+        return type(owner).__name__
 
     def _count(self, group: _Group) -> None:
         """Keep the storages of ``group`` that no group counted before."""
@@ -263,8 +304,12 @@ class _Grouping:
             depth -= 1
         labels = "".join(self.walk.edge(first[i], first[i + 1])[0] for i in range(depth))
         shared = first[depth]
+        tops = {id(c[0]) for c in chains}
         if group.why in _LOOSE:
             path, kind, items = f"<{group.why}>", "tensors", len(chains)
+        elif len(tops) > 1:
+            path = group.name or f"<unnamed {type(first[0]).__name__}>"
+            kind, items = f"{self._owner_type(first[0])} objects", len(tops)
         else:
             path = (group.name or f"<unnamed {type(first[0]).__name__}>") + labels
             if isinstance(shared, torch.Tensor):
@@ -275,6 +320,8 @@ class _Grouping:
         by_site: collections.Counter[str] = collections.Counter()
         for (device, index, address), nbytes in (*group.storages.items(), *group.graph.items()):
             site = sites.get((index or 0, address)) if device == "cuda" else None
+            if site is None and self.lines is not None:
+                site = self.lines.line((device, index, address))
             if site is not None:
                 by_site[site] += nbytes
         graph_bytes = sum(group.graph.values())
@@ -309,6 +356,29 @@ class _Grouping:
                 sites=(site,) if site else (),
             )
             for site, sizes in by_site.items()
+        ]
+
+    def _unheld_lines(self, cuda_sites: bool) -> list[Holder]:
+        """New storages still alive that no holder counted, by the line that allocated them
+        (CUDA ones left to :meth:`_unheld` when the allocator's history is recorded)."""
+        if self.lines is None:
+            return []
+        old = set(self.before.storages) if self.before is not None else set()
+        since = self.before.time if self.before is not None else 0.0
+        counted = self.counted
+        if cuda_sites:
+            counted = counted | {k for k in self.lines.storages if k[0] == "cuda"}
+        return [
+            Holder(
+                f"<no Python holder> {line}",
+                "storages",
+                len(sizes),
+                0,
+                sum(sizes),
+                sites=(line,),
+                note="allocated there; only C++ (an autograd graph, a library) keeps it",
+            )
+            for line, sizes in self.lines.unheld(counted, old, since).items()
         ]
 
 

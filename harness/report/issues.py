@@ -13,9 +13,7 @@ from harness.advice import advise
 from harness.markdown import Markdown, code, text
 from harness.report.memory import scope
 from harness.report.run import Run, as_int, checkpoint_name, describe
-from harness.rules import Context
 from harness.sample import Sample
-from harness.stats import edge_window
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import Finding, Kind, Outcome
 
@@ -99,24 +97,20 @@ def recheck(run: Run, finding: Finding) -> Markdown | None:
     if len(finding.evidence) < 3:
         return None
     after = finding.evidence[-1]
-    group = next(
-        (
-            g
-            for g in Context(list(run.samples), run.verdict.rules).groups
-            if g.key == (finding.phase, finding.epoch)
-        ),
+    stats = next(
+        (p for p in run.verdict.phases if (p.phase, p.epoch) == (finding.phase, finding.epoch)),
         None,
     )
     value = as_int(after.value)
-    if group is None or group.fit is None or group.metric != after.metric or value is None:
+    if stats is None or stats.baseline is None or stats.metric != after.metric or value is None:
         return None
-    level = group.fit.baseline
+    level = stats.baseline
     rules = run.verdict.rules
     budget = text(echo_size(rules.shown("max_growth"), as_int(rules.max_growth)))
     where = text(checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch)))
     against = (
-        f"against the loop's fitted start level of {format_mib(level)} ({code(group.metric)}, "
-        f"median of the first {edge_window(len(group.judged))} batches after the warm-up): "
+        f"against the loop's fitted start level of {format_mib(level)} ({code(stats.metric)}, "
+        f"median of the first {stats.baseline_batches} batches after the warm-up): "
         f"{format_size(value - level, signed=True)}"
     )
     if finding.outcome == Outcome.RELEASED:

@@ -22,6 +22,7 @@ from harness.rules.context import Context, Group
 from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS
 from harness.rules.registry import Rule, register_rule, registered, unregister_rule
 from harness.sample import Sample
+from harness.stats import edge_window
 from harness.verdict import (
     KINDS,
     SCHEMA_VERSION,
@@ -171,6 +172,8 @@ def _judge_group(ctx: Context, group: Group, rules: list[Rule]) -> tuple[list[Fi
         peak_rise=peak.rise if peak else None,
         budget=ctx.rules.size("max_growth"),
         peak_metric=peak.base if peak else None,
+        baseline=fit.baseline if fit else None,
+        baseline_batches=edge_window(len(group.judged)) if fit else None,
     )
     return found, stats
 
