@@ -2,21 +2,31 @@
 
 Labels and phases are interned (a table of distinct strings, an index per sample), numbers
 live in ``array`` columns, notes in a sparse dict. The store reads as a sequence of
-:class:`~harness.sample.Sample`, built on access, and knows its own size (:meth:`nbytes`), so
-the recorder can leave its own storage out of host-memory readings.
+:class:`~harness.sample.Sample`, built on access (iteration builds them a chunk at a time), and
+knows its own size (:meth:`nbytes`), so the recorder can leave its own storage out of
+host-memory readings. Statistics read whole columns as numpy arrays (:meth:`codes`,
+:meth:`numbers`, :meth:`metric`) instead of a million samples; a timeline is read straight
+into a store (:meth:`extend_columns`).
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import overload
+
+import numpy as np
 
 from harness.sample import Sample
 
 _NONE = -(2**63)
 """The integer column value that stands for None."""
+NONE = _NONE
+_CHUNK = 4096
+"""Samples built at a time while iterating."""
+_new = object.__new__
+_set = object.__setattr__
 
 
 class SampleStore(Sequence[Sample]):
@@ -37,6 +47,7 @@ class SampleStore(Sequence[Sample]):
         self._collected = array("b")
         self._metrics: dict[str, array[int]] = {}
         self._notes: dict[int, str] = {}
+        self._all: list[array] = []
 
     def _intern(self, text: str | None) -> int:
         found = self._index.get(text)
@@ -87,13 +98,13 @@ class SampleStore(Sequence[Sample]):
     __hash__ = None  # type: ignore[assignment]
 
     def __iter__(self) -> Iterator[Sample]:
-        return (self._sample(i) for i in range(len(self)))
+        n = len(self)
+        for start in range(0, n, _CHUNK):
+            yield from self._rows(start, min(n, start + _CHUNK))
 
     def _sample(self, i: int) -> Sample:
-        label = self._strings[self._label[i]]
-        assert label is not None
-        return Sample(
-            label,
+        return make_sample(
+            self._strings[self._label[i]],
             self._strings[self._phase[i]],
             _value(self._epoch[i]),
             _value(self._batch[i]),
@@ -103,18 +114,172 @@ class SampleStore(Sequence[Sample]):
             self._notes.get(i),
         )
 
+    def _rows(self, a: int, b: int) -> list[Sample]:
+        """Samples ``a`` to ``b - 1``, each column read in one slice."""
+        strings, notes = self._strings, self._notes
+        names = list(self._metrics)
+        values = [[None if v == _NONE else v for v in c[a:b]] for c in self._metrics.values()]
+        metrics = [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+        if not names:
+            metrics = [{} for _ in range(a, b)]
+        return [
+            make_sample(
+                strings[label],
+                strings[phase],
+                None if epoch == _NONE else epoch,
+                None if batch == _NONE else batch,
+                time,
+                readings,
+                bool(collected),
+                notes.get(i) if notes else None,
+            )
+            for i, label, phase, epoch, batch, time, readings, collected in zip(
+                range(a, b),
+                self._label[a:b],
+                self._phase[a:b],
+                self._epoch[a:b],
+                self._batch[a:b],
+                self._time[a:b],
+                metrics,
+                self._collected[a:b],
+                strict=True,
+            )
+        ]
+
+    # -- columns ------------------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, samples: Iterable[Sample]) -> SampleStore:
+        """A store holding ``samples``."""
+        store = cls()
+        for sample in samples:
+            store.append(sample)
+        return store
+
+    @property
+    def strings(self) -> list[str | None]:
+        """The table :meth:`codes` index (entry 0 is None)."""
+        return self._strings
+
+    def code(self, text: str | None) -> int | None:
+        """The code of ``text`` in :attr:`strings`, None when no sample has it."""
+        return self._index.get(text)
+
+    def codes(self, field: str) -> np.ndarray:
+        """``label`` or ``phase`` of every sample as indices into :attr:`strings` (a copy)."""
+        column = self._label if field == "label" else self._phase
+        return np.frombuffer(column, dtype=np.uint32).astype(np.intp)
+
+    def numbers(self, field: str) -> np.ndarray:
+        """``epoch``, ``batch`` (int64, :data:`NONE` for None), ``time`` (float64) or
+        ``collected`` (bool) of every sample, a copy."""
+        if field == "time":
+            return np.frombuffer(self._time, dtype=np.float64).copy()
+        if field == "collected":
+            return np.frombuffer(self._collected, dtype=np.int8).astype(bool)
+        column = self._epoch if field == "epoch" else self._batch
+        return np.frombuffer(column, dtype=np.int64).copy()
+
+    @property
+    def notes(self) -> Mapping[int, str]:
+        """Each sample's note, by position (most samples have none)."""
+        return self._notes
+
+    @property
+    def metric_names(self) -> list[str]:
+        return list(self._metrics)
+
+    def metric(self, name: str) -> np.ndarray | None:
+        """Readings of ``name`` (int64, :data:`NONE` where absent), a copy; None when no
+        sample has the metric."""
+        column = self._metrics.get(name)
+        return None if column is None else np.frombuffer(column, dtype=np.int64).copy()
+
+    def extend_columns(
+        self,
+        label: Sequence[str | None],
+        label_codes: np.ndarray,
+        phase: Sequence[str | None],
+        phase_codes: np.ndarray,
+        epoch: np.ndarray,
+        batch: np.ndarray,
+        time: np.ndarray,
+        collected: np.ndarray,
+        metrics: Mapping[str, np.ndarray],
+        notes: Mapping[int, str],
+    ) -> None:
+        """Append samples given as columns: ``label[label_codes]`` are the labels (likewise
+        phases), ``epoch``, ``batch`` and metrics int64 with :data:`NONE` for None, ``notes``
+        by position among the new samples."""
+        n = len(self)
+        added = len(label_codes)
+        for own, table, codes in (
+            (self._label, label, label_codes),
+            (self._phase, phase, phase_codes),
+        ):
+            local = np.array([self._intern(text) for text in table], dtype=np.uint32)
+            own.frombytes(local[np.asarray(codes, dtype=np.intp)].tobytes() if added else b"")
+        self._epoch.frombytes(np.asarray(epoch, dtype=np.int64).tobytes())
+        self._batch.frombytes(np.asarray(batch, dtype=np.int64).tobytes())
+        self._time.frombytes(np.asarray(time, dtype=np.float64).tobytes())
+        self._collected.frombytes(np.asarray(collected, dtype=np.int8).tobytes())
+        for name in metrics.keys() - self._metrics.keys():
+            self._metrics[name] = array("q", [_NONE]) * n
+        for name, column in self._metrics.items():
+            given = metrics.get(name)
+            if given is None:
+                column.extend(array("q", [_NONE]) * added)
+            else:
+                column.frombytes(np.asarray(given, dtype=np.int64).tobytes())
+        for i, note in notes.items():
+            self._notes[n + i] = note
+
     def nbytes(self) -> int:
         """Bytes the columns hold now (their allocated capacity)."""
-        columns: list[array] = [
-            self._label,
-            self._phase,
-            self._epoch,
-            self._batch,
-            self._time,
-            self._collected,
-            *self._metrics.values(),
-        ]
-        return sum(sys.getsizeof(c) for c in columns) + sys.getsizeof(self._notes)
+        return sum(map(sys.getsizeof, self._columns())) + sys.getsizeof(self._notes)
+
+    def _columns(self) -> list[array]:
+        if len(self._all) != 6 + len(self._metrics):
+            self._all = [
+                self._label,
+                self._phase,
+                self._epoch,
+                self._batch,
+                self._time,
+                self._collected,
+                *self._metrics.values(),
+            ]
+        return self._all
+
+
+def make_sample(
+    label: str | None,
+    phase: str | None,
+    epoch: int | None,
+    batch: int | None,
+    time: float,
+    metrics: dict[str, int | None],
+    collected: bool,
+    note: str | None,
+) -> Sample:
+    """A :class:`Sample` without the frozen dataclass's per-field ``__setattr__`` calls (its
+    fields are not checked: the recorder and the store give them their types)."""
+    sample = _new(Sample)
+    _set(
+        sample,
+        "__dict__",
+        {
+            "label": label,
+            "phase": phase,
+            "epoch": epoch,
+            "batch": batch,
+            "time": time,
+            "metrics": metrics,
+            "collected": collected,
+            "note": note,
+        },
+    )
+    return sample
 
 
 def _value(stored: int) -> int | None:

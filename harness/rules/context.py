@@ -3,19 +3,27 @@
 A group's *series* is its most frequent per-batch label (events left out), ordered by batch,
 in one metric: ``rules.metric`` if every sample of the series has it, else ``rss``. Its *fit*
 (after ``warmup`` batches) and *peak* are computed once, here, and read by the rules.
+
+The pass reads columns, not samples: labels and phases as codes, epochs, batches and each
+metric as numpy arrays (a :class:`~harness.store.SampleStore`'s own columns, or columns built
+once from a list), so a million checkpoints cost a few numpy passes and one trend per group.
+Positions (:class:`Positions`) are numpy-backed sequences of ints. ``ctx.samples`` is what
+was given: a store builds each :class:`Sample` when it is read.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from itertools import pairwise
+from typing import NamedTuple, overload
 
 import numpy as np
 
 from harness import labels
 from harness.sample import Sample
 from harness.stats import Trend, edge_window, robust_delta, trend
+from harness.store import NONE, SampleStore
 from harness.units import format_size
 from harness.verdict import Check, CheckStatus, Evidence, Rules
 
@@ -46,13 +54,61 @@ class Fit:
     baseline: float
 
     @classmethod
-    def of(cls, x: list[int], y: list[int]) -> Fit | None:
+    def of(cls, x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> Fit | None:
         if len(x) < 2:
             return None
-        t = trend(x, y)
-        span = float(x[-1] - x[0])
-        baseline = float(np.median(y[: edge_window(len(y))]))
-        return cls(t, max(t.slope * span, robust_delta(y)), span, baseline)
+        xs = np.asarray(x, dtype=np.float64)
+        ys = np.asarray(y, dtype=np.float64)
+        t = trend(xs, ys)
+        span = float(xs[-1] - xs[0])
+        baseline = float(np.median(ys[: edge_window(len(ys))]))
+        return cls(t, max(t.slope * span, robust_delta(ys)), span, baseline)
+
+
+class Positions(Sequence[int]):
+    """Sample positions kept as one int64 array, read as Python ints (a list's worth of
+    them would cost 36 bytes each instead of 8)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, positions: Sequence[int] | np.ndarray = ()) -> None:
+        self.array = np.asarray(positions, dtype=np.int64).reshape(-1)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> Positions: ...
+    def __getitem__(self, index: int | slice) -> int | Positions:
+        if isinstance(index, slice):
+            return Positions(self.array[index])
+        return int(self.array[index])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.array.tolist())
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int) and bool((self.array == value).any())
+
+    def index(self, value: int, start: int = 0, stop: int | None = None) -> int:
+        found = np.flatnonzero(self.array[start:stop] == value)
+        if not len(found):
+            raise ValueError(f"{value} is not in the positions")
+        return start + int(found[0])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Positions):
+            return bool(np.array_equal(self.array, other.array))
+        if isinstance(other, (list, tuple)):
+            return self.array.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Positions({self.array.tolist()!r})"
 
 
 @dataclass
@@ -61,12 +117,12 @@ class Group:
     the judged part of it (after warm-up), the metric, the fit and the peak."""
 
     key: Key
-    indices: list[int]
+    indices: Sequence[int]
     label: str
-    looped: list[int]
+    looped: Sequence[int]
     metric: str | None
-    series: list[int]
-    judged: list[int] = field(default_factory=list)
+    series: Sequence[int]
+    judged: Sequence[int] = field(default_factory=Positions)
     start: int | None = None
     end: int | None = None
     fit: Fit | None = None
@@ -86,13 +142,17 @@ class Group:
 
 
 class Context:
-    """The judged samples and rules, the groups' statistics, and the checks recorded so far."""
+    """The judged samples and rules, the groups' statistics, and the checks recorded so far.
 
-    def __init__(self, samples: list[Sample], rules: Rules) -> None:
+    ``samples`` may be a list or a :class:`~harness.store.SampleStore` (read in columns, its
+    samples built only where a rule reads one)."""
+
+    def __init__(self, samples: Sequence[Sample], rules: Rules) -> None:
         self.samples = samples
         self.rules = rules
         self.checks: list[Check] = []
-        self.loop_positions = [i for i, s in enumerate(samples) if labels.in_loop(s)]
+        self.columns = _Columns(samples)
+        self.loop_positions = Positions(np.flatnonzero(self.columns.looped))
         self.groups = self._groups()
 
     def check(
@@ -116,73 +176,116 @@ class Context:
     # -- the statistics pass ------------------------------------------------------------------
 
     def _groups(self) -> list[Group]:
-        by_key: dict[Key, list[int]] = {}
-        for i, s in enumerate(self.samples):
-            by_key.setdefault((s.phase, s.epoch), []).append(i)
+        columns = self.columns
+        n = len(columns.batch)
+        if not n:
+            return []
+        phase, epoch = columns.phase, columns.epoch
+        order = np.lexsort((epoch, phase))  # stable: positions ascending within a key
+        keys_differ = (np.diff(phase[order]) != 0) | (np.diff(epoch[order]) != 0)
+        bounds = np.concatenate(([0], np.flatnonzero(keys_differ) + 1, [n]))
+        segments = [order[a:b] for a, b in pairwise(bounds)]
+        segments.sort(key=lambda positions: int(positions[0]))  # in order of first appearance
         groups = []
-        for key, indices in by_key.items():
-            looped = [i for i in indices if labels.in_loop(self.samples[i])]
-            if looped:
+        for indices in segments:
+            looped = indices[columns.looped[indices]]
+            if len(looped):
+                first = int(indices[0])
+                key = (columns.strings[phase[first]], _none(int(epoch[first])))
                 groups.append(self._group(key, indices, looped))
         return groups
 
-    def _group(self, key: Key, indices: list[int], looped: list[int]) -> Group:
-        label = Counter(self.samples[i].label for i in looped).most_common(1)[0][0]
-        series = [i for i in looped if self.samples[i].label == label]
+    def _group(self, key: Key, indices: np.ndarray, looped: np.ndarray) -> Group:
+        columns = self.columns
+        codes = columns.label[looped]
+        found, first, counts = np.unique(codes, return_index=True, return_counts=True)
+        most = counts == counts.max()
+        code = int(found[most][np.argmin(first[most])])  # the first seen among the most frequent
+        label = columns.strings[code]
+        assert label is not None
+        series = looped[codes == code]
         metric = self._choose_metric(series)
-        series = sorted(
-            (i for i in series if metric and self.samples[i].get(metric) is not None),
-            key=lambda i: self.samples[i].batch or 0,
-        )
-        group = Group(key, indices, label, looped, metric, series)
-        if not series or metric is None:
+        group = Group(key, Positions(indices), label, Positions(looped), metric, Positions())
+        if metric is None:
             return group
-        first_batch = self.samples[series[0]].batch or 0
-        group.judged = [
-            i for i in series if (self.samples[i].batch or 0) >= first_batch + self.rules.warmup
-        ]
-        readings = [i for i in indices if self.samples[i].get(metric) is not None]
-        group.start, group.end = readings[0], readings[-1]
-        group.fit = Fit.of(*self.values(group.judged, metric))
+        present = columns.present(metric)
+        series = series[present[series]]
+        batches = np.where(columns.batch[series] == NONE, 0, columns.batch[series])
+        ordered = np.argsort(batches, kind="stable")
+        series, batches = series[ordered], batches[ordered]
+        group.series = Positions(series)
+        if not len(series):
+            return group
+        judged = series[batches >= batches[0] + self.rules.warmup]
+        group.judged = Positions(judged)
+        readings = indices[present[indices]]
+        group.start, group.end = int(readings[0]), int(readings[-1])
+        group.fit = Fit.of(*self._floats(judged, metric))
         group.peak = self._peak(indices, group.start, metric)
         return group
 
-    def _choose_metric(self, series: list[int]) -> str | None:
+    def _floats(self, positions: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """Batch indices (None as 0) and readings (absent as 0) at ``positions``, as floats."""
+        batch = self.columns.batch[positions]
+        values = self.columns.values(metric)[positions]
+        return np.where(batch == NONE, 0, batch).astype(np.float64), values
+
+    def _choose_metric(self, series: np.ndarray) -> str | None:
         """The rule's metric if every sample has it, else rss if every sample has it, else the
         one read most often (samples without it are then left out)."""
         candidates = list(dict.fromkeys((self.rules.metric, FALLBACK_METRIC)))
-        counts = {m: sum(self.samples[i].get(m) is not None for i in series) for m in candidates}
+        counts = {m: int(self.columns.present(m)[series].sum()) for m in candidates}
         for m in candidates:
-            if series and counts[m] == len(series):
+            if len(series) and counts[m] == len(series):
                 return m
         best = max(candidates, key=lambda m: counts[m])
         return best if counts[best] else None
 
-    def _peak(self, indices: list[int], start: int, metric: str) -> Peak:
+    def _peak(self, indices: np.ndarray, start: int, metric: str) -> Peak:
         """The group's highest reading and its rise above the reading at ``start``. A sample's
         ``peak`` (high-water mark since the previous checkpoint) is read against the metric it
         is the mark of: allocated on CUDA, rss on CPU. The first sample's own ``peak`` covers
-        time before the phase and is not used."""
+        time before the phase and is not used. The rises are compared as floats over the
+        whole group at once; the winner's is then computed exactly from its sample."""
+        columns = self.columns
         first = self.samples[start]
         first_value = first.get(metric) or 0
         best = Peak(start, metric, start, metric, first_value, 0)
-        for i in indices[indices.index(start) + 1 :]:
-            s = self.samples[i]
-            base = peak_base(s, metric)
-            high, base_value = s.get("peak"), first.get(base)
-            if high is not None and base_value is not None:
-                peak = Peak(i, "peak", start, base, high, high - base_value)
-            elif (value := s.get(metric)) is not None:
-                peak = Peak(i, metric, start, metric, value, value - first_value)
-            else:
-                continue
-            if peak.rise > best.rise:
-                best = peak
-        return best
+        after = indices[indices > start]
+        if not len(after):
+            return best
+        rises = np.full(len(after), -np.inf)
+        high = columns.present("peak")[after]
+        peaks = columns.values("peak")[after]
+        # the base each sample's peak is read against (see peak_base), and its level at start
+        has_reserved = columns.present("reserved")[after]
+        has_rss = columns.present(FALLBACK_METRIC)[after]
+        for base, where_base in (
+            ("allocated", has_reserved),
+            (FALLBACK_METRIC, ~has_reserved & has_rss),
+            (metric, ~has_reserved & ~has_rss),
+        ):
+            level = first.get(base)
+            if level is not None:
+                chosen = where_base & high
+                rises[chosen] = peaks[chosen] - float(level)
+        unset = np.isneginf(rises) & columns.present(metric)[after]
+        rises[unset] = columns.values(metric)[after][unset] - float(first_value)
+        top = int(np.argmax(rises))
+        if not rises[top] > 0:
+            return best
+        i = int(after[top])
+        s = self.samples[i]
+        base = peak_base(s, metric)
+        high_value, base_value = s.get("peak"), first.get(base)
+        if high_value is not None and base_value is not None:
+            return Peak(i, "peak", start, base, high_value, high_value - base_value)
+        value = s.get(metric) or 0
+        return Peak(i, metric, start, metric, value, value - first_value)
 
     # -- helpers for rules --------------------------------------------------------------------
 
-    def values(self, positions: list[int], metric: str) -> tuple[list[int], list[int]]:
+    def values(self, positions: Sequence[int], metric: str) -> tuple[list[int], list[int]]:
         """Batch indices and readings of ``metric`` at ``positions``."""
         return (
             [self.samples[i].batch or 0 for i in positions],
@@ -231,3 +334,88 @@ def where(s: Sample) -> str:
 def rate(slope: float) -> str:
     """Bytes per batch, in the largest binary unit that keeps the number >= 1."""
     return f"{format_size(slope, signed=True)}/batch"
+
+
+def _none(value: int) -> int | None:
+    return None if value == NONE else value
+
+
+class _Columns:
+    """What the statistics pass reads of every sample, as arrays: label and phase codes (into
+    ``strings``), epoch and batch (int64, :data:`~harness.store.NONE` for None), whether it is
+    a per-batch reading of a loop, and each metric's readings as floats with a mask of where
+    it was read."""
+
+    def __init__(self, samples: Sequence[Sample]) -> None:
+        self._samples = samples
+        self._store = samples if isinstance(samples, SampleStore) else None
+        self._metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        notes: dict[int, str]
+        if self._store is not None:
+            store = self._store
+            self.strings = list(store.strings)
+            self.label, self.phase = store.codes("label"), store.codes("phase")
+            self.epoch, self.batch = store.numbers("epoch"), store.numbers("batch")
+            notes = dict(store.notes)
+        else:
+            index: dict[str | None, int] = {None: 0}
+            self.strings = [None]
+
+            def code(text: str | None) -> int:
+                found = index.get(text)
+                if found is None:
+                    found = index[text] = len(self.strings)
+                    self.strings.append(text)
+                return found
+
+            self.label = np.array([code(s.label) for s in samples], dtype=np.intp)
+            self.phase = np.array([code(s.phase) for s in samples], dtype=np.intp)
+            self.epoch = _int_column([s.epoch for s in samples])
+            self.batch = _int_column([s.batch for s in samples])
+            notes = {i: s.note for i, s in enumerate(samples) if s.note is not None}
+        event_label = np.array(
+            [
+                text is not None and labels.is_event(_Labelled(text, None, None))
+                for text in self.strings
+            ]
+        )
+        event = event_label[self.label]
+        for i, note in notes.items():
+            text = self.strings[self.label[i]]
+            if text is not None and labels.is_event(_Labelled(text, None, note)):
+                event[i] = True
+        self.looped = (self.batch != NONE) & ~event
+
+    def _column(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        found = self._metrics.get(metric)
+        if found is None:
+            if self._store is not None:
+                stored = self._store.metric(metric)
+                if stored is None:
+                    stored = np.full(len(self.batch), NONE, dtype=np.int64)
+                present = stored != NONE
+                values = np.where(present, stored, 0).astype(np.float64)
+            else:
+                read = [s.get(metric) for s in self._samples]
+                present = np.array([v is not None for v in read], dtype=bool).reshape(-1)
+                values = np.array([v or 0 for v in read], dtype=np.float64).reshape(-1)
+            found = self._metrics[metric] = (values, present)
+        return found
+
+    def values(self, metric: str) -> np.ndarray:
+        """Readings of ``metric`` as floats, 0 where absent."""
+        return self._column(metric)[0]
+
+    def present(self, metric: str) -> np.ndarray:
+        """Where ``metric`` was read."""
+        return self._column(metric)[1]
+
+
+class _Labelled(NamedTuple):
+    label: str
+    batch: int | None
+    note: str | None
+
+
+def _int_column(values: list[int | None]) -> np.ndarray:
+    return np.array([NONE if v is None else v for v in values], dtype=np.int64).reshape(-1)

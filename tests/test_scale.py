@@ -1,0 +1,122 @@
+"""Long runs: a timeline read in columns, statistics over columns, bytes per checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harness import stats, timeline
+from harness.rules.context import Context, Positions
+from harness.sample import Sample
+from harness.store import SampleStore
+from harness.verdict import Rules
+
+METRICS = ("allocated", "rss", "peak")
+
+
+def _samples(epochs: int, batches: int) -> list[Sample]:
+    """A training loop of ``epochs`` x ``batches`` with phase events, a slow leak in epoch 1,
+    an OOM event and a note."""
+    rng = np.random.default_rng(0)
+    out = [Sample("session START", "session", None, None, 0.0, _m(1000, rng), True)]
+    for e in range(epochs):
+        out.append(Sample("EPOCH_START", "training", e, None, 1.0, _m(1000, rng)))
+        for b in range(batches):
+            level = 1000 + (300 * b if e == 1 else 0)
+            out.append(Sample("TRAIN_BATCH", "training", e, b, 2.0 + b, _m(level, rng)))
+            if b % 7 == 0:
+                out.append(Sample("AFTER_STEP", "training", e, b, 2.5, _m(level, rng)))
+        out.append(Sample("OOM", "training", e, 3, 3.0, _m(1000, rng), note="out of memory"))
+        out.append(Sample("EPOCH_END", "training", e, None, 4.0, _m(1000, rng)))
+    out.append(Sample("session END", "session", None, None, 5.0, _m(1000, rng), True))
+    return out
+
+
+def _m(level: int, rng: np.random.Generator) -> dict[str, int | None]:
+    noise = int(rng.integers(0, 50))
+    return {"allocated": level + noise, "rss": 4 * level + noise, "peak": 4 * level + 2 * noise}
+
+
+def _write(path, samples: list[Sample], end: bool = True) -> None:
+    header = {"leakgate_timeline": timeline.FORMAT, "metrics": list(METRICS)}
+    lines = [json.dumps(header)] + [json.dumps(s.to_dict()) for s in samples]
+    if end:
+        lines.append(json.dumps({"leakgate_end": {"error": None}}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_store_costs_under_64_bytes_per_checkpoint_at_scale():
+    store = SampleStore()
+    sample = Sample("TRAIN_BATCH", "training", 0, 0, 1.0, dict.fromkeys(METRICS, 123456789))
+    for _ in range(200_000):
+        store.append(sample)
+    assert store.nbytes() / len(store) < 64
+
+
+def test_timeline_read_in_columns_equals_the_line_reader(tmp_path, monkeypatch):
+    samples = _samples(3, 40)
+    path = tmp_path / "run.jsonl"
+    _write(path, samples)
+    fast = timeline.read_timeline(path)
+    assert isinstance(fast.samples, SampleStore)
+    monkeypatch.setattr(timeline, "_read_columns", lambda path: None)
+    slow = timeline.read_timeline(path)
+    assert list(fast.samples) == list(slow.samples) == samples
+    assert (fast.header, fast.end, fast.torn) == (slow.header, slow.end, slow.torn)
+
+
+def test_torn_last_line_and_unusual_lines(tmp_path):
+    samples = _samples(1, 10)
+    path = tmp_path / "torn.jsonl"
+    _write(path, samples, end=False)
+    path.write_bytes(path.read_bytes() + b'{"label": "TRAIN_BA')
+    torn = timeline.read_timeline(path)
+    assert torn.torn == 1 and torn.end is None and list(torn.samples) == samples
+    bad = tmp_path / "bad.jsonl"
+    _write(bad, samples)
+    text = bad.read_text().splitlines()
+    text[3] = text[3].replace('"batch": 0', '"batch": true')
+    bad.write_text("\n".join(text) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:4: sample.batch"):
+        timeline.read_timeline(bad)
+
+
+@pytest.mark.parametrize("warmup", [0, 5])
+def test_context_over_a_store_equals_context_over_a_list(warmup):
+    samples = _samples(3, 60)
+    rules = Rules(warmup=warmup)
+    over_list = Context(samples, rules)
+    over_store = Context(SampleStore.of(samples), rules)
+    assert len(over_list.groups) == len(over_store.groups) == 3
+    for a, b in zip(over_list.groups, over_store.groups, strict=True):
+        assert (a.key, a.label, a.metric, a.start, a.end) == (
+            b.key,
+            b.label,
+            b.metric,
+            b.start,
+            b.end,
+        )
+        assert a.indices == b.indices and a.series == b.series and a.judged == b.judged
+        assert a.fit == b.fit and a.peak == b.peak
+    leaking = over_store.groups[1]
+    assert leaking.label == "TRAIN_BATCH" and leaking.fit is not None
+    assert leaking.fit.trend.slope == pytest.approx(300, rel=0.05)
+    assert over_store.loop_positions == over_list.loop_positions
+    assert all(s.label != "OOM" for s in (samples[i] for i in over_store.loop_positions))
+
+
+def test_positions_read_as_a_list_of_ints():
+    positions = Positions([3, 5, 8])
+    assert positions == [3, 5, 8] and list(positions) == [3, 5, 8]
+    assert type(positions[0]) is int and positions[-1] == 8 and positions[1:] == [5, 8]
+    assert 5 in positions and 4 not in positions and positions.index(8) == 2
+    assert not Positions() and len(positions) == 3
+
+
+@pytest.mark.parametrize("n", [10, 65536, 300_001])
+def test_median_is_numpys(n):
+    rng = np.random.default_rng(n)
+    for values in (rng.normal(size=n), rng.integers(0, 4, n).astype(float)):
+        assert stats.median(values) == float(np.median(values))
