@@ -30,12 +30,14 @@ def render(doc: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     peer = peer_comparison(runs["test_model"])
     verdict = time_to_verdict(runs["test_time_to_verdict"])
     checkpoints = runs["test_checkpoint"] + runs["test_checkpoint_collect"]
+    scale = runs["test_scale"]
     measured = [
         (checkpoint_section(checkpoints, overhead), checkpoints),
         (overhead_section(overhead), runs["test_epoch"]),
         (loops_section(loops), runs["test_loops"]),
         (peer_section(peer), runs["test_model"]),
         (verdict_section(verdict), runs["test_time_to_verdict"]),
+        (scale_section(scale), scale),
     ]
     sections = [
         header(doc, context),
@@ -551,6 +553,70 @@ def verdict_section(verdict: dict | None) -> str:
             table(["step", "seconds", "exit"], rows),
             outcome,
         ]
+    )
+
+
+SCALE_SECONDS, SCALE_BYTES = 10.0, 300 * 2**20
+"""The issue's goal for ``harness report`` on a 1M-checkpoint timeline."""
+
+
+def scale_section(benches: Sequence[Bench]) -> str:
+    """Reading and judging long timelines (``bench_scale.py``): seconds and peak memory per
+    size and step, the store's bytes per checkpoint, and the 1M goal."""
+    if not benches:
+        return ""
+    cells: dict[int, dict[str, Mapping[str, Any]]] = defaultdict(dict)
+    for bench in benches:
+        cells[bench["params"]["size"]][bench["params"]["step"]] = bench["extra_info"]
+    steps = ("report", "judge", "columns")
+    rows = []
+    for size in sorted(cells):
+        row: list[Any] = [f"{size:,}"]
+        for step in steps:
+            info = cells[size].get(step)
+            if info is None:
+                row += ["", ""]
+                continue
+            peak = info.get("peak_bytes")
+            failed = "" if info.get("exit") == 0 else f" (exit {info.get('exit')})"
+            row += [f"{info['seconds']:.1f}{failed}", f"{peak / 2**20:.0f}" if peak else "?"]
+        per = [
+            float(c["last"].split()[-1])
+            for c in cells[size].values()
+            if c.get("last")
+            and c["last"].split()[-1].replace(".", "", 1).isdigit()
+            and "." in c["last"].split()[-1]
+        ]
+        row.append(f"{per[0]:.1f}" if per else "")
+        rows.append(row)
+    largest = cells[max(cells)].get("report")
+    goal = ""
+    if largest is not None and largest.get("peak_bytes"):
+        ok = largest["seconds"] <= SCALE_SECONDS and largest["peak_bytes"] <= SCALE_BYTES
+        goal = (
+            f"Goal at the largest size ({max(cells):,}): `harness report` in at most "
+            f"{SCALE_SECONDS:.0f} s and {SCALE_BYTES / 2**20:.0f} MiB: {met(ok)} "
+            f"({largest['seconds']:.1f} s, {largest['peak_bytes'] / 2**20:.0f} MiB)."
+        )
+    headers = ["checkpoints"]
+    for step in steps:
+        headers += [f"{step} s", f"{step} peak MiB"]
+    headers.append("store B/checkpoint")
+    return "\n\n".join(
+        filter(
+            None,
+            [
+                "## 6. Long timelines",
+                "A synthetic timeline of the trainer's shape (704 training and 176 validation "
+                "batches per epoch, three CPU metrics) judged in a child process "
+                "(`benchmarks/bench_scale.py`): `report` is `harness report` (read, judge, "
+                "markdown and JSON), `judge` is `read_timeline` + `harness.judge`, `columns` is "
+                "`read_timeline` + the statistics pass (`Context`) alone. Peak is the child's "
+                "`VmHWM`.",
+                table(headers, rows),
+                goal,
+            ],
+        )
     )
 
 

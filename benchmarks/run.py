@@ -35,6 +35,7 @@ FILES = (
     "bench_memray.py",
     "bench_peer.py",
     "bench_verdict.py",
+    "bench_scale.py",
 )
 PACKAGES = (
     "torch",
