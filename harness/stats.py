@@ -96,9 +96,14 @@ def median(values: np.ndarray) -> float:
 
 
 def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices ``(i, j)`` of every pair ``i < j`` of ``n`` points. Not cached: a judge that
-    runs inside a recorded run must not keep memory of its own between calls."""
-    i, j = np.triu_indices(n, k=1)
+    """Indices ``(i, j)`` of every pair ``i < j`` of ``n`` points, in ``numpy.triu_indices``
+    order, without its ``n x n`` mask. Not cached: a judge that runs inside a recorded run
+    must not keep memory of its own between calls."""
+    counts = np.arange(n - 1, -1, -1)  # row r pairs with r + 1 .. n - 1
+    rows = np.arange(n)
+    i = np.repeat(rows, counts)
+    first = np.cumsum(counts) - counts  # where each row's pairs start
+    j = np.arange(len(i)) - np.repeat(first - rows - 1, counts)
     return i, j
 
 

@@ -168,7 +168,7 @@ class SampleStore(Sequence[Sample]):
     def codes(self, field: str) -> np.ndarray:
         """``label`` or ``phase`` of every sample as indices into :attr:`strings` (a copy)."""
         column = self._label if field == "label" else self._phase
-        return np.frombuffer(column, dtype=np.uint32).astype(np.intp)
+        return np.frombuffer(column, dtype=np.uint32).copy()
 
     def numbers(self, field: str) -> np.ndarray:
         """``epoch``, ``batch`` (int64, :data:`NONE` for None), ``time`` (float64) or

@@ -421,7 +421,10 @@ def _read_columns(path: str | os.PathLike[str]) -> Timeline | None:
             stream = io.BufferedReader(_Range(fd, start, stop), _BLOCK)
             try:
                 reader = pj.open_json(
-                    stream, read_options=pj.ReadOptions(block_size=_BLOCK), parse_options=options
+                    stream,
+                    read_options=pj.ReadOptions(block_size=_BLOCK),
+                    parse_options=options,
+                    memory_pool=pa.system_memory_pool(),
                 )
                 for batch in reader:
                     if not _add_batch(store, batch):

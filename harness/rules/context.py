@@ -391,10 +391,14 @@ class _Columns:
         if found is None:
             if self._store is not None:
                 stored = self._store.metric(metric)
-                if stored is None:
-                    stored = np.full(len(self.batch), NONE, dtype=np.int64)
-                present = stored != NONE
-                values = np.where(present, stored, 0).astype(np.float64)
+                if stored is None:  # zeroed pages: no memory until written
+                    present = np.zeros(len(self.batch), dtype=bool)
+                    values = np.zeros(len(self.batch), dtype=np.float64)
+                else:
+                    present = stored != NONE
+                    stored[~present] = 0
+                    values = stored.astype(np.float64)
+                    del stored
             else:
                 read = [s.get(metric) for s in self._samples]
                 present = np.array([v is not None for v in read], dtype=bool).reshape(-1)
