@@ -63,16 +63,23 @@ def gpu_leak(session: nox.Session) -> None:
 
     Runs on CUDA when a GPU is visible, else on CPU (the report says which). Arguments after
     ``--`` go to ``python -m tft.train`` (``--inject-fault NAME``, ``--capacity 4GiB``, ...);
-    ``--update-baseline`` copies this run's verdicts to ``reports/baseline/<device>/``.
+    ``--update-baseline`` copies this run's verdicts to ``reports/baseline/<device>/``;
+    ``--nproc N`` trains with DDP on N local ranks under ``torchrun`` (gloo on the CPU; on CUDA
+    one rank per visible GPU, so N at most their number), judged as one run.
     """
     args = list(session.posargs)
     update = "--update-baseline" in args
     args = [a for a in args if a != "--update-baseline"]
+    nproc, args = _nproc(session, args)
     install(session, "test")
     for stale in REPORTS.glob("*.*"):
         if stale.name not in ("README.md", "bench.md"):
             stale.unlink()
-    train = ["python", "-m", "tft.train", "--epochs", "5", "--batch-size", "1"]
+    launch = ["python", "-m", "tft.train"]
+    if nproc is not None:
+        ranks = ["--standalone", f"--nproc-per-node={nproc}"]
+        launch = ["python", "-m", "torch.distributed.run", *ranks, "-m", "tft.train"]
+    train = [*launch, "--epochs", "5", "--batch-size", "1"]
     session.run(*train, "--memreport", str(REPORTS), *args, success_codes=[0, 1])
     session.run("pytest", "-m", "memleak", f"--memreport={REPORTS}", "tests", success_codes=[0, 1])
     baseline = BASELINE / _device(session)
@@ -113,6 +120,25 @@ def bench(session: nox.Session) -> None:
     torch_now = session.run("python", "-c", code, silent=True).strip().splitlines()[-1]
     session.install(*BENCH_PEERS, f"torch=={torch_now}")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+def _nproc(session: nox.Session, args: list[str]) -> tuple[int | None, list[str]]:
+    """``--nproc N`` (or ``--nproc=N``) taken out of ``args``: the number of ranks, or None."""
+    rest: list[str] = []
+    given: str | None = None
+    items = iter(args)
+    for arg in items:
+        if arg == "--nproc":
+            given = next(items, "")
+        elif arg.startswith("--nproc="):
+            given = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if given is None:
+        return None, rest
+    if not given.isdigit() or int(given) < 1:
+        session.error(f"--nproc: expected a number of ranks, got {given!r}")
+    return int(given), rest
 
 
 def _device(session: nox.Session) -> str:
