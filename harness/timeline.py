@@ -297,9 +297,10 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     header, a line before the last is damaged, or a line's fields do not have their types;
     ``OSError`` when it cannot be read.
 
-    The sample lines are parsed in blocks by pyarrow's JSON reader, against the schema the
-    writer writes, straight into a :class:`~harness.store.SampleStore` (a few tens of bytes
-    per sample, a million lines in seconds). Anything that schema does not hold (a field of
+    From :data:`COLUMNS_FROM` bytes on, the sample lines are parsed in blocks by pyarrow's JSON
+    reader, against the schema the writer writes, straight into a
+    :class:`~harness.store.SampleStore` (a few tens of bytes per sample, a million lines in
+    seconds). Anything that schema does not hold (a field of
     the wrong type, an unknown field, a number beyond 64 bits, an empty line) sends the whole
     file through the line-by-line reader below, which names the line and field at fault.
     """
@@ -350,6 +351,9 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
 
 _BLOCK = 1 << 20
 """Bytes pyarrow parses at a time: memory stays near the store's size, whatever the file's."""
+COLUMNS_FROM = 4 << 20
+"""Files from this size on are read in columns; smaller ones (tens of thousands of lines) by
+the line reader, which is quick enough there and leaves no parser's memory in the process."""
 
 
 class _Range(io.RawIOBase):
@@ -381,6 +385,8 @@ def _read_columns(path: str | os.PathLike[str]) -> Timeline | None:
     with open(path, "rb") as file:
         fd = file.fileno()
         size = os.fstat(fd).st_size
+        if size < COLUMNS_FROM:
+            return None
         first = file.readline()
         start = len(first)
         if not first.endswith(b"\n"):

@@ -55,6 +55,11 @@ def test_store_costs_under_64_bytes_per_checkpoint_at_scale():
     assert store.nbytes() / len(store) < 64
 
 
+@pytest.fixture(autouse=True)
+def _columns_for_small_files(monkeypatch):
+    monkeypatch.setattr(timeline, "COLUMNS_FROM", 0)
+
+
 def test_timeline_read_in_columns_equals_the_line_reader(tmp_path, monkeypatch):
     samples = _samples(3, 40)
     path = tmp_path / "run.jsonl"
