@@ -49,6 +49,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(default {DEFAULT_DIR}/); "
         "write it as --memreport=DIR when test paths follow",
     )
+    group.addoption(
+        "--memreport-explain",
+        action="store_true",
+        default=False,
+        help="the dearer search: note the line that allocated every tensor and Python object "
+        "while a traced test runs, and name it in failure messages (slower tests)",
+    )
     for option in options():
         parser.addini(f"memleak_{option.name}", option.metadata["help"], default=None)
 
@@ -57,8 +64,9 @@ def pytest_configure(config: pytest.Config) -> None:
     keywords = ", ".join(f"{o.name}={o.default!r}" for o in options())
     config.addinivalue_line(
         "markers",
-        f"memleak({keywords}, attribute=False, **registered_rules): judge the test's memory "
-        "timeline (leakgate); attribute=True names who holds new tensors at every phase end",
+        f"memleak({keywords}, attribute=False, explain=False, **registered_rules): judge the "
+        "test's memory timeline (leakgate); attribute=True names who holds new tensors at every "
+        "phase end, explain=True also the lines that allocated them",
     )
     config.pluginmanager.register(LeakGate(config), PLUGIN_NAME)
 
@@ -138,7 +146,7 @@ class LeakGate:
                 if marker.args:
                     raise ValueError("memleak takes keyword arguments only")
                 for key, value in marker.kwargs.items():
-                    if key != "attribute":
+                    if key not in ("attribute", "explain"):
                         (custom if is_custom(key) else values)[key] = value
             return Rules.from_dict({**values, "custom": custom} if custom else values)
         except ValueError as exc:
@@ -151,11 +159,18 @@ class LeakGate:
         rules = self.rules_for(item)
         marker = item.get_closest_marker("memleak")
         asked = marker is not None and bool(marker.kwargs.get("attribute", False))
+        explain = bool(self.config.getoption("memreport_explain", False)) or (
+            marker is not None and bool(marker.kwargs.get("explain", False))
+        )
         files = self.files_for(item)
         # Always ready to name holders while they live: at the checkpoint where a phase's growth
         # first crosses its budget, or an OOM. attribute=True also names them at every END.
         attribution = PhaseAttribution(
-            growth=rules.size("max_growth"), metric=rules.metric, at_end=asked, sites=asked
+            growth=rules.size("max_growth"),
+            metric=rules.metric,
+            at_end=asked,
+            sites=asked,
+            explain=explain,
         )
         meta = {"test": item.nodeid}
         try:
@@ -255,7 +270,10 @@ class LeakGate:
             self.write_failed(finished.write_error)
         verdict = finished.verdict
         trace.judged = True
-        trace.holders = tuple(finished.holder_lines())
+        from harness.attribution import hint
+
+        explained = trace.recorder.attribution is not None and trace.recorder.attribution.explain
+        trace.holders = (*finished.holder_lines(), *hint(finished.shares, explained))
         summary = {
             "status": verdict.status,
             "worst_growth": worst_growth(verdict),

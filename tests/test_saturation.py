@@ -144,7 +144,7 @@ def test_a_slow_leak_under_the_budget_fails_when_projected_to_the_real_run():
         train(rec, leaky=True)
     assert judge(rec.samples, Rules(phase="training", max_growth="4MB")).status == "PASS"
     verdict = judge(rec.samples, PROJECTED)
-    assert verdict.status == "FAIL"
+    assert verdict.status == "FAIL", [(c.rule, c.status, c.details) for c in verdict.checks]
     (leak,) = verdict.of_kind(Kind.LEAK)
     assert leak.rule == "project_to" and leak.phase == "training"
     assert "KiB/batch x 100000 batches = +" in leak.message

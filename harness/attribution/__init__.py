@@ -6,21 +6,26 @@ what keeps each newer tensor by a bounded walk of the object graph from named ro
 checkpoints (:mod:`~harness.attribution.phase`) and :func:`explain` picks the holders for a
 verdict's findings, :func:`shares` how much of each they hold
 (:mod:`~harness.attribution.findings`); on CUDA, allocation sites come from torch's allocation
-history (:mod:`~harness.attribution.sites`)."""
+history (:mod:`~harness.attribution.sites`), and with the dearer search (``explain``) the lines
+that allocated each storage and Python object, on any device (:mod:`~harness.attribution.lines`).
+"""
 
-from harness.attribution.findings import Share, explain, named, shares
+from harness.attribution.findings import Share, explain, hint, named, shares
 from harness.attribution.holders import Holder, attribute
+from harness.attribution.lines import Lines
 from harness.attribution.phase import PhaseAttribution
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 
 __all__ = [
     "Holder",
+    "Lines",
     "PhaseAttribution",
     "Share",
     "Snapshot",
     "attribute",
     "explain",
+    "hint",
     "live_tensors",
     "named",
     "record_sites",

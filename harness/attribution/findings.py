@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.attribution.holders import Holder, attribute
+from harness.attribution.lines import PYTHON_OBJECTS
 from harness.attribution.phase import PhaseAttribution
 from harness.attribution.snapshot import Snapshot
 
@@ -21,7 +22,9 @@ _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 class Share:
     """One finding's named holders and the part of its bytes they hold: ``growth`` is the
     finding's ``bytes`` (growth, teardown residue, or the level at an OOM), ``held`` the bytes
-    of the holders named at the one checkpoint that names the most."""
+    of the holders named at the one checkpoint that names the most; ``named_at`` the phase's
+    growth at that checkpoint and ``label`` the checkpoint, when the holders were named during
+    the run (a loop attributed where it crossed its budget holds less than at its end)."""
 
     kind: str
     phase: str | None
@@ -29,19 +32,42 @@ class Share:
     growth: int | None
     held: int
     holders: tuple[Holder, ...] = ()
+    named_at: int | None = None
+    label: str | None = None
+
+    @property
+    def _early(self) -> bool:
+        """Named at a checkpoint before the phase had grown by most of ``growth``."""
+        return (
+            self.named_at is not None
+            and self.named_at > 0
+            and self.growth is not None
+            and self.named_at < 0.9 * self.growth
+        )
 
     @property
     def fraction(self) -> float | None:
-        """``held / growth``, or None without a positive ``growth``."""
-        return self.held / self.growth if self.growth is not None and self.growth > 0 else None
+        """``held`` over the growth it is compared with (``named_at`` when the holders were
+        named early, else ``growth``), or None without a positive one."""
+        whole = self.named_at if self._early else self.growth
+        return self.held / whole if whole is not None and whole > 0 else None
 
     @property
     def text(self) -> str:
-        """One line: ``held: 21.8 of 23.0 MiB``, saying so when that is under half."""
+        """One line: ``held: 21.8 of 23.0 MiB``, saying so when that is under half; for holders
+        named early, against the growth then: ``held: 1.0 of 1.0 MiB grown by
+        VALIDATION_BATCH, when named (+3.4 MiB by the end)``."""
         fraction = self.fraction
         if self.growth is None or fraction is None:
             return f"held: {_sizes(self.held)}"
-        text = f"held: {_sizes(self.held, self.growth)}"
+        if self._early:
+            assert self.named_at is not None
+            text = (
+                f"held: {_sizes(self.held, self.named_at)} grown by {self.label}, when named "
+                f"({_sizes(self.growth)} by the end)"
+            )
+        else:
+            text = f"held: {_sizes(self.held, self.growth)}"
         if fraction < 0.5:
             text += f" ({fraction:.0%}: most of it has no named holder)"
         return text
@@ -75,15 +101,19 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
             chosen = [h for h in chosen if h.epoch == epoch]
         if kind == "teardown" or not chosen:
             before = attribution.snapshot_for(phase) if attribution is not None else None
-            chosen += _search(before, searched)
+            chosen += _search(before, searched, attribution)
+        held, place = _held(chosen)
+        at = [h.growth for h in chosen if (h.label, h.epoch) == place and h.growth is not None]
         result.append(
             Share(
                 str(kind),
                 phase,
                 epoch,
                 getattr(finding, "bytes", None),
-                _held(chosen),
+                held,
                 tuple(named(chosen)),
+                max(at) if at else None,
+                place[0] if at else None,
             )
         )
     return result
@@ -96,10 +126,17 @@ def explain(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any
     return named(h for share in shares(holders, findings) for h in share.holders)
 
 
-def _search(before: Snapshot | None, searched: dict[int, list[Holder]]) -> list[Holder]:
+def _search(
+    before: Snapshot | None,
+    searched: dict[int, list[Holder]],
+    attribution: PhaseAttribution | None = None,
+) -> list[Holder]:
     key = id(before)
     if key not in searched:
-        searched[key] = attribute(before=before, limit=_SEARCH_LIMIT)
+        if attribution is not None and attribution.explain:
+            searched[key] = attribution.search(before)
+        else:
+            searched[key] = attribute(before=before, limit=_SEARCH_LIMIT)
     return searched[key]
 
 
@@ -111,14 +148,45 @@ def named(holders: Iterable[Holder]) -> list[Holder]:
     return list(largest.values())
 
 
-def _held(holders: Sequence[Holder]) -> int:
-    """Bytes held at the checkpoint whose holders hold the most (one checkpoint's holders count
-    each storage once; two checkpoints may name the same storage twice)."""
-    by_checkpoint: dict[tuple[str | None, int | None], int] = {}
+HINT = (
+    "  hint: --memreport-explain (or memleak(explain=True)) names the lines that allocated "
+    "what no object was found holding"
+)
+
+
+def hint(found: Sequence[Share], explained: bool = False) -> list[str]:
+    """A one-line hint for a failure message when the dearer search would help: a leak,
+    teardown or OOM finding whose named holders hold under half of it (or nothing), and the
+    run was not explained already."""
+    if explained:
+        return []
+    weak = [
+        s
+        for s in found
+        if s.growth is not None
+        and s.growth > 0
+        and (not s.holders or (s.fraction is not None and s.fraction < 0.5))
+    ]
+    return [HINT] if weak else []
+
+
+Place = tuple[str | None, int | None]
+
+
+def _held(holders: Sequence[Holder]) -> tuple[int, Place]:
+    """Bytes held at the checkpoint whose holders hold the most, and that checkpoint (one
+    checkpoint's holders count each storage once; two checkpoints may name the same storage
+    twice)."""
+    by_checkpoint: dict[Place, int] = {}
     for holder in named(holders):
+        if holder.path.startswith(PYTHON_OBJECTS):
+            continue  # listed by line; pymalloc's arenas are outside malloc's count
         place = (holder.label, holder.epoch)
         by_checkpoint[place] = by_checkpoint.get(place, 0) + holder.bytes
-    return max(by_checkpoint.values(), default=0)
+    if not by_checkpoint:
+        return 0, (None, None)
+    place = max(by_checkpoint, key=lambda p: by_checkpoint[p])
+    return by_checkpoint[place], place
 
 
 def _sizes(*sizes: int) -> str:

@@ -6,11 +6,13 @@ while the loop's locals that hold them are still alive."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from harness import labels
 from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
+from harness.attribution.lines import PYTHON_OBJECTS, Lines
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.sample import Sample
@@ -38,7 +40,11 @@ class PhaseAttribution:
     search. With ``sites`` (the default) CUDA allocation stacks are recorded while the recorder
     is open. ``limit``, ``max_depth`` and ``max_objects`` go to each :func:`attribute`. Each
     result is kept in :attr:`holders`, tagged with the checkpoint's phase, epoch and label; each
-    phase's latest snapshot stays available to :meth:`snapshot_for`.
+    phase's latest snapshot stays available to :meth:`snapshot_for`. With ``explain`` (the
+    dearer search, ``--memreport-explain``) a :class:`~harness.attribution.lines.Lines` notes
+    the line that allocated each storage and traces Python objects while the recorder is open,
+    so that holders say where their memory was allocated and what no object holds is named by
+    its line; CUDA allocation stacks are recorded too.
     """
 
     def __init__(
@@ -51,7 +57,12 @@ class PhaseAttribution:
         max_objects: int = MAX_OBJECTS,
         sites: bool = True,
         metric: str | None = None,
+        explain: bool = False,
     ) -> None:
+        self.explain = explain
+        self.lines = Lines() if explain else None
+        self._python: dict[str | None, Any] = {}
+        self._python_first: Any = None
         self.growth = None if growth is None else parse_size(growth, what="growth")
         self.at_end = at_end
         self.limit = limit
@@ -62,13 +73,15 @@ class PhaseAttribution:
         self._open: dict[str | None, _Open] = {}
         self._starts: dict[str | None, Snapshot] = {}
         self._first: Snapshot | None = None
-        self._sites = sites
+        self._sites = sites or explain
         self._stop_sites = False
 
     def start(self) -> None:
         """Begin recording CUDA allocation stacks when ``sites`` is set and CUDA is in use."""
         if self._sites and torch.cuda.is_available() and torch.cuda.is_initialized():
             self._stop_sites = not record_sites(True)
+        if self.lines is not None:
+            self.lines.open()
 
     def close(self) -> None:
         """Stop the recording :meth:`start` began; close the open phases (their snapshots stay
@@ -76,6 +89,8 @@ class PhaseAttribution:
         if self._stop_sites:
             record_sites(False)
             self._stop_sites = False
+        if self.lines is not None:
+            self.lines.close()
         self._open.clear()
 
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
@@ -95,11 +110,12 @@ class PhaseAttribution:
         if (word == labels.OOM or labels.is_oom(sample)) and not (opened and opened.oom):
             if opened is not None:
                 opened.oom = True
-            self.attribute(sample, opened.snapshot if opened else self._first)
+            grown = self._growth(opened.start, sample) if opened else None
+            self.attribute(sample, opened.snapshot if opened else self._first, grown)
             return True
         if word == _END:
             if opened is not None and self.at_end:
-                self.attribute(sample, opened.snapshot)
+                self.attribute(sample, opened.snapshot, self._growth(opened.start, sample))
                 return True
             return False
         if opened is None:
@@ -111,23 +127,57 @@ class PhaseAttribution:
             grown = self._growth(opened.start, sample)
             if grown is not None and grown > self.growth:
                 opened.grown = True
-                self.attribute(sample, opened.snapshot)
+                self.attribute(sample, opened.snapshot, grown)
                 return True
         return False
 
-    def attribute(self, sample: Sample, before: Snapshot | None) -> list[Holder]:
-        """Attribute now against ``before``; the holders, tagged with ``sample``'s place, are
-        added to :attr:`holders` and returned."""
-        found = attribute(
-            before, limit=self.limit, max_depth=self.max_depth, max_objects=self.max_objects
-        )
+    def attribute(
+        self, sample: Sample, before: Snapshot | None, growth: int | None = None
+    ) -> list[Holder]:
+        """Attribute now against ``before``; the holders, tagged with ``sample``'s place and
+        the phase's ``growth`` so far, are added to :attr:`holders` and returned."""
+        found = self.search(before, self._python.get(sample.phase))
         tagged = [
-            replace(h, phase=sample.phase, epoch=sample.epoch, label=sample.label) for h in found
+            replace(h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=growth)
+            for h in found
         ]
         self.holders.extend(tagged)
         return tagged
 
+    def search(self, before: Snapshot | None, python: Any = None) -> list[Holder]:
+        """Who holds what is new since ``before``, with this attribution's settings; with
+        ``explain``, Python objects allocated since ``python`` (a tracemalloc snapshot, else
+        since tracing began) are named by line too."""
+        found = attribute(
+            before,
+            limit=None,
+            max_depth=self.max_depth,
+            max_objects=self.max_objects,
+            lines=self.lines,
+        )
+        if self.lines is not None:
+            found += [
+                Holder(
+                    f"{PYTHON_OBJECTS} {line}",
+                    "objects",
+                    count,
+                    0,
+                    size,
+                    sites=(line,),
+                    note="allocated there (tracemalloc)",
+                )
+                for line, size, count in self.lines.python_growth(python or self._python_first)
+            ]
+        found.sort(key=lambda h: (-h.bytes, -h.tensors, h.path))
+        return found[: self.limit] if self.limit is not None else found
+
     def _open_phase(self, sample: Sample) -> None:
+        if self.lines is not None and self.lines.open_now:
+            self.lines.trace()
+            python = self.lines.snapshot()
+            self._python[sample.phase] = python
+            if self._python_first is None:
+                self._python_first = python
         snapshot = live_tensors()
         self._open[sample.phase] = _Open(snapshot, sample)
         self._starts[sample.phase] = snapshot

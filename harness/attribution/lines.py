@@ -1,0 +1,211 @@
+"""Allocation lines, the dearer search (``--memreport-explain``): while a :class:`Lines` is
+open, every storage a torch operator creates is noted with the line of the caller's code that
+ran it (the innermost frame outside torch and leakgate), and ``tracemalloc`` traces Python
+objects. An attribution can then say where the memory it names was allocated, and name the
+line of what survived with no holder at all: storages only C++ keeps (an autograd graph no
+Python object reaches, a library cache), and Python objects (``tracemalloc``).
+
+On CPU the operators are seen through a ``TorchDispatchMode``, about 10 to 30 µs per operator:
+this is why it is opt-in. On CUDA the allocator's own history
+(:func:`~harness.attribution.sites.record_sites`) gives the sites, and is recorded too.
+"""
+
+from __future__ import annotations
+
+import _tracemalloc
+import os
+import sys
+import time
+import tracemalloc
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from harness.attribution.snapshot import StorageKey, storage_of
+
+_TORCH = os.path.dirname(torch.__file__) + os.sep
+_HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_SKIPPED = (_TORCH, _HARNESS, os.path.dirname(os.__file__) + os.sep)
+PYTHON_OBJECTS = "<Python objects>"
+_FRAMES = 16
+Traced = dict[tuple[tuple[str, int], ...], list[int]]
+PYTHON_FLOOR = 64 * 1024
+"""Python-object growth of one line below this is not named (interpreter noise)."""
+
+
+def caller_line(skip: Iterable[str] = _SKIPPED) -> str | None:
+    """``file:line`` of the innermost frame outside torch and leakgate (and ``skip``)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    prefixes = tuple(skip)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(prefixes) and not name.startswith("<"):
+            return _short(name, frame.f_lineno)
+        frame = frame.f_back
+    return None
+
+
+def _short(filename: str, line: int) -> str:
+    here = os.getcwd() + os.sep
+    return f"{filename[len(here) :] if filename.startswith(here) else filename}:{line}"
+
+
+@dataclass
+class _Noted:
+    storage: StorageWeakRef
+    cdata: int
+    nbytes: int
+    line: str
+    time: float
+
+
+class _Allocations(TorchDispatchMode):
+    """Notes each new storage an operator returns, with its caller's line."""
+
+    def __init__(self, lines: Lines) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.lines.note(leaf)
+        return out
+
+
+class Lines:
+    """Allocation lines while open: :meth:`line` of a storage, :meth:`unheld` storages still
+    alive that no tensor object holds, :meth:`python_growth` Python objects by line."""
+
+    def __init__(self) -> None:
+        self.storages: dict[StorageKey, _Noted] = {}
+        self._mode: _Allocations | None = None
+        self._traced = False
+        self._pruned_at = 1024
+
+    def open(self) -> None:
+        """Start noting storages (one operator runs first, so that what torch imports on a
+        mode's first use is not taken for the run's)."""
+        if self._mode is not None:
+            return
+        self._mode = _Allocations(self)
+        self._mode.__enter__()
+        torch.ones(1).add(1)
+
+    def trace(self) -> None:
+        """Start tracing Python allocations, once, at the first phase (unless tracemalloc
+        already runs, which is then left running): only what is allocated from then on is
+        traced, so reading the traces stays cheap."""
+        if self._mode is not None and not tracemalloc.is_tracing():
+            tracemalloc.start(_FRAMES)
+            self._traced = True
+
+    def close(self) -> None:
+        """Stop what :meth:`open` started; the lines noted stay readable."""
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+        if self._traced:
+            tracemalloc.stop()
+            self._traced = False
+
+    @property
+    def open_now(self) -> bool:
+        return self._mode is not None
+
+    def note(self, tensor: torch.Tensor) -> None:
+        key, nbytes = storage_of(tensor)
+        if key is None:
+            return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        seen = self.storages.get(key)
+        if seen is not None and seen.cdata == storage._cdata and not seen.storage.expired():
+            return
+        line = caller_line()
+        if line is None:
+            return
+        noted = _Noted(StorageWeakRef(storage), storage._cdata, nbytes, line, time.time())
+        self.storages[key] = noted
+        if len(self.storages) > 2 * self._pruned_at:
+            self.prune()
+
+    def prune(self) -> None:
+        """Forget storages that were freed."""
+        self.storages = {k: v for k, v in self.storages.items() if not v.storage.expired()}
+        self._pruned_at = max(1024, len(self.storages))
+
+    def line(self, key: StorageKey | None) -> str | None:
+        """The line that allocated the live storage at ``key``, if noted."""
+        noted = self.storages.get(key) if key is not None else None
+        return noted.line if noted is not None and not noted.storage.expired() else None
+
+    def unheld(
+        self, counted: set[StorageKey | None], old: set[int], since: float = 0.0
+    ) -> dict[str, list[int]]:
+        """Storages still alive, noted while open at or after ``since``, not in ``counted``
+        (named already) nor ``old`` (storage identities alive before): their sizes by
+        allocating line."""
+        self.prune()
+        by_line: dict[str, list[int]] = {}
+        for key, noted in self.storages.items():
+            if key in counted or noted.cdata in old or noted.time < since:
+                continue
+            by_line.setdefault(noted.line, []).append(noted.nbytes)
+        return by_line
+
+    def snapshot(self) -> Traced | None:
+        """Python objects traced now, bytes and blocks by traceback (None while tracemalloc is
+        off). Read from tracemalloc's raw traces: its :class:`tracemalloc.Snapshot` filters and
+        groups in Python, minutes for the few hundred thousand blocks of a test process."""
+        if not tracemalloc.is_tracing():
+            return None
+        grouped: Traced = {}
+        traces: list[tuple[Any, ...]] = _tracemalloc._get_traces()
+        for trace in traces:
+            size, frames = trace[1], trace[2]
+            entry = grouped.get(frames)
+            if entry is None:
+                grouped[frames] = [size, 1]
+            else:
+                entry[0] += size
+                entry[1] += 1
+        return grouped
+
+    def python_growth(self, before: Traced | None) -> list[tuple[str, int, int]]:
+        """Python objects allocated since ``before`` and alive now, by the innermost line
+        outside torch and leakgate: ``(line, bytes, blocks)``, largest first, those under
+        :data:`PYTHON_FLOOR` left out."""
+        now = self.snapshot()
+        if before is None or now is None:
+            return []
+        by_line: dict[str, list[int]] = {}
+        for frames, (size, count) in now.items():
+            old_size, old_count = before.get(frames, (0, 0))
+            if size <= old_size:
+                continue
+            line = _outside(frames)
+            if line is None:
+                continue
+            entry = by_line.setdefault(line, [0, 0])
+            entry[0] += size - old_size
+            entry[1] += max(count - old_count, 0)
+        found = [(line, size, count) for line, (size, count) in by_line.items()]
+        return sorted((f for f in found if f[1] >= PYTHON_FLOOR), key=lambda f: -f[1])
+
+
+def _outside(frames: tuple[tuple[str, int], ...]) -> str | None:
+    """The first of ``frames`` (most recent first) outside torch and leakgate."""
+    for filename, lineno in frames:
+        if not filename.startswith(_SKIPPED) and not filename.startswith("<"):
+            return _short(filename, lineno)
+    return None

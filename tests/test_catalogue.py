@@ -1,0 +1,368 @@
+"""A catalogue of PyTorch leaks people report, small but real, each under the same marker
+setting: every leak fails in validation naming what holds it (or the line that allocated it)
+with its share of the growth, and its clean twin passes. Run through pytester once with the
+default settings and once with ``--memreport-explain``."""
+
+import re
+
+import pytest
+
+from harness.attribution.lines import Lines
+
+MARKER = '@pytest.mark.memleak(phase="validation", max_growth="1MB")'
+
+CASES = f'''
+import functools
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+BATCHES = 30
+pytestmark = {MARKER[1:]}
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+
+
+def batches():
+    for i in range(BATCHES):
+        yield i, torch.randn(64, 64), torch.randn(64, 64)
+
+
+def validate(memtrace, step):
+    """A validation loop left with autograd on (the bug that makes graphs worth keeping)."""
+    with memtrace.phase("validation", epoch=0):
+        for i, x, y in batches():
+            step(x, y)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+# -- losses summed with their graph ------------------------------------------------------------
+
+
+def test_leak_losses_summed_with_their_graph(memtrace):
+    model, total_loss = make_model(), 0
+
+    def step(x, y):
+        nonlocal total_loss
+        total_loss += nn.functional.mse_loss(model(x), y)
+
+    validate(memtrace, step)
+
+
+def test_clean_losses_summed_as_numbers(memtrace):
+    model, total_loss = make_model(), 0.0
+
+    def step(x, y):
+        nonlocal total_loss
+        total_loss += nn.functional.mse_loss(model(x), y).item()
+
+    validate(memtrace, step)
+
+
+# -- step outputs kept -------------------------------------------------------------------------
+
+
+class Evaluator:
+    def __init__(self, model, detach):
+        self.model, self.detach, self.step_outputs = model, detach, []
+
+    def validation_step(self, x, y):
+        out = self.model(x)
+        self.step_outputs.append(out.argmax(1) if self.detach else out)
+
+
+def test_leak_step_outputs_kept(memtrace):
+    validate(memtrace, Evaluator(make_model(), detach=False).validation_step)
+
+
+def test_clean_step_predictions_kept(memtrace):
+    validate(memtrace, Evaluator(make_model(), detach=True).validation_step)
+
+
+# -- a forward hook appending per batch --------------------------------------------------------
+
+
+class FeatureTap:
+    def __init__(self, keep_all):
+        self.keep_all, self.features, self.last = keep_all, [], None
+
+    def __call__(self, module, inputs, output):
+        if self.keep_all:
+            self.features.append(output)
+        else:
+            self.last = output.detach().mean().item()
+
+
+def hooked(memtrace, keep_all):
+    model, tap = make_model(), FeatureTap(keep_all)
+    model[1].register_forward_hook(tap)
+    validate(memtrace, lambda x, y: model(x))
+
+
+def test_leak_forward_hook_appending(memtrace):
+    hooked(memtrace, keep_all=True)
+
+
+def test_clean_forward_hook_keeping_a_number(memtrace):
+    hooked(memtrace, keep_all=False)
+
+
+# -- functools.lru_cache on a method keyed by tensors ------------------------------------------
+
+
+class Encoder:
+    def __init__(self):
+        self.model = make_model()
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019
+    def encode(self, x):
+        return self.model(x)
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019
+    def mask(self, n):
+        return torch.ones(n, n).tril()
+
+
+def test_leak_lru_cache_keyed_by_tensors(memtrace):
+    encoder = Encoder()
+    validate(memtrace, lambda x, y: encoder.encode(x))
+
+
+def test_clean_lru_cache_keyed_by_size(memtrace):
+    encoder = Encoder()
+    validate(memtrace, lambda x, y: encoder.model(x) @ encoder.mask(64))
+
+
+# -- reference cycles holding tensors while gc is disabled -------------------------------------
+
+
+class Node:
+    def __init__(self, value, cyclic):
+        self.value = value
+        self.me = self if cyclic else None
+
+
+def cycles(memtrace, cyclic):
+    model = make_model()
+    gc.disable()
+    try:
+        validate(memtrace, lambda x, y: Node(model(x), cyclic))
+    finally:
+        gc.enable()
+
+
+def test_leak_reference_cycles_with_gc_disabled(memtrace):
+    cycles(memtrace, cyclic=True)
+
+
+def test_clean_no_cycles_with_gc_disabled(memtrace):
+    cycles(memtrace, cyclic=False)
+
+
+# -- a metric state updated with the graph and never reset -------------------------------------
+
+
+class MeanAbsoluteError:
+    def __init__(self, detach):
+        self.detach = detach
+        self.reset()
+
+    def reset(self):
+        self.sum_error, self.count = torch.zeros(()), 0
+
+    def update(self, out, y):
+        error = (out - y).abs().sum()
+        self.sum_error = self.sum_error + (error.detach() if self.detach else error)
+        self.count += y.numel()
+
+
+def test_leak_metric_state_never_reset(memtrace):
+    model, metric = make_model(), MeanAbsoluteError(detach=False)
+    validate(memtrace, lambda x, y: metric.update(model(x), y))
+
+
+def test_clean_metric_state_detached(memtrace):
+    model, metric = make_model(), MeanAbsoluteError(detach=True)
+    validate(memtrace, lambda x, y: metric.update(model(x), y))
+
+
+# -- exceptions stored with their frames -------------------------------------------------------
+
+
+def stored_errors(memtrace, keep_traceback):
+    model, errors = make_model(), []
+
+    def checked_step(x, y):
+        out = model(x)
+        if out.abs().max() > 0:
+            raise ValueError("output out of range")
+
+    def step(x, y):
+        try:
+            checked_step(x, y)
+        except ValueError as error:
+            errors.append(error if keep_traceback else repr(error))
+
+    validate(memtrace, step)
+
+
+def test_leak_exceptions_stored_with_frames(memtrace):
+    stored_errors(memtrace, keep_traceback=True)
+
+
+def test_clean_exceptions_stored_as_text(memtrace):
+    stored_errors(memtrace, keep_traceback=False)
+
+
+# -- .cpu() results kept without detach --------------------------------------------------------
+
+
+def cpu_results(memtrace, detach):
+    model, kept_on_host = make_model(), []
+
+    def step(x, y):
+        out = model(x)
+        kept_on_host.append(out.detach().argmax(1).cpu() if detach else out.cpu())
+
+    validate(memtrace, step)
+
+
+def test_leak_cpu_results_kept_without_detach(memtrace):
+    cpu_results(memtrace, detach=False)
+
+
+def test_clean_cpu_results_detached(memtrace):
+    cpu_results(memtrace, detach=True)
+
+
+# -- a torch.jit.trace per batch ---------------------------------------------------------------
+
+
+def traced(memtrace, per_batch):
+    model, example = make_model(), torch.randn(64, 64)
+    once = torch.jit.trace(model, example)
+    traces = []
+
+    def step(x, y):
+        with torch.no_grad():
+            if per_batch:
+                traces.append(torch.jit.trace(model, x))
+            else:
+                once(x)
+
+    validate(memtrace, step)
+
+
+def test_leak_jit_trace_per_batch_kept(memtrace):
+    traced(memtrace, per_batch=True)
+
+
+def test_clean_jit_trace_once(memtrace):
+    traced(memtrace, per_batch=False)
+
+
+# -- three layers each appending to their own activations list ----------------------------------
+
+
+class Recording(nn.Linear):
+    def __init__(self, *shape):
+        super().__init__(*shape)
+        self.activations = []
+
+    def forward(self, x):
+        out = super().forward(x)
+        self.activations.append(out)
+        return out
+
+
+def recorded(memtrace, cleared):
+    torch.manual_seed(0)
+    model = nn.Sequential(Recording(64, 256), Recording(256, 256), Recording(256, 64))
+
+    def step(x, y):
+        model(x)
+        if cleared:
+            for layer in model:
+                layer.activations.clear()
+
+    validate(memtrace, step)
+
+
+def test_leak_layers_appending_activations(memtrace):
+    recorded(memtrace, cleared=False)
+
+
+def test_clean_layers_clearing_activations(memtrace):
+    recorded(memtrace, cleared=True)
+'''
+
+# What the failure message must name for each leak: a holder, or the line that allocated it.
+NAMED = {
+    "losses_summed_with_their_graph": r"total_loss",
+    "step_outputs_kept": r"Evaluator\.step_outputs",
+    "forward_hook_appending": r"FeatureTap\.features",
+    "lru_cache_keyed_by_tensors": r"Encoder\.encode|lru_cache",
+    "reference_cycles_with_gc_disabled": r"Node\.(value|me)",
+    "metric_state_never_reset": r"MeanAbsoluteError\.sum_error",
+    "exceptions_stored_with_frames": r"errors|checked_step:out",
+    "cpu_results_kept_without_detach": r"kept_on_host",
+    "jit_trace_per_batch_kept": r"traces",
+    "layers_appending_activations": r"model\.\d\.activations",
+}
+HELD = re.compile(r"held: [\d.]+ of [\d.]+ [KMG]iB")
+
+
+def setup_module() -> None:
+    """Torch imports what a dispatch mode needs on first use; do it here, once, since pytester
+    drops the modules a run imported and torch refuses to register their operators twice."""
+    lines = Lines()
+    lines.open()
+    lines.close()
+
+
+def run_catalogue(pytester: pytest.Pytester, *args: str) -> dict[str, tuple[str, str]]:
+    """Each catalogue test's outcome and failure text."""
+    pytester.makepyfile(test_cases=CASES)
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", *args)
+    reports = result.reprec.getreports("pytest_runtest_logreport")  # type: ignore[attr-defined]
+    return {
+        r.nodeid.split("::test_")[-1]: (r.outcome, str(r.longrepr or ""))
+        for r in reports
+        if r.when == "call"
+    }
+
+
+def check(outcomes: dict[str, tuple[str, str]], cases: list[str]) -> None:
+    leaks = {k[len("leak_") :]: v for k, v in outcomes.items() if k.startswith("leak_")}
+    clean = {k: v for k, v in outcomes.items() if k.startswith("clean_")}
+    assert sorted(leaks) == sorted(cases) and len(clean) == len(cases)
+    false_positives = {k: text for k, (outcome, text) in clean.items() if outcome != "passed"}
+    assert not false_positives
+    for case, (outcome, text) in leaks.items():
+        assert outcome == "failed", case
+        assert "[P0 leak] leak in validation epoch 0" in text, (case, text)
+        assert re.search(NAMED[case], text), (case, text)
+        assert HELD.search(text), (case, text)
+
+
+def test_every_catalogued_leak_fails_named_and_every_twin_passes(pytester):
+    check(run_catalogue(pytester), list(NAMED))
+
+
+EXPLAINED = ["losses_summed_with_their_graph", "layers_appending_activations"]
+
+
+def test_the_dearer_search_names_the_lines_that_allocated_what_is_held(pytester):
+    twins = ["losses_summed_as_numbers", "layers_clearing_activations"]
+    chosen = " or ".join(EXPLAINED + twins)
+    outcomes = run_catalogue(pytester, "--memreport-explain", "-k", chosen)
+    check(outcomes, EXPLAINED)
+    for case in EXPLAINED:
+        text = outcomes[f"leak_{case}"][1]
+        assert re.search(r"allocated at test_cases\.py:\d+", text), text
+        assert "hint: --memreport-explain" not in text
