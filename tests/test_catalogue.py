@@ -366,3 +366,52 @@ def test_the_dearer_search_names_the_lines_that_allocated_what_is_held(pytester)
         text = outcomes[f"leak_{case}"][1]
         assert re.search(r"allocated at test_cases\.py:\d+", text), text
         assert "hint: --memreport-explain" not in text
+
+
+# -- the dearer search, in one process ------------------------------------------------------------
+
+
+class Kept:
+    def __init__(self) -> None:
+        self.items: list = []
+
+
+def test_lines_name_where_a_holders_tensors_were_allocated():
+    import torch
+
+    from harness.attribution import attribute, live_tensors
+
+    kept, lines = Kept(), Lines()
+    lines.open()
+    try:
+        before = live_tensors()
+        for _ in range(3):
+            kept.items.append(torch.ones(4096) * 2)  # the line named
+        (holder,) = [h for h in attribute(before, lines=lines) if h.path == "Kept.items"]
+    finally:
+        lines.close()
+    assert holder.sites and holder.sites[0].startswith("tests/test_catalogue.py:")
+    assert "allocated at tests/test_catalogue.py:" in str(holder)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_allocators_history_names_the_line():
+    import torch
+
+    from harness.attribution import PhaseAttribution, shares
+    from harness.recorder import Recorder
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    kept = Kept()
+    torch.ones(1, device="cuda")
+    with Recorder("cuda", attribute=PhaseAttribution(explain=True)) as rec:
+        with rec.phase("validation", epoch=0):
+            for batch in range(8):
+                kept.items.append(torch.ones(2**18, device="cuda") * 2)  # the line named
+                rec.checkpoint("VALIDATION_BATCH", batch=batch)
+        finding = type("Finding", (), {"kind": "leak", "phase": "validation", "epoch": 0})()
+        finding.bytes = 8 * 2**20
+        (share,) = shares(rec.attribution, [finding])
+    sites = [s for h in share.holders for s in h.sites]
+    assert any(s.startswith("tests/test_catalogue.py:") for s in sites), share.holders
