@@ -80,6 +80,21 @@ class _Allocations(TorchDispatchMode):
         return out
 
 
+class _Paused:
+    def __init__(self, lines: Lines) -> None:
+        self.lines = lines
+        self.stopped = False
+
+    def __enter__(self) -> None:
+        if self.lines._traced and tracemalloc.is_tracing():
+            tracemalloc.stop()
+            self.stopped = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stopped:
+            tracemalloc.start(_FRAMES)
+
+
 class Lines:
     """Allocation lines while open: :meth:`line` of a storage, :meth:`unheld` storages still
     alive that no tensor object holds, :meth:`python_growth` Python objects by line."""
@@ -106,6 +121,12 @@ class Lines:
         if self._mode is not None and not tracemalloc.is_tracing():
             tracemalloc.start(_FRAMES)
             self._traced = True
+
+    def paused(self) -> _Paused:
+        """A context in which tracemalloc is off (when this object started it): tracing every
+        object an attribution's walk makes would make the walk ten times slower. The traces
+        restart empty after it, so later growth counts from there."""
+        return _Paused(self)
 
     def close(self) -> None:
         """Stop what :meth:`open` started; the lines noted stay readable."""
@@ -170,7 +191,7 @@ class Lines:
         if not tracemalloc.is_tracing():
             return None
         grouped: Traced = {}
-        traces: list[tuple[Any, ...]] = _tracemalloc._get_traces()
+        traces: Any = _tracemalloc._get_traces()
         for trace in traces:
             size, frames = trace[1], trace[2]
             entry = grouped.get(frames)

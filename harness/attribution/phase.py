@@ -148,14 +148,20 @@ class PhaseAttribution:
         """Who holds what is new since ``before``, with this attribution's settings; with
         ``explain``, Python objects allocated since ``python`` (a tracemalloc snapshot, else
         since tracing began) are named by line too."""
-        found = attribute(
-            before,
-            limit=None,
-            max_depth=self.max_depth,
-            max_objects=self.max_objects,
-            lines=self.lines,
-        )
-        if self.lines is not None:
+        if self.lines is None:
+            found = attribute(
+                before, limit=None, max_depth=self.max_depth, max_objects=self.max_objects
+            )
+        else:
+            grown = self.lines.python_growth(python or self._python_first)
+            with self.lines.paused():
+                found = attribute(
+                    before,
+                    limit=None,
+                    max_depth=self.max_depth,
+                    max_objects=self.max_objects,
+                    lines=self.lines,
+                )
             found += [
                 Holder(
                     f"{PYTHON_OBJECTS} {line}",
@@ -166,7 +172,7 @@ class PhaseAttribution:
                     sites=(line,),
                     note="allocated there (tracemalloc)",
                 )
-                for line, size, count in self.lines.python_growth(python or self._python_first)
+                for line, size, count in grown
             ]
         found.sort(key=lambda h: (-h.bytes, -h.tensors, h.path))
         return found[: self.limit] if self.limit is not None else found
@@ -178,7 +184,10 @@ class PhaseAttribution:
             self._python[sample.phase] = python
             if self._python_first is None:
                 self._python_first = python
-        snapshot = live_tensors()
+            with self.lines.paused():
+                snapshot = live_tensors()
+        else:
+            snapshot = live_tensors()
         self._open[sample.phase] = _Open(snapshot, sample)
         self._starts[sample.phase] = snapshot
         if self._first is None:
