@@ -55,8 +55,6 @@ class Holder:
 
     def __str__(self) -> str:
         note = f"; {self.note}" if self.note else ""
-        if self.sites and not self.path.endswith(self.sites[0]):
-            note += f"; allocated at {', '.join(self.sites[:2])}"
         return (
             f"{self.path} ({self.container}, {self.items} items, {format_size(self.bytes)}{note})"
         )
@@ -325,6 +323,10 @@ class _Grouping:
             if site is not None:
                 by_site[site] += nbytes
         graph_bytes = sum(group.graph.values())
+        top_sites = tuple(site for site, _ in by_site.most_common(_SITES_PER_HOLDER))
+        note = self._note(group)
+        if self.lines is not None and top_sites:
+            note = "; ".join(filter(None, (note, f"allocated at {', '.join(top_sites[:2])}")))
         return Holder(
             path=path,
             container=kind,
@@ -332,8 +334,8 @@ class _Grouping:
             tensors=len(chains),
             bytes=sum(group.storages.values()) + graph_bytes,
             graph_bytes=graph_bytes,
-            sites=tuple(site for site, _ in by_site.most_common(_SITES_PER_HOLDER)),
-            note=self._note(group),
+            sites=top_sites,
+            note=note,
         )
 
     def _unheld(self, blocks: list[Block]) -> list[Holder]:
