@@ -105,7 +105,7 @@ def finish_run(
         header, samples, torn = record.header, record.samples, record.torn
         error = record.error if record.end is not None else unfinished(record)
     else:
-        header, samples, torn = record.header, list(record.samples), 0
+        header, samples, torn = record.header, record.samples, 0
         timeline = timeline or record.timeline_path
         record.end(None if error is None else describe_error(error))
     if rules is None:

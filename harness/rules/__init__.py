@@ -12,7 +12,7 @@ exists, else PASS.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -76,7 +76,7 @@ def judge(
         rules = Rules()
     elif not isinstance(rules, Rules):
         rules = Rules.from_dict(rules)
-    ctx = Context(list(samples), rules)
+    ctx = Context(samples if isinstance(samples, Sequence) else list(samples), rules)
     findings: list[Finding] = []
     phases: list[PhaseStats] = []
     seen = ", ".join(repr(p) for p in ctx.phases_seen()) or "none"
