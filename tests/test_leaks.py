@@ -12,9 +12,12 @@ from tft.trainer import TrainConfig, Trainer
 
 @pytest.fixture(scope="module", autouse=True)
 def warm_kernels():
-    """Run the workload once untraced: torch allocates kernel caches and thread pools on first
-    use, once per process, and that is not a leak of the code under test."""
-    Trainer(make_model(), TrainConfig(epochs=1, batch_size=4)).fit(Windows(8), Windows(4))
+    """Run the workload once untraced, at every batch size the tests use: torch allocates
+    kernel caches (one per shape) and thread pools on first use, once per process, and that is
+    not a leak of the code under test."""
+    for batch_size in (1, 4):
+        config = TrainConfig(epochs=1, batch_size=batch_size)
+        Trainer(make_model(), config).fit(Windows(8), Windows(4))
 
 
 @pytest.mark.memleak(phase=("training", "validation"), max_growth="256KiB", teardown="1MB")
