@@ -21,7 +21,7 @@ from harness.fsio import write_atomic
 from harness.report import Run, checkpoint_name, ended, epochs, index_lines, render_report
 from harness.rules import Verdict
 from harness.terminal import worst_growth
-from harness.timeline import check_tree, expect, shown
+from harness.timeline import check_tree, expect, finite_number, shown
 
 if TYPE_CHECKING:
     from harness.recorder import Recorder
@@ -85,7 +85,7 @@ def write_run(run: Run, markdown: Path | None, document: Path | None) -> None:
 def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
     """The JSON document of a run: the verdict's dict, then the run's metadata."""
     done, planned = epochs(run)
-    times = [t for s in run.samples if (t := _number(s.time))]
+    times = [t for s in run.samples if (t := finite_number(s.time))]
     metric = run.metric
     test = run.meta.get("test")
     return {
@@ -248,7 +248,7 @@ def write_index(directory: str | os.PathLike[str], *, since: float | None = None
             unreadable += 1
             continue
         started = _mapping(doc.get("header")).get("started")
-        if since is not None and not ((at := _number(started)) is not None and at >= since):
+        if since is not None and not ((at := finite_number(started)) is not None and at >= since):
             continue
         entries.append((path, doc))
     index = directory / INDEX
@@ -357,7 +357,7 @@ def compare_runs(
             continue
         scope = str(key[0]) if key[1] is None else f"{key[0]} epoch {key[1]}"
         metric = str(stats.get("metric"))
-        judged = _number(stats.get("judged")) or 0.0
+        judged = finite_number(stats.get("judged")) or 0.0
         values = [
             ("growth", "growth", metric, float(min_bytes), False),
             ("slope", "slope", metric, min_bytes / max(judged, 1.0), True),
@@ -366,7 +366,7 @@ def compare_runs(
             peak = str(stats.get("peak_metric") or metric)
             values.append(("peak_rise", "peak rise", peak, float(min_bytes), False))
         for field, title, used, floor, per_batch in values:
-            a, b = _number(stats.get(field)), _number(other.get(field))
+            a, b = finite_number(stats.get(field)), finite_number(other.get(field))
             if a is not None and b is not None:
                 found.append((f"{scope} {title}", used, a, b, floor, per_batch))
     base_residue, new_residue = _teardown(base), _teardown(new)
@@ -412,7 +412,7 @@ def _teardown(doc: Mapping[str, Any]) -> dict[str, float]:
     found = {}
     for check in checks if isinstance(checks, list) else ():
         if isinstance(check, Mapping) and check.get("rule") == "teardown":
-            residue = _number(check.get("measured"))
+            residue = finite_number(check.get("measured"))
             if residue is not None:
                 found[str(check.get("scope"))] = residue
     return found
@@ -422,16 +422,6 @@ def _rules_metric(doc: Mapping[str, Any]) -> str:
     rules = doc.get("rules")
     metric = rules.get("metric") if isinstance(rules, Mapping) else None
     return metric if isinstance(metric, str) and metric else "allocated"
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

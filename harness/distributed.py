@@ -658,14 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = str(exc).strip().splitlines()
         print(f"error: {text[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
-    print("\n".join(finished.lines()))
-    if finished.write_error is not None:
-        problem = finished.write_error
-        print(f"error: cannot write {problem.filename}: {problem.strerror}", file=sys.stderr)
-        return 2
-    if "md" in finished.paths:
-        print(f"report: {finished.paths['md']}")
-    return 0 if finished.verdict.passed else 1
+    return finished.exit_code()
 
 
 if __name__ == "__main__":

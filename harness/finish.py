@@ -10,6 +10,7 @@ them.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,18 @@ class Finished:
                 lines.append(f"  {share.kind} in {share.phase or 'the run'}: {share.text}")
                 lines += [f"    held by {h}" for h in share.holders[:limit]]
         return lines
+
+    def exit_code(self) -> int:
+        """Print the verdict for a command line; 0 on PASS, 1 otherwise, 2 when the report
+        could not be written."""
+        print("\n".join(self.lines()))
+        if self.write_error is not None:
+            problem = self.write_error
+            print(f"error: cannot write {problem.filename}: {problem.strerror}", file=sys.stderr)
+            return 2
+        if "md" in self.paths:
+            print(f"report: {self.paths['md']}")
+        return 0 if self.verdict.passed else 1
 
     def lines(self, *, holders: int = 3) -> list[str]:
         """The verdict for a terminal: a status line, one line per finding, the top holders."""

@@ -556,7 +556,7 @@ def check_header(header: Mapping[str, Any]) -> None:
     expect(header.get("run_id"), (str, type(None)), ".run_id", "a string")
     for key in ("started", "capacity"):
         value = header.get(key)
-        if value is not None and (_number(value) is None or abs(value) > MAX_BYTES):
+        if value is not None and (finite_number(value) is None or abs(value) > MAX_BYTES):
             raise ValueError(f".{key}: expected a finite number, got {shown(value)}")
     stored = [(".rules", header.get("rules"))]
     if isinstance(meta, Mapping):
@@ -588,12 +588,12 @@ def sample_of(record: Any) -> Sample:
             isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_BYTES
         ):
             raise ValueError(f".{key}: expected a whole number, got {shown(value)}")
-    if "time" in record and _number(record["time"]) is None:
+    if "time" in record and finite_number(record["time"]) is None:
         raise ValueError(f".time: expected a finite number, got {shown(record['time'])}")
     metrics = record.get("metrics")
     expect(metrics, (dict, type(None)), ".metrics", "an object")
     for name, value in (metrics or {}).items():
-        if value is not None and (_number(value) is None or abs(value) > MAX_BYTES):
+        if value is not None and (finite_number(value) is None or abs(value) > MAX_BYTES):
             raise ValueError(f".metrics.{name}: expected bytes or null, got {shown(value)}")
     return Sample.from_dict(record)
 
@@ -636,7 +636,8 @@ def expect(value: Any, types: tuple[type, ...], where: str, wanted: str) -> None
         raise ValueError(f"{where}: expected {wanted}, got {shown(value)}")
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float; None for anything else (bools, text, inf, huge ints)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:

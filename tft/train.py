@@ -422,14 +422,7 @@ def traced(
     if recorder.rank is not None and recorder.rank.rank != 0:
         return 0 if finished.verdict.passed else 1
     print(f"traced in {time.perf_counter() - started:.1f}s")
-    print("\n".join(finished.lines()))
-    if finished.write_error is not None:
-        problem = finished.write_error
-        print(f"error: cannot write {problem.filename}: {problem.strerror}", file=sys.stderr)
-        return 2
-    if "md" in finished.paths:
-        print(f"report: {finished.paths['md']}")
-    return 0 if finished.verdict.passed else 1
+    return finished.exit_code()
 
 
 DDP_WARM_STEPS = 64

@@ -141,19 +141,10 @@ class Group:
         return scope(*self.key)
 
 
-class Context:
-    """The judged samples and rules, the groups' statistics, and the checks recorded so far.
+class CheckLog:
+    """What a rule records its outcomes in: :meth:`check` appends to ``checks``."""
 
-    ``samples`` may be a list or a :class:`~harness.store.SampleStore` (read in columns, its
-    samples built only where a rule reads one)."""
-
-    def __init__(self, samples: Sequence[Sample], rules: Rules) -> None:
-        self.samples = samples
-        self.rules = rules
-        self.checks: list[Check] = []
-        self.columns = _Columns(samples)
-        self.loop_positions = Positions(np.flatnonzero(self.columns.looped))
-        self.groups = self._groups()
+    checks: list[Check]
 
     def check(
         self,
@@ -168,6 +159,21 @@ class Context:
         made = Check(rule, scope, CheckStatus(status), details, measured, limit)
         self.checks.append(made)
         return made
+
+
+class Context(CheckLog):
+    """The judged samples and rules, the groups' statistics, and the checks recorded so far.
+
+    ``samples`` may be a list or a :class:`~harness.store.SampleStore` (read in columns, its
+    samples built only where a rule reads one)."""
+
+    def __init__(self, samples: Sequence[Sample], rules: Rules) -> None:
+        self.samples = samples
+        self.rules = rules
+        self.checks: list[Check] = []
+        self.columns = _Columns(samples)
+        self.loop_positions = Positions(np.flatnonzero(self.columns.looped))
+        self.groups = self._groups()
 
     def phases_seen(self) -> list[str]:
         """The phases that have per-batch samples, in timeline order."""

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.rules.context import scope
+from harness.rules.context import CheckLog, scope
 from harness.rules.loop import ALPHA
 from harness.rules.registry import register_rule, registered
 from harness.units import format_rate, format_size
@@ -38,27 +38,13 @@ DEFAULT_GAP = 2**20
 
 
 @dataclass
-class RankContext:
+class RankContext(CheckLog):
     """What a cross-rank rule reads: the rules and every rank's verdict, by rank. It records
     its outcomes with :meth:`check`, as a one-timeline rule does on its context."""
 
     rules: Rules
     verdicts: Mapping[int, Verdict]
     checks: list[Check] = field(default_factory=list)
-
-    def check(
-        self,
-        rule: str,
-        scope: str,
-        status: CheckStatus | str,
-        details: str,
-        measured: float | None = None,
-        limit: int | None = None,
-    ) -> Check:
-        """Record one rule's outcome on one scope."""
-        made = Check(rule, scope, CheckStatus(status), details, measured, limit)
-        self.checks.append(made)
-        return made
 
     def phases(self) -> dict[tuple[str | None, int | None], dict[int, PhaseStats]]:
         """Each judged ``(phase, epoch)``, with its statistics on every rank that judged it."""
