@@ -52,9 +52,10 @@ def install(session: nox.Session, extra: str) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def tests(session: nox.Session) -> None:
-    """Run the test suite (arguments after ``--`` go to pytest)."""
+    """Run the test suite on every core (arguments after ``--`` go to pytest and replace
+    ``-n auto``)."""
     install(session, "test")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *(session.posargs or ["-n", "auto"]))
 
 
 @nox.session(venv_params=VENV_PARAMS)
