@@ -65,15 +65,19 @@ def _bounded(nbytes: int, shown: object, what: str) -> int:
 
 
 def format_size(nbytes: float | None, *, signed: bool = False) -> str:
-    """Bytes in the largest binary unit that keeps the number at least 1 (``960B``,
-    ``40.0KiB``, ``3.8MiB``, ``1.5GiB``); ``n/a`` for None or a non-finite number."""
+    """Bytes in the smallest binary unit that shows them under 1024 (``960B``, ``40.0KiB``,
+    ``976.6KiB`` for 1 MB, ``3.8MiB``, ``1.5GiB``); ``n/a`` for None or a non-finite number."""
     if nbytes is None or not math.isfinite(nbytes):
         return "n/a"
     sign = "+" if signed else ""
-    for unit, scale in (*_BINARY, ("KiB", 2**10)):
-        if round(abs(nbytes) / scale, 1) >= 1:
-            return f"{nbytes / scale:{sign}.1f}{unit}"
-    return f"{nbytes:{sign}.0f}B"
+    if round(abs(nbytes)) < 2**10:
+        return f"{nbytes:{sign}.0f}B"
+    *smaller, (unit, scale) = (("KiB", 2**10), *reversed(_BINARY))
+    for name, size in smaller:
+        if round(abs(nbytes) / size, 1) < 2**10:
+            unit, scale = name, size
+            break
+    return f"{nbytes / scale:{sign}.1f}{unit}"
 
 
 def format_mib(nbytes: float | None, *, signed: bool = False) -> str:

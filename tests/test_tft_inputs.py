@@ -215,3 +215,19 @@ def test_pyarrow_floor_excludes_the_unsafe_ipc_reader():
     (pyarrow,) = [r for r in map(Requirement, project["dependencies"]) if r.name == "pyarrow"]
     assert "14.0.0" not in pyarrow.specifier
     assert "14.0.1" in pyarrow.specifier
+
+
+# --- python -m tft.train --capacity ------------------------------------------------------------
+
+
+def test_a_capacity_the_process_already_exceeds_is_refused_with_both_figures(
+    bars, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(train_cli, "train", lambda *a, **k: pytest.fail("training started"))
+    out = tmp_path / "reports"
+    argv = ["--parquet-file", str(bars), "--epochs", "1", "--capacity", "1MB"]
+    assert train_cli.main([*argv, "--memreport", str(out)]) == 2
+    line = one_line(capsys)
+    assert line.startswith("error: --capacity 1MB: 976.6KiB is below what the process already")
+    assert "MiB (rss on cpu)" in line
+    assert not out.exists() or not any(out.iterdir())

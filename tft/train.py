@@ -386,6 +386,11 @@ def traced(
         print(f"error: {exc}", file=sys.stderr)
         return 2
     warm_up(faults.trainer_class(args.inject_fault), config, model_config, split)
+    if capacity is not None:
+        held = held_at_start(str(resolve_device(config.device)), capacity)
+        if held is not None:
+            print(f"error: --capacity {args.capacity}: {held}", file=sys.stderr)
+            return 2
     name = "tft-train-" + ("+".join(args.inject_fault) or "clean")
     meta = {
         "train_samples": len(split.train),
@@ -409,12 +414,16 @@ def traced(
     error = None
     started = time.perf_counter()
     with recorder:
-        with recorder.phase("session", collect=True):
-            try:
-                train(args, config, model_config, split, [recorder], sink=recorder)
-            except torch.OutOfMemoryError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                error = exc.with_traceback(None)
+        try:
+            with recorder.phase("session", collect=True):
+                try:
+                    train(args, config, model_config, split, [recorder], sink=recorder)
+                except torch.OutOfMemoryError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    error = exc.with_traceback(None)
+        except torch.OutOfMemoryError as exc:  # still over the capacity at the session's END
+            print(f"error: {exc}", file=sys.stderr)
+            error = error or exc.with_traceback(None)
         title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
         finish = finish_distributed if recorder.rank is not None else finish_run
         finished = finish(recorder, name=name, error=error, directory=args.memreport, title=title)
@@ -423,6 +432,27 @@ def traced(
         return 0 if finished.verdict.passed else 1
     print(f"traced in {time.perf_counter() - started:.1f}s")
     return finished.exit_code()
+
+
+def held_at_start(device: str, capacity: int) -> str | None:
+    """Why an emulated ``capacity`` cannot work, when the process already holds more than it
+    before training starts (both figures); None when it fits."""
+    from harness.probes import make_probe
+    from harness.units import format_size
+
+    gc.collect()
+    probe = make_probe(device)
+    try:
+        probe.release()
+        level = probe.sample().get(probe.capacity_metric)
+    finally:
+        probe.close()
+    if level is None or level <= capacity:
+        return None
+    return (
+        f"{format_size(capacity)} is below what the process already holds before training: "
+        f"{format_size(level)} ({probe.capacity_metric} on {probe.name})"
+    )
 
 
 DDP_WARM_STEPS = 64
