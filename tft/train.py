@@ -297,6 +297,9 @@ def process_group(config: TrainConfig) -> Iterator[None]:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         yield
+        # No rank leaves while another still talks to it (rank 0 merges the verdicts): a
+        # group torn down under a peer's collective aborts that peer's process.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
