@@ -27,7 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from harness.attribution.snapshot import StorageKey, storage_of
+from harness.attribution.snapshot import NO_STORAGE, StorageKey, storage_of
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -147,7 +147,7 @@ class Lines:
             return
         try:
             storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):
+        except NO_STORAGE:
             return
         seen = self.storages.get(key)
         if seen is not None and seen.cdata == storage._cdata and not seen.storage.expired():

@@ -19,6 +19,11 @@ from harness.attribution.sites import cuda_blocks
 StorageKey = tuple[str, int | None, int]
 
 
+NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
+"""What torch raises asking a tensor without memory of its own (sparse, meta, a wrapper
+subclass) for its storage."""
+
+
 @dataclass(frozen=True, eq=False)
 class Snapshot:
     """The tensors alive at ``time``, by weak reference, but for those ``gc.freeze()`` hid
@@ -59,7 +64,7 @@ def live_tensors() -> Snapshot:
             try:
                 tensors[id(obj)] = weakref.ref(obj)
                 storage = obj.untyped_storage()
-            except (TypeError, RuntimeError, NotImplementedError):
+            except NO_STORAGE:
                 continue
             if storage._cdata not in storages:
                 storages[storage._cdata] = StorageWeakRef(storage)
@@ -74,7 +79,7 @@ def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
         address = storage.data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):
+    except NO_STORAGE:
         return None, 0
     if not nbytes or not address or tensor.device.type == "meta":
         return None, 0
@@ -85,5 +90,5 @@ def storage_id(tensor: torch.Tensor) -> int | None:
     """The identity of a tensor's storage (its C++ object), shared by its views."""
     try:
         return int(tensor.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError, TypeError):
+    except NO_STORAGE:
         return None
