@@ -4,7 +4,9 @@ The matrix trains the real TFT (hidden size 32, 60 + 10 steps per window) on a r
 file (32 training and 36 validation windows), one epoch at batch size 1, once per fault and
 clean (with and without QAT), traced by a Recorder and judged by :data:`RULES`: each fault must
 fail with its expected finding, the clean trainer must pass. ``reports/README.md`` lists the
-growth each fault showed.
+growth each fault showed. ``max_growth`` sits between the two: a clean validation loop moves
+2.4 to 4.0 KiB over its 31 judged batches (the heap's bookkeeping, given back at its end), the
+smallest fault (``predictions-on-device``) grows 14.9 to 16.0 KB.
 """
 
 import json
@@ -45,7 +47,7 @@ MATRIX: dict[str, tuple[list[str], dict[str, object], tuple[str, str] | None]] =
 }
 RULES = Rules(
     phase=("training", "validation"),
-    max_growth="4KiB",
+    max_growth="8KiB",
     warmup=5,
     max_peak="10MiB",
     teardown="256KiB",
