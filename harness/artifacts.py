@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.fsio import write_atomic
-from harness.report import Run, checkpoint_name, ended, epochs, index_lines, render_report
+from harness.report import (
+    Run,
+    checkpoint_name,
+    ended,
+    epochs,
+    index_lines,
+    render_report,
+    unbatched,
+)
 from harness.rules import Verdict
 from harness.terminal import worst_growth
 from harness.timeline import check_tree, expect, finite_number, shown
@@ -85,7 +93,8 @@ def write_run(run: Run, markdown: Path | None, document: Path | None) -> None:
 def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
     """The JSON document of a run: the verdict's dict, then the run's metadata."""
     done, planned = epochs(run)
-    times = [t for s in run.samples if (t := finite_number(s.time))]
+    times = run.times()
+    times = times[times != 0]
     metric = run.metric
     test = run.meta.get("test")
     return {
@@ -101,8 +110,8 @@ def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
             "epochs_planned": planned,
             "samples": len(run.samples),
             "torn": run.torn,
-            "ended": ended(run.samples),
-            "duration_s": round(max(times) - min(times), 3) if times else None,
+            "ended": ended(run),
+            "duration_s": round(float(times.max() - times.min()), 3) if len(times) else None,
         },
         "metric": metric,
         "worst_growth": worst_growth(run.verdict),
@@ -115,8 +124,7 @@ def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
                 "collected": s.collected,
                 "metrics": dict(s.metrics),
             }
-            for s in run.samples
-            if s.batch is None
+            for s in map(run.samples.__getitem__, unbatched(run))
         ],
         "attribution": list(run.holders),
         "header": dict(run.header),

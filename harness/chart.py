@@ -10,14 +10,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from harness.markdown import mermaid
 
 MAX_POINTS = 120
 MIB = 2**20
+Readings = Sequence[int | None] | np.ndarray
+"""Bytes per checkpoint: None, or NaN in an array, where not measured."""
 
 
 def memory_chart(
-    series: Mapping[str, Sequence[int | None]],
+    series: Mapping[str, Readings],
     *,
     capacity: int | None = None,
     title: str = "Memory per checkpoint",
@@ -48,26 +52,35 @@ def memory_chart(
     ]
 
 
-def shows_capacity(series: Mapping[str, Sequence[int | None]], capacity: int | None) -> bool:
+def shows_capacity(series: Mapping[str, Readings], capacity: int | None) -> bool:
     """Whether :func:`memory_chart` draws the capacity line: some reading is at least a quarter
     of it."""
-    top = max((r for readings in series.values() for r in readings if r is not None), default=None)
-    return top is not None and capacity is not None and 0 < capacity <= top * 4
+    if capacity is None or capacity <= 0:
+        return False
+    return any(
+        bool(np.nanmax(v, initial=-np.inf) * 4 >= capacity) for v in map(as_floats, series.values())
+    )
 
 
-def _downsample(readings: Sequence[int | None]) -> list[float]:
+def _downsample(readings: Readings) -> list[float]:
     """One value per span of checkpoints: the span's highest reading, else the previous value
     (the first value for spans before any reading)."""
-    n = len(readings)
-    spans = min(n, MAX_POINTS)
-    values: list[float | None] = []
-    for b in range(spans):
-        chunk = [r for r in readings[b * n // spans : (b + 1) * n // spans] if r is not None]
-        values.append(float(max(chunk)) if chunk else None)
-    first = next((v for v in values if v is not None), None)
-    if first is None:
+    values = as_floats(readings)
+    n = len(values)
+    if not n or np.isnan(values).all():
         return []
-    filled: list[float] = []
-    for v in values:
-        filled.append(v if v is not None else (filled[-1] if filled else first))
-    return filled
+    spans = min(n, MAX_POINTS)
+    bounds = np.arange(spans) * n // spans
+    highest = np.fmax.reduceat(values, bounds)  # NaN (not read) only where a whole span is
+    known = np.flatnonzero(~np.isnan(highest))
+    # each span without a reading takes the previous span's value, the first known before any
+    previous = np.maximum.accumulate(np.where(np.isnan(highest), -1, np.arange(spans)))
+    filled = highest[np.where(previous < 0, known[0], previous)]
+    return filled.tolist()
+
+
+def as_floats(readings: Readings) -> np.ndarray:
+    """Readings as float64, NaN where not read."""
+    if isinstance(readings, np.ndarray):
+        return readings.astype(np.float64, copy=False)
+    return np.array([np.nan if r is None else r for r in readings], dtype=np.float64)

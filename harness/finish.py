@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from harness import labels
 from harness.report import Run
 from harness.rules import describe_error, judge
+from harness.store import NONE, SampleStore
 from harness.timeline import Timeline
 from harness.units import format_size
 from harness.verdict import Rules, Verdict
@@ -163,9 +164,11 @@ def unfinished(timeline: Timeline) -> str | None:
     """Why a timeline without an end record is not a finished run (``None`` when it still
     reached its end checkpoint: written before end records existed)."""
     samples = timeline.samples
-    if any(labels.is_run_end(s.label) for s in samples):
+    store = samples if isinstance(samples, SampleStore) else SampleStore.of(samples)
+    if any(label is not None and labels.is_run_end(label) for label in store.distinct("label")):
         return None
-    epochs = [s.epoch for s in samples if s.epoch is not None]
+    epochs = store.numbers("epoch")
+    epochs = epochs[epochs != NONE].tolist()
     config = timeline.header.get("config")
     planned = config.get("epochs") if isinstance(config, Mapping) else None
     where = f"epoch {epochs[-1]}" if epochs else "no epoch"

@@ -11,7 +11,7 @@ into the report; its sections live in :mod:`~harness.report.sections` (the frame
 from __future__ import annotations
 
 from harness.report.index import index_lines
-from harness.report.run import Run, checkpoint_name, ended, epochs, oom_positions
+from harness.report.run import Run, checkpoint_name, ended, epochs, oom_positions, unbatched
 from harness.report.sections import render_report
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "index_lines",
     "oom_positions",
     "render_report",
+    "unbatched",
 ]

@@ -8,9 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from harness.chart import MAX_POINTS, memory_chart, shows_capacity
 from harness.markdown import Markdown, code, fenced, plain, strong, table, text
-from harness.report.run import Run, as_int, checkpoint_name, oom_events
+from harness.report.run import Run, as_int, checkpoint_name, oom_events, oom_labelled, unbatched
+from harness.store import NONE
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import PhaseStats, Rules
 
@@ -74,17 +77,17 @@ def chart(run: Run) -> list[str]:
         from harness.report.ranks import rank_chart
 
         return rank_chart(run)  # type: ignore[arg-type]
-    series = {run.metric: [run.reading(s) for s in run.samples]}
+    series = {run.metric: run.readings(run.metric)}
     against = run.capacity_metric
     if against != run.metric:
-        filling = [as_int(s.get(against)) for s in run.samples]
+        filling = run.readings(against)
         if shows_capacity({against: filling}, run.capacity):
             series[against] = filling
     names = list(series)
     block = memory_chart(series, capacity=run.capacity)
     if not block:
         return []
-    drawn: list[str] = [code(m) for m in names if any(v is not None for v in series[m])]
+    drawn: list[str] = [code(m) for m in names if not np.isnan(series[m]).all()]
     if shows_capacity(series, run.capacity):
         drawn.append(f"the capacity ({format_mib(run.capacity)}, flat)")
     lines_text = f"lines, in order: {', '.join(drawn)}" if len(drawn) > 1 else drawn[0]
@@ -168,26 +171,26 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
         ooms.update({i: [] for i in event})
         ooms[shown] = event
     keep: dict[int, list[str]] = {}
+    values, present = run.columns.values(run.metric), run.columns.present(run.metric)
     for positions in batch_runs(run):
         step = nice_step(math.ceil(len(positions) / PROFILE_BATCH_ROWS))
         chosen = {0, len(positions) - 1, *range(0, len(positions), step)}
-        measured = {
-            k: v for k, i in enumerate(positions) if (v := run.reading(run.samples[i])) is not None
-        }
-        if measured:
-            high = max(measured, key=lambda k: measured[k])
-            first, last = min(measured), max(measured)
-            if measured[high] >= max(measured[first], measured[last]) + HIGHEST_MARGIN:
+        measured = np.flatnonzero(present[positions])
+        if len(measured):
+            readings = values[positions[measured]]
+            top = int(np.argmax(readings))
+            if readings[top] >= max(readings[0], readings[-1]) + HIGHEST_MARGIN:
+                high = int(measured[top])
                 chosen.add(high)
-                keep[positions[high]] = ["highest of the loop"]
+                keep[int(positions[high])] = ["highest of the loop"]
         for k in chosen:
-            keep.setdefault(positions[k], [])
+            keep.setdefault(int(positions[k]), [])
+    listed = set(keep) | set(ooms) | set(unbatched(run)) | set(run.columns.notes)
     rows = []
-    for i, s in enumerate(run.samples):
+    for i in sorted(listed):
+        s = run.samples[i]
         if i in ooms and not ooms[i]:
             continue  # shown on its event's row
-        if i not in keep and not (s.batch is None or i in ooms or s.note):
-            continue
         notes = list(keep.get(i, []))
         if s.collected:
             notes.append("after gc")
@@ -200,20 +203,26 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
     return rows
 
 
-def batch_runs(run: Run) -> list[list[int]]:
+def batch_runs(run: Run) -> list[np.ndarray]:
     """Positions of each run of consecutive per-batch samples of one label, phase and epoch."""
-    runs: list[list[int]] = []
-    key = None
-    for i, s in enumerate(run.samples):
-        if s.batch is None or s.label.upper() == "OOM":
-            key = None
-            continue
-        this = (s.label, s.phase, s.epoch)
-        if this != key:
-            runs.append([])
-            key = this
-        runs[-1].append(i)
-    return runs
+    c = run.columns
+    positions = np.flatnonzero((c.batch != NONE) & ~oom_labelled(run))
+    if not len(positions):
+        return []
+    return np.split(positions, _starts(positions, c.label, c.phase, c.epoch, adjacent=True)[1:])
+
+
+def _starts(positions: np.ndarray, *keys: np.ndarray, adjacent: bool = False) -> np.ndarray:
+    """Indices into ``positions`` where a run of equal ``keys`` starts (and, with
+    ``adjacent``, where the previous position is not the one just before)."""
+    new = np.zeros(len(positions), dtype=bool)
+    new[:1] = True
+    for key in keys:
+        values = key[positions]
+        new[1:] |= values[1:] != values[:-1]
+    if adjacent:
+        new[1:] |= np.diff(positions) != 1
+    return np.flatnonzero(new)
 
 
 def nice_step(at_least: int) -> int:
@@ -228,21 +237,19 @@ def nice_step(at_least: int) -> int:
 
 def phase_guide(run: Run) -> Markdown:
     """``training e0 #1-21 · validation e0 #22-34 · ...``: where each phase lies on the x axis."""
-    spans: list[list[Any]] = []
-    for i, s in enumerate(run.samples):
-        if s.batch is None or s.label.upper() == "OOM":
-            continue
-        key = (s.phase, s.epoch)
-        if spans and spans[-1][0] == key:
-            spans[-1][2] = i
-        else:
-            spans.append([key, i, i])
+    c = run.columns
+    positions = np.flatnonzero((c.batch != NONE) & ~oom_labelled(run))
+    starts = _starts(positions, c.phase, c.epoch)
+    lasts = np.append(starts[1:], len(positions))[: len(starts)] - 1
     parts = []
-    for (phase, epoch), first, last in spans[:12]:
+    for first, last in zip(
+        positions[starts[:12]].tolist(), positions[lasts[:12]].tolist(), strict=True
+    ):
+        phase, epoch = c.strings[c.phase[first]], _epoch(c.epoch[first])
         name = text(phase, NAME_CHARS) if phase is not None else "batches"
         parts.append(f"{name}{'' if epoch is None else f' e{epoch}'} #{first}-{last}")
-    if len(spans) > 12:
-        parts.append(f"... {len(spans) - 12} more")
+    if len(starts) > 12:
+        parts.append(f"... {len(starts) - 12} more")
     return Markdown(" · ".join(parts))
 
 
@@ -274,26 +281,30 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
     """One row per phase and epoch with batches, in timeline order: the verdict's statistics
     where the rules judged it, else start, end, change and peak of the readings."""
     judged = {(p.phase, p.epoch): p for p in run.verdict.phases}
-    groups: dict[tuple[Any, Any], list[int]] = {}
-    for i, s in enumerate(run.samples):
-        groups.setdefault((s.phase, s.epoch), []).append(i)
+    c = run.columns
+    values, present = c.values(run.metric), c.present(run.metric)
+    order = np.lexsort((c.epoch, c.phase))
+    starts = _starts(order, c.phase, c.epoch)
+    groups = sorted(np.split(order, starts[1:]), key=lambda g: int(g[0])) if len(order) else []
     rows = []
-    for key, positions in groups.items():
+    for positions in groups:
+        key = (c.strings[c.phase[positions[0]]], _epoch(c.epoch[positions[0]]))
         if key in judged:
             rows.append(phase_row(judged.pop(key), run.verdict.rules))
             continue
-        batches = [i for i in positions if run.samples[i].batch is not None]
-        values = [v for v in (run.reading(run.samples[i]) for i in positions) if v is not None]
-        if not batches or not values:
+        batches = int(np.count_nonzero(c.batch[positions] != NONE))
+        readings = values[positions[present[positions]]]
+        if not batches or not len(readings):
             continue
+        first, last, top = int(readings[0]), int(readings[-1]), int(readings.max())
         rows.append(
             AnalysisRow(
                 scope(*key),
-                f"-/{len(batches)}",
-                format_mib(values[0]),
-                format_mib(values[-1]),
-                format_size(values[-1] - values[0], signed=True),
-                format_size(max(values) - values[0], signed=True),
+                f"-/{batches}",
+                format_mib(first),
+                format_mib(last),
+                format_size(last - first, signed=True),
+                format_size(top - first, signed=True),
                 "n/a",
                 "n/a",
                 "not judged",
@@ -301,6 +312,10 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
             )
         )
     return rows + [phase_row(p, run.verdict.rules) for p in judged.values()]
+
+
+def _epoch(value: int) -> int | None:
+    return None if value == NONE else int(value)
 
 
 def scope(phase: Any, epoch: Any) -> str:

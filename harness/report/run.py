@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from harness.markdown import plain
+from harness.rules.context import Columns
 from harness.sample import Sample
+from harness.store import NONE
 from harness.verdict import Verdict
 
 FALLBACK_METRIC = "rss"
@@ -58,11 +62,16 @@ class Run:
         return as_int(self.header.get("capacity"))
 
     @cached_property
+    def columns(self) -> Columns:
+        """The samples as arrays, read once for every section."""
+        return Columns(self.samples)
+
+    @cached_property
     def metric(self) -> str:
         """The metric the profile and chart show: the rules' metric where samples have it,
         else ``rss``, else the probe's primary metric."""
         for m in (self.verdict.rules.metric, FALLBACK_METRIC):
-            if any(s.get(m) is not None for s in self.samples):
+            if self.columns.present(m).any():
                 return m
         primary = self.header.get("primary")
         return primary if isinstance(primary, str) and primary else self.verdict.rules.metric
@@ -73,33 +82,50 @@ class Run:
         emulated capacity counts), where samples have it; else :attr:`metric`."""
         probe = self.header.get("probe")
         metric = "reserved" if isinstance(probe, str) and probe.startswith("cuda") else "rss"
-        if any(s.get(metric) is not None for s in self.samples):
-            return metric
-        return self.metric
+        return metric if self.columns.present(metric).any() else self.metric
 
     def reading(self, sample: Sample) -> int | None:
         """``sample``'s bytes in :attr:`metric`."""
         return as_int(sample.get(self.metric))
 
+    def readings(self, metric: str) -> np.ndarray:
+        """Every sample's bytes in ``metric`` (float64), NaN where it was not read."""
+        return np.where(self.columns.present(metric), self.columns.values(metric), np.nan)
+
+    def times(self) -> np.ndarray:
+        """The samples' finite times, in timeline order."""
+        times = self.columns.time
+        return times[np.isfinite(times)]
+
 
 def epochs(run: Run) -> tuple[int, int | None]:
     """Epochs completed (distinct epochs with an ``EPOCH_END``) and planned (``config.epochs``)."""
-    done = {s.epoch for s in run.samples if s.label == "EPOCH_END"}
-    return len(done), as_int(run.config.get("epochs"))
+    ends = run.columns.labelled(lambda label: label == "EPOCH_END")
+    return len(np.unique(run.columns.epoch[ends])), as_int(run.config.get("epochs"))
 
 
-def ended(samples: Sequence[Sample]) -> bool | None:
+def ended(run: Run) -> bool | None:
     """Whether the run reached its end checkpoint; ``None`` when it has no start one either."""
-    labels = {s.label for s in samples}
+    labels = run.columns.distinct_labels()
     if labels & set(END_LABELS):
         return True
     return False if labels & set(START_LABELS) else None
 
 
+def unbatched(run: Run) -> list[int]:
+    """Positions of the samples that are not per-batch readings (phase events, OOMs)."""
+    return np.flatnonzero(run.columns.batch == NONE).tolist()
+
+
+def oom_labelled(run: Run) -> np.ndarray:
+    """Where a sample is labelled ``OOM``."""
+    return run.columns.labelled(lambda label: label.upper() == "OOM")
+
+
 def oom_positions(run: Run) -> set[int]:
     """Positions of the samples where the run ran out of memory: the OOM findings' evidence
     (when it points at this timeline), and samples labelled ``OOM``."""
-    positions = {i for i, s in enumerate(run.samples) if s.label.upper() == "OOM"}
+    positions = set(np.flatnonzero(oom_labelled(run)).tolist())
     for finding in run.verdict.of_kind("oom"):
         for e in finding.evidence:
             if 0 <= e.index < len(run.samples) and run.samples[e.index].label == e.label:

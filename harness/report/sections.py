@@ -134,7 +134,7 @@ def final(run: Run) -> list[str]:
     if remaining:
         listed = "; ".join(f"{f.severity} {text(f.message, MESSAGE_CHARS)}" for f in remaining)
         lines += ["", f"Remaining: {listed}"]
-    if run.torn or ended(run.samples) is False:
+    if run.torn or ended(run) is False:
         lines += ["", "Judged on an incomplete timeline: the run did not reach its end."]
     return lines
 
@@ -179,10 +179,11 @@ def run_line(run: Run) -> Markdown:
     else:
         line = "epochs: n/a"
     line += f" · {len(run.samples)} checkpoints"
-    times = [s.time for s in run.samples if isinstance(s.time, (int, float)) and s.time > 0]
+    times = run.times()
+    times = times[times > 0]
     if len(times) > 1:
-        line += f" over {max(times) - min(times):.1f} s"
-    finished = ended(run.samples)
+        line += f" over {times.max() - times.min():.1f} s"
+    finished = ended(run)
     if finished is False and run.samples:
         line += f" · stopped at {text(checkpoint_name(run.samples[-1]))}, before the end of the run"
     elif finished is None and planned is not None and done < planned and run.samples:

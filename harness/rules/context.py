@@ -13,8 +13,9 @@ was given: a store builds each :class:`Sample` when it is read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import pairwise
 from typing import NamedTuple, overload
 
@@ -171,7 +172,7 @@ class Context(CheckLog):
         self.samples = samples
         self.rules = rules
         self.checks: list[Check] = []
-        self.columns = _Columns(samples)
+        self.columns = Columns(samples)
         self.loop_positions = Positions(np.flatnonzero(self.columns.looped))
         self.groups = self._groups()
 
@@ -346,11 +347,11 @@ def _none(value: int) -> int | None:
     return None if value == NONE else value
 
 
-class _Columns:
-    """What the statistics pass reads of every sample, as arrays: label and phase codes (into
-    ``strings``), epoch and batch (int64, :data:`~harness.store.NONE` for None), whether it is
-    a per-batch reading of a loop, and each metric's readings as floats with a mask of where
-    it was read."""
+class Columns:
+    """What the statistics pass and the report read of every sample, as arrays: label and
+    phase codes (into ``strings``), epoch and batch (int64, :data:`~harness.store.NONE` for
+    None), whether it was collected, is an OOM event, a failed check or a per-batch reading of
+    a loop, and each metric's readings as floats with a mask of where it was read."""
 
     def __init__(self, samples: Sequence[Sample]) -> None:
         self._samples = samples
@@ -362,6 +363,7 @@ class _Columns:
             self.strings = list(store.strings)
             self.label, self.phase = store.codes("label"), store.codes("phase")
             self.epoch, self.batch = store.numbers("epoch"), store.numbers("batch")
+            self.collected = store.numbers("collected")
             notes = dict(store.notes)
         else:
             index: dict[str | None, int] = {None: 0}
@@ -378,19 +380,46 @@ class _Columns:
             self.phase = np.array([code(s.phase) for s in samples], dtype=np.intp)
             self.epoch = _int_column([s.epoch for s in samples])
             self.batch = _int_column([s.batch for s in samples])
+            self.collected = np.array([s.collected for s in samples], dtype=bool).reshape(-1)
             notes = {i: s.note for i, s in enumerate(samples) if s.note is not None}
-        event_label = np.array(
-            [
-                text is not None and labels.is_event(_Labelled(text, None, None))
-                for text in self.strings
-            ]
+        self.notes = notes
+        self.oom = self._labelled(labels.is_oom, notes)
+        self.check_failed = self._labelled(labels.is_check_failed, notes)
+        self.looped = (self.batch != NONE) & ~(self.oom | self.check_failed)
+
+    def _labelled(
+        self, predicate: Callable[[labels.Labelled], bool], notes: dict[int, str]
+    ) -> np.ndarray:
+        """Where ``predicate`` holds: judged once per distinct label, then once per note."""
+        by_label = np.array(
+            [text is not None and predicate(_Labelled(text, None, None)) for text in self.strings]
         )
-        event = event_label[self.label]
+        found = by_label[self.label]
         for i, note in notes.items():
             text = self.strings[self.label[i]]
-            if text is not None and labels.is_event(_Labelled(text, None, note)):
-                event[i] = True
-        self.looped = (self.batch != NONE) & ~event
+            if text is not None and predicate(_Labelled(text, None, note)):
+                found[i] = True
+        return found
+
+    def labelled(self, predicate: Callable[[str], bool]) -> np.ndarray:
+        """Where the label satisfies ``predicate`` (judged once per distinct label)."""
+        by_label = np.array([text is not None and predicate(text) for text in self.strings])
+        return by_label[self.label]
+
+    def where_label(self, predicate: Callable[[str], bool]) -> np.ndarray:
+        """Positions whose label satisfies ``predicate``."""
+        return np.flatnonzero(self.labelled(predicate))
+
+    def distinct_labels(self) -> set[str | None]:
+        return {self.strings[code] for code in np.unique(self.label).tolist()}
+
+    @cached_property
+    def time(self) -> np.ndarray:
+        """Each sample's time (float64)."""
+        if self._store is not None:
+            return self._store.numbers("time")
+        times = [s.time if isinstance(s.time, (int, float)) else np.nan for s in self._samples]
+        return np.array(times, dtype=np.float64).reshape(-1)
 
     def _column(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         found = self._metrics.get(metric)

@@ -11,9 +11,10 @@ collection); without one the in-loop evidence stands (``unchecked``). See ``docs
 
 from __future__ import annotations
 
+import numpy as np
+
 from harness.rules.context import Context, Fit, Group, rate, where
 from harness.rules.registry import register_rule
-from harness.sample import Sample
 from harness.units import format_size
 from harness.verdict import Finding, Kind, Outcome
 
@@ -158,23 +159,23 @@ def after_loop(
     the first uncollected one, before any collection, at or below ``level``; and the last
     collected one. Positions, or None. Samples of other phases never clear a leak: what the
     code frees after the phase (a function returning, say) says nothing of the phase."""
-    samples = ctx.samples
-    stop = next(
-        (i for i in ctx.loop_positions if i > last and _key(samples[i]) != group.key),
-        len(samples),
-    )
-    window = [i for i in range(last + 1, stop) if samples[i].get(metric) is not None]
-    collected = [i for i in window if samples[i].collected and _key(samples[i]) == group.key]
-    before = [i for i in window if not collected or i < collected[0]]
-    own = [i for i in before if _key(samples[i]) == group.key and ctx.value(i, metric) <= level]
-    return (own[0] if own else None), (collected[-1] if collected else None)
+    cols = ctx.columns
+    phase, epoch = cols.phase[last], cols.epoch[last]
+    loops = ctx.loop_positions.array
+    later = loops[np.searchsorted(loops, last, side="right") :]
+    others = later[(cols.phase[later] != phase) | (cols.epoch[later] != epoch)]
+    stop = int(others[0]) if len(others) else len(cols.batch)
+    span = np.arange(last + 1, stop)
+    window = span[cols.present(metric)[span]]
+    own = (cols.phase[window] == phase) & (cols.epoch[window] == epoch)
+    collected = window[own & cols.collected[window]]
+    if len(collected):
+        own &= window < collected[0]
+    low = window[own & (cols.values(metric)[window] <= level)]
+    return (int(low[0]) if len(low) else None), (int(collected[-1]) if len(collected) else None)
 
 
 def _reading(ctx: Context, i: int, metric: str, fit: Fit) -> str:
     """``LABEL +x.xMB`` relative to the loop's starting level."""
     value = ctx.value(i, metric)
     return f"{ctx.samples[i].label} {format_size(value - fit.baseline, signed=True)}"
-
-
-def _key(s: Sample) -> tuple[str | None, int | None]:
-    return (s.phase, s.epoch)

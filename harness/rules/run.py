@@ -12,21 +12,28 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from harness import labels
 from harness.rules.context import FALLBACK_METRIC, Context, where
 from harness.rules.registry import register_rule
 from harness.sample import Sample
+from harness.store import NONE
 from harness.units import format_size
 from harness.verdict import Finding, Kind
 
 
 @register_rule("max_drift", option="max_drift")
 def drift(ctx: Context, limit: int) -> list[Finding]:
-    samples = ctx.samples
+    samples, cols = ctx.samples, ctx.columns
+    readings = np.flatnonzero(
+        (cols.batch == NONE) & (cols.epoch != NONE) & ~(cols.oom | cols.check_failed)
+    )
+    pairs = np.stack((cols.label[readings].astype(np.int64), cols.epoch[readings]))
+    _, first = np.unique(pairs, axis=1, return_index=True)
     firsts: dict[str, dict[int, int]] = {}
-    for i, s in enumerate(samples):
-        if s.batch is None and s.epoch is not None and not labels.is_event(s):
-            firsts.setdefault(s.label, {}).setdefault(s.epoch, i)
+    for i in sorted(readings[first].tolist()):
+        firsts.setdefault(samples[i].label, {})[int(cols.epoch[i])] = i
     failures: list[Finding] = []
     for label, by_epoch in firsts.items():
         epochs = sorted(by_epoch)[ctx.rules.warmup_epochs :]
@@ -81,25 +88,25 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
 
 @register_rule("teardown", option="teardown")
 def teardown(ctx: Context, limit: int) -> list[Finding]:
-    samples = ctx.samples
-    if not samples:
+    samples, cols = ctx.samples, ctx.columns
+    if not len(cols.batch):
         ctx.check("teardown", "session", "SKIP", "no samples", None, limit)
         return []
-    starts = [i for i, s in enumerate(samples) if labels.is_run_start(s.label)]
-    ends = [i for i, s in enumerate(samples) if labels.is_run_end(s.label)]
-    first = starts[0] if starts else 0
+    starts = cols.where_label(labels.is_run_start)
+    ends = cols.where_label(labels.is_run_end)
+    first = int(starts[0]) if len(starts) else 0
     # The collected reading at or before the run's start: taken before the model existed.
-    anchors = [i for i in range(first + 1) if samples[i].collected]
-    start = anchors[-1] if anchors else first
+    anchors = np.flatnonzero(cols.collected[: first + 1])
+    start = int(anchors[-1]) if len(anchors) else first
     last_batch = ctx.loop_positions[-1] if ctx.loop_positions else -1
-    end = ends[-1] if ends else last_batch + 1
-    after = [i for i in range(end, len(samples)) if samples[i].collected]
-    if not after:
+    end = int(ends[-1]) if len(ends) else last_batch + 1
+    after = np.flatnonzero(cols.collected[end:])
+    if not len(after):
         ctx.check(
             "teardown", "session", "SKIP", "no collected sample after the session end", None, limit
         )
         return []
-    at = after[-1]
+    at = end + int(after[-1])
     metric = ctx.pair_metric(start, at)
     if metric is None:
         ctx.check("teardown", "session", "SKIP", "no comparable readings")
@@ -127,9 +134,8 @@ def teardown(ctx: Context, limit: int) -> list[Finding]:
 def failed_checks(ctx: Context, _: None) -> list[Finding]:
     """One ``check`` finding per phase with ``CHECK_FAILED`` samples."""
     by_phase: dict[str | None, list[int]] = {}
-    for i, s in enumerate(ctx.samples):
-        if labels.is_check_failed(s):
-            by_phase.setdefault(s.phase, []).append(i)
+    for i in np.flatnonzero(ctx.columns.check_failed).tolist():
+        by_phase.setdefault(ctx.samples[i].phase, []).append(i)
     findings = []
     for phase, failed in by_phase.items():
         first = ctx.samples[failed[0]]
@@ -152,9 +158,8 @@ def oom(ctx: Context, _: None) -> list[Finding]:
     evidence. The error the run raised is judged by :func:`harness.rules.judge`."""
     samples = ctx.samples
     events: list[list[int]] = []
-    for i, s in enumerate(samples):
-        if not labels.is_oom(s):
-            continue
+    for i in np.flatnonzero(ctx.columns.oom).tolist():
+        s = samples[i]
         if events and _place(samples[events[-1][0]]) == _place(s):
             events[-1].append(i)
         else:
