@@ -14,6 +14,7 @@ Importing this module does not import torch: tests that never trace pay nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -104,6 +105,7 @@ class Trace:
     files: Path | None
     holders: tuple[str, ...] = ()
     judged: bool = False
+    native: Any = None  # attribution.native.Native: native lines, under explain with memray
 
 
 @dataclass
@@ -213,8 +215,14 @@ class LeakGate:
             return (yield)
         trace.recorder.checkpoint(labels.TEST_START, phase="test", collect=True)
         error = None
+        attribution = trace.recorder.attribution
+        if attribution is not None and attribution.explain:
+            from harness.attribution.native import Native
+
+            trace.native = Native()
         try:
-            return (yield)
+            with trace.native or contextlib.nullcontext():
+                return (yield)
         except BaseException as exc:
             error = exc
             raise
@@ -274,6 +282,8 @@ class LeakGate:
 
         explained = trace.recorder.attribution is not None and trace.recorder.attribution.explain
         trace.holders = (*finished.holder_lines(), *hint(finished.shares, explained))
+        if trace.native is not None and trace.native.found and _leaked(verdict):
+            trace.holders += tuple(f"  {line.text()}" for line in trace.native.found)
         summary = {
             "status": verdict.status,
             "worst_growth": worst_growth(verdict),
@@ -340,6 +350,12 @@ class LeakGate:
 
 def _skipped(call: pytest.CallInfo) -> bool:
     return call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception)
+
+
+def _leaked(verdict: Verdict) -> bool:
+    from harness.attribution.findings import EXPLAINED
+
+    return any(f.kind in EXPLAINED and f.blocking for f in verdict.findings)
 
 
 def _describe(error: BaseException | None) -> str | None:

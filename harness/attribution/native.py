@@ -1,0 +1,142 @@
+"""Native allocation lines on CPU, with ``memray`` (the optional ``leakgate[memray]`` extra):
+what a region allocated through malloc or mmap and still holds when it ends (a library cache, a
+tensor kept where no walk from a named root reaches, an extension's buffers), grouped by the
+innermost Python line outside torch, leakgate, the standard library and pytest (a line that
+called leakgate itself, a checkpoint, is not named for leakgate's own bookkeeping).
+
+:class:`Native` wraps a region (the plugin wraps a test's call under ``explain``), and
+:func:`recheck` runs a callable again under it. Without memray both name nothing (``None``).
+The capture is memray's aggregated format, in a temporary folder removed when the region ends.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.attribution.lines import _HARNESS, _SKIPPED, _short
+from harness.units import format_size
+
+NATIVE_FLOOR = 64 * 1024
+"""A line whose surviving native allocations add up to less than this is not named."""
+TOP = 5
+_STDLIB = (os.path.dirname(os.__file__) + os.sep, "<")
+
+
+@dataclass(frozen=True)
+class NativeLine:
+    """Native allocations still held at a region's end, by the line that made them."""
+
+    line: str
+    bytes: int
+    count: int
+
+    def text(self) -> str:
+        held = format_size(self.bytes)
+        return f"native: {self.line} ({self.count} allocations, {held} still held)"
+
+
+def available() -> bool:
+    """Whether memray can be imported (it is an optional extra; Linux and macOS only)."""
+    try:
+        import memray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _skipped() -> tuple[str, ...]:
+    extra = []
+    for name in ("_pytest", "pluggy", "memray"):
+        module = sys.modules.get(name)
+        if module is not None and module.__file__:
+            extra.append(os.path.dirname(module.__file__) + os.sep)
+    return (*_SKIPPED, *extra, "<")
+
+
+class Native:
+    """A region tracked by ``memray.Tracker``: after it, :attr:`found` holds the top ``top``
+    lines by bytes still held (at least ``floor`` each), or None when memray is not installed
+    or could not track (another tracker was active)."""
+
+    def __init__(self, top: int = TOP, floor: int = NATIVE_FLOOR) -> None:
+        self.top = top
+        self.floor = floor
+        self.found: list[NativeLine] | None = None
+        self.capture = ""
+        self._folder: str | None = None
+        self._tracker: Any = None
+
+    def __enter__(self) -> Native:
+        if not available():
+            return self
+        import memray
+
+        self._folder = tempfile.mkdtemp(prefix="leakgate-memray-")
+        self.capture = os.path.join(self._folder, "capture.bin")
+        aggregated = memray.FileFormat.AGGREGATED_ALLOCATIONS
+        try:
+            self._tracker = memray.Tracker(self.capture, file_format=aggregated)
+            self._tracker.__enter__()
+        except (RuntimeError, OSError):
+            self._tracker = None
+            self._remove()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tracker is None:
+            return
+        try:
+            gc.collect()  # what only a cycle kept was not leaked
+            tracker, self._tracker = self._tracker, None
+            tracker.__exit__(None, None, None)
+            self.found = self._read()
+        finally:
+            self._remove()
+
+    def _read(self) -> list[NativeLine]:
+        import memray
+
+        skipped = _skipped()
+        by_line: dict[str, list[int]] = {}
+        with memray.FileReader(self.capture) as reader:
+            for record in reader.get_leaked_allocation_records(merge_threads=True):
+                line = _outside(record.stack_trace(), skipped)
+                if line is not None:
+                    entry = by_line.setdefault(line, [0, 0])
+                    entry[0] += record.size
+                    entry[1] += record.n_allocations
+        found = [NativeLine(line, size, count) for line, (size, count) in by_line.items()]
+        found = sorted((f for f in found if f.bytes >= self.floor), key=lambda f: -f.bytes)
+        return found[: self.top]
+
+    def _remove(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+
+def _outside(stack: list[tuple[str, str, int]], skipped: tuple[str, ...]) -> str | None:
+    """The innermost line of ``stack`` outside ``skipped``, unless what it called (past the
+    standard library) is leakgate: a checkpoint's or phase's bookkeeping is not the caller's."""
+    for i, (_, filename, lineno) in enumerate(stack):
+        if not filename.startswith(skipped):
+            called = [f for _, f, _ in stack[i - 1 :: -1] if not f.startswith(_STDLIB)] if i else []
+            return None if called and called[0].startswith(_HARNESS) else _short(filename, lineno)
+    return None
+
+
+def recheck(
+    run: Callable[[], object], top: int = TOP, floor: int = NATIVE_FLOOR
+) -> list[NativeLine] | None:
+    """Run ``run`` again under memray: its lines of native memory still held after it, or None
+    without memray."""
+    with Native(top, floor) as native:
+        run()
+    return native.found
