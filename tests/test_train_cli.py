@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -57,3 +61,15 @@ def test_resume_without_checkpoint_is_bad_input(small_file, tmp_path, capsys):
     argv = ["--parquet-file", str(small_file), "--checkpoint-dir", str(tmp_path), "--resume"]
     assert main(argv) == 2
     assert "last.pt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("world", [None, "2"])
+def test_leave_flushes_and_exits_with_the_code_under_torchrun_or_not(world):
+    """Under torchrun a rank leaves without the interpreter's teardown (``os._exit``); what it
+    printed still reaches the launcher, and the exit code is kept."""
+    code = "from tft.train import leave; print('verdict', end=''); leave(3)"
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    if world:
+        env["WORLD_SIZE"] = world
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert (done.returncode, done.stdout) == (3, "verdict")
