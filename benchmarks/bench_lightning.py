@@ -16,17 +16,14 @@ the same seed.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from bench_overhead import timed
-from common import alternating, incident_config, incident_split
+from common import alternating, incident_config, incident_split, time_epoch, timed
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from harness import Recorder, Rules, judge
+from harness import Recorder
 from tft.data import Split
 from tft.model import TemporalFusionTransformer, TFTConfig, quantile_loss
 from tft.trainer import Batch, TrainConfig, Trainer
@@ -36,7 +33,6 @@ L = pytest.importorskip("lightning")
 from harness.integrations.lightning import LeakGateCallback  # noqa: E402
 
 VARIANTS = ("loop", "lightning", "recorded")
-RULES = Rules(phase=("training", "validation"), max_growth="256KB", warmup=5, max_peak="16MB")
 
 
 class Forecaster(L.LightningModule):
@@ -118,21 +114,4 @@ def test_lightning_epoch(benchmark, split, variant, rep, tmp_path):
         trainer, module = lightning_trainer(callbacks), Forecaster(config)
         return (lambda: lightning_fit(trainer, module, split.train, split.val),), {}
 
-    def fit(run: Callable[[], object]) -> None:
-        started = time.process_time()
-        run()
-        benchmark.extra_info["cpu_s"] = time.process_time() - started
-
-    benchmark.pedantic(fit, setup=setup, rounds=1)
-    benchmark.extra_info["batches"] = len(split.train) + len(split.val)
-    for recorder in recorders:
-        started = time.perf_counter()
-        verdict = judge(recorder.samples, RULES)
-        benchmark.extra_info.update(
-            judge_s=time.perf_counter() - started,
-            verdict=verdict.status,
-            checkpoints=len(checkpoints),
-            checkpoint_median_s=statistics.median(checkpoints),
-            checkpoints_s=sum(checkpoints),
-        )
-        recorder.close()
+    time_epoch(benchmark, setup, len(split.train) + len(split.val), recorders, checkpoints)

@@ -13,22 +13,19 @@ time (less disturbed by other processes), and judging the timeline is timed apar
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import pytest
 import torch
-from common import alternating, incident_config, incident_split
+from common import alternating, incident_config, incident_split, time_epoch, timed
 from torch.utils.data import Subset
 
-from harness import Recorder, Rules, judge
+from harness import Recorder
 from tft.data import Split
 from tft.model import TemporalFusionTransformer
 from tft.trainer import TrainConfig, Trainer
 
 CONFIG = TrainConfig(epochs=1, batch_size=1, device="cpu")
-RULES = Rules(phase=("training", "validation"), max_growth="256KB", warmup=5, max_peak="16MB")
 
 
 @pytest.fixture(scope="module")
@@ -40,46 +37,21 @@ def split() -> Split:
     return split
 
 
-def timed(callback: Callable[..., object], seconds: list[float]) -> Callable[..., None]:
-    """``callback``, appending the seconds each call takes to ``seconds``."""
-
-    def call(*args: object, **kwargs: object) -> None:
-        started = time.perf_counter()
-        callback(*args, **kwargs)
-        seconds.append(time.perf_counter() - started)
-
-    return call
-
-
 @pytest.mark.parametrize(("rep", "variant"), alternating(("plain", "recorded")))
 def test_epoch(benchmark, split, variant, rep, tmp_path):
     recorders: list[Recorder] = []
     checkpoints: list[float] = []
 
-    def setup() -> tuple[tuple[Trainer], dict]:
+    def setup() -> tuple[tuple[Callable[[], object]], dict]:
+        """The run to time, built untimed: the model, and the trainer with its callback."""
         torch.manual_seed(0)
         callbacks = []
         if variant == "recorded":
             recorders.append(Recorder("cpu", timeline=tmp_path / "epoch.jsonl"))
             callbacks.append(timed(recorders[-1], checkpoints))
-        model = TemporalFusionTransformer(incident_config(split))
-        return (Trainer(model, CONFIG, callbacks=callbacks),), {}
-
-    def fit(trainer: Trainer) -> None:
-        started = time.process_time()
-        trainer.fit(split.train, split.val)
-        benchmark.extra_info["cpu_s"] = time.process_time() - started
-
-    benchmark.pedantic(fit, setup=setup, rounds=1)
-    benchmark.extra_info["batches"] = len(split.train) + len(split.val)
-    for recorder in recorders:
-        started = time.perf_counter()
-        verdict = judge(recorder.samples, RULES)
-        benchmark.extra_info.update(
-            judge_s=time.perf_counter() - started,
-            verdict=verdict.status,
-            checkpoints=len(checkpoints),
-            checkpoint_median_s=statistics.median(checkpoints),
-            checkpoints_s=sum(checkpoints),
+        trainer = Trainer(
+            TemporalFusionTransformer(incident_config(split)), CONFIG, callbacks=callbacks
         )
-        recorder.close()
+        return (lambda: trainer.fit(split.train, split.val),), {}
+
+    time_epoch(benchmark, setup, len(split.train) + len(split.val), recorders, checkpoints)

@@ -7,9 +7,13 @@ not the judge of its own comparisons.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from harness import Recorder, Rules, judge
 from tft.data import Split, default_parquet, load
 from tft.model import TFTConfig
 
@@ -18,6 +22,9 @@ REPS = int(os.environ.get("LEAKGATE_BENCH_REPS", "3"))
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+EPOCH_RULES = Rules(phase=("training", "validation"), max_growth="256KB", warmup=5, max_peak="16MB")
+"""What a recorded TFT epoch is judged by (``bench_overhead.py``, ``bench_lightning.py``)."""
 
 
 def incident_split() -> Split:
@@ -61,3 +68,46 @@ def alternating(variants: Sequence[str], reps: int = REPS) -> list[tuple[int, st
     """``(rep, variant)`` in run order: the variants alternate, and every other repetition runs
     them in reverse, so that none always goes first."""
     return [(r, v) for r in range(reps) for v in (variants if r % 2 == 0 else variants[::-1])]
+
+
+def timed(callback: Callable[..., object], seconds: list[float]) -> Callable[..., None]:
+    """``callback``, appending the seconds each call takes to ``seconds``."""
+
+    def call(*args: object, **kwargs: object) -> None:
+        started = time.perf_counter()
+        callback(*args, **kwargs)
+        seconds.append(time.perf_counter() - started)
+
+    return call
+
+
+def time_epoch(
+    benchmark: Any,
+    setup: Callable[[], tuple[tuple[Callable[[], object]], dict]],
+    batches: int,
+    recorders: Sequence[Recorder],
+    checkpoints: Sequence[float],
+) -> None:
+    """Time one epoch with ``benchmark`` (one round): ``setup`` builds the run untimed and
+    returns it as ``((run,), {})``; the epoch's CPU time is kept beside its wall time. Then
+    each recorder ``setup`` made is judged by :data:`EPOCH_RULES` (timed apart) and closed,
+    with the checkpoints' own times (``checkpoints``, filled by :func:`timed`) summarised."""
+
+    def fit(run: Callable[[], object]) -> None:
+        started = time.process_time()
+        run()
+        benchmark.extra_info["cpu_s"] = time.process_time() - started
+
+    benchmark.pedantic(fit, setup=setup, rounds=1)
+    benchmark.extra_info["batches"] = batches
+    for recorder in recorders:
+        started = time.perf_counter()
+        verdict = judge(recorder.samples, EPOCH_RULES)
+        benchmark.extra_info.update(
+            judge_s=time.perf_counter() - started,
+            verdict=verdict.status,
+            checkpoints=len(checkpoints),
+            checkpoint_median_s=statistics.median(checkpoints),
+            checkpoints_s=sum(checkpoints),
+        )
+        recorder.close()
