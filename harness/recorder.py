@@ -232,7 +232,10 @@ class Recorder:
         """Host readings less the recorder's own sample store, which grows with every
         checkpoint and must not be judged as the run's growth."""
         own = self.samples.nbytes()
-        return {k: v if v is None else v - own for k, v in metrics.items()}
+        for name, value in metrics.items():
+            if value is not None:
+                metrics[name] = value - own
+        return metrics
 
     def _attribute(self, sample: Sample) -> None:
         """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,

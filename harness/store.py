@@ -23,6 +23,8 @@ from harness.sample import Sample
 _NONE = -(2**63)
 """The integer column value that stands for None."""
 NONE = _NONE
+_EMPTY = sys.getsizeof(array("I"))
+"""An empty column's size: the rest of a column's size is its capacity."""
 _CHUNK = 4096
 """Samples built at a time while iterating."""
 _new = object.__new__
@@ -48,6 +50,13 @@ class SampleStore(Sequence[Sample]):
         self._metrics: dict[str, array[int]] = {}
         self._notes: dict[int, str] = {}
         self._all: list[array] = []
+        # nbytes() is cached while no column can have grown: every column appended in
+        # lockstep (so all share one capacity, in items), no more rows than that capacity, no
+        # new note.
+        self._lockstep = True
+        self._room = -1
+        self._noted = 0
+        self._size = 0
 
     def _intern(self, text: str | None) -> int:
         found = self._index.get(text)
@@ -58,20 +67,26 @@ class SampleStore(Sequence[Sample]):
 
     def append(self, sample: Sample) -> None:
         n = len(self._label)
-        self._label.append(self._intern(sample.label))
-        self._phase.append(self._intern(sample.phase))
-        self._epoch.append(_NONE if sample.epoch is None else sample.epoch)
-        self._batch.append(_NONE if sample.batch is None else sample.batch)
+        index = self._index
+        label, phase = index.get(sample.label), index.get(sample.phase)
+        self._label.append(self._intern(sample.label) if label is None else label)
+        self._phase.append(self._intern(sample.phase) if phase is None else phase)
+        epoch, batch = sample.epoch, sample.batch
+        self._epoch.append(_NONE if epoch is None else epoch)
+        self._batch.append(_NONE if batch is None else batch)
         self._time.append(sample.time)
         self._collected.append(sample.collected)
+        columns = self._metrics
         for name, value in sample.metrics.items():
-            column = self._metrics.get(name)
+            column = columns.get(name)
             if column is None:
-                column = self._metrics[name] = array("q", [_NONE]) * n
+                column = columns[name] = array("q", [_NONE]) * n
+                self._lockstep = self._lockstep and not n
             column.append(_NONE if value is None else value)
-        for column in self._metrics.values():
-            if len(column) == n:
-                column.append(_NONE)
+        if len(sample.metrics) != len(columns):
+            for column in columns.values():
+                if len(column) == n:
+                    column.append(_NONE)
         if sample.note is not None:
             self._notes[n] = sample.note
 
@@ -229,6 +244,7 @@ class SampleStore(Sequence[Sample]):
         self._collected.frombytes(np.asarray(collected, dtype=np.int8).tobytes())
         for name in metrics.keys() - self._metrics.keys():
             self._metrics[name] = array("q", [_NONE]) * n
+            self._lockstep = self._lockstep and not n
         for name, column in self._metrics.items():
             given = metrics.get(name)
             if given is None:
@@ -240,7 +256,12 @@ class SampleStore(Sequence[Sample]):
 
     def nbytes(self) -> int:
         """Bytes the columns hold now (their allocated capacity)."""
-        return sum(map(sys.getsizeof, self._columns())) + sys.getsizeof(self._notes)
+        if self._lockstep and len(self._label) <= self._room and len(self._notes) == self._noted:
+            return self._size
+        self._size = sum(map(sys.getsizeof, self._columns())) + sys.getsizeof(self._notes)
+        self._room = (sys.getsizeof(self._label) - _EMPTY) // self._label.itemsize
+        self._noted = len(self._notes)
+        return self._size
 
     def _columns(self) -> list[array]:
         if len(self._all) != 6 + len(self._metrics):

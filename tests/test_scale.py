@@ -125,3 +125,25 @@ def test_median_is_numpys(n):
     rng = np.random.default_rng(n)
     for values in (rng.normal(size=n), rng.integers(0, 4, n).astype(float)):
         assert stats.median(values) == float(np.median(values))
+
+
+@pytest.mark.parametrize("late_metric", [None, 500], ids=["lockstep", "late-metric"])
+def test_store_nbytes_is_every_columns_capacity_after_each_append(late_metric):
+    """The recorder subtracts ``nbytes`` from every host reading, so the cached figure must be
+    exact after each append: columns growing together, a metric first seen late, notes."""
+    import sys
+
+    store = SampleStore()
+    wrong = []
+    for i in range(3000):
+        readings = {"allocated": i, "rss": i, "peak": None if i % 7 else i}
+        if late_metric is not None and i >= late_metric:
+            readings["extra"] = i
+        note = "n" if i % 97 == 0 else None
+        store.append(Sample("B" if i % 3 else "C", "p", 0, i, 0.0, readings, False, note))
+        columns = [store._label, store._phase, store._epoch, store._batch, store._time]
+        columns += [store._collected, *store._metrics.values()]
+        full = sum(map(sys.getsizeof, columns)) + sys.getsizeof(store._notes)
+        if store.nbytes() != full:
+            wrong.append(i)
+    assert wrong == []
