@@ -136,7 +136,7 @@ def attribute(
         raise ValueError(f"max_depth must be at least 1, got {max_depth}")
     collecting = gc.isenabled()
     gc.disable()
-    walk = Walk(max_objects)
+    walk = Walk(max_objects, _targets(before))
     try:
         walk.run()
         holders = _Grouping(walk, before, max_depth, collecting, lines).holders()
@@ -146,6 +146,15 @@ def attribute(
             gc.enable()
     holders.sort(key=lambda h: (-h.bytes, -h.tensors, h.path))
     return holders[:limit] if limit is not None else holders
+
+
+def _targets(before: Snapshot | None) -> set[int] | None:
+    """The ids of the tensors a snapshot's attribution names, so that the walk can stop once
+    it has reached them all: made since the last ``gc.freeze()`` (which ``gc.get_objects``
+    alone lists) and not in ``before``. None, walk everything, without both."""
+    if before is None or not gc.get_freeze_count():
+        return None
+    return {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor) and o not in before}
 
 
 # -- grouping and naming -------------------------------------------------------------------------

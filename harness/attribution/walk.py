@@ -43,10 +43,12 @@ class Walk:
     (a ``locals()`` dict that the function itself keeps is emptied too).
     """
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, targets: set[int] | None = None) -> None:
         self.budget = budget
         self.visited = 0
         self.complete = False
+        self.targets = targets
+        self.missing = len(targets) if targets is not None else -1
         self.parent: dict[int, Any] = {}
         self.tensors: dict[int, torch.Tensor] = {}
         self.modules: list[torch.nn.Module] = []
@@ -63,13 +65,18 @@ class Walk:
             self.parent[id(own)] = SKIP
 
     def run(self) -> None:
-        """Walk until every object is reached or ``budget`` objects were visited (their
-        referents read); :attr:`complete` says which."""
+        """Walk until every object is reached, or every one of ``targets`` (ids) when given,
+        or ``budget`` objects were visited (their referents read); :attr:`complete` says
+        which. A target's parent is the same either way: the first object it was reached
+        from."""
         frontier: list[Any] = []
         self.parent[id(frontier)] = SKIP
         self._seed_modules(frontier)
         self._seed_frames(frontier)
         if not self._spread(frontier):
+            return
+        if not self.missing:
+            self.complete = True
             return
         # What the named roots do not reach is referenced from C only (or is garbage): walk
         # it too, from the objects nothing else unreached refers to first, then from what is
@@ -154,6 +161,8 @@ class Walk:
     def _keep(self, obj: Any, kind: str) -> None:
         if kind == "tensor":
             self.tensors[id(obj)] = obj
+            if self.targets is not None and id(obj) in self.targets:
+                self.missing -= 1
         elif kind == "module":
             self.modules.append(obj)
             if isinstance(obj, torch.jit.ScriptModule):
@@ -189,6 +198,8 @@ class Walk:
             following: list[Any] = []
             parent[id(following)] = SKIP
             for obj in frontier:
+                if not self.missing:  # every target has its parent: the rest names nothing
+                    return True
                 for ref in referents(obj):
                     if not tracked(ref) or id(ref) in parent:
                         continue
