@@ -43,7 +43,7 @@ def probe(request) -> str:
 @pytest.mark.parametrize("timeline", [False, True], ids=["memory", "timeline"])
 def test_checkpoint(benchmark, probe, timeline, tmp_path):
     with Recorder(probe, timeline=tmp_path / "t.jsonl" if timeline else None) as rec:
-        benchmark.pedantic(rec.checkpoint, ("TRAIN_BATCH",), setup=rec.samples.clear, rounds=20_000)
+        benchmark.pedantic(rec.checkpoint, ("TRAIN_BATCH",), rounds=20_000)
 
 
 def raw_reads(probe: CpuProbe) -> Callable[[], None]:
@@ -92,7 +92,6 @@ def test_checkpoint_collect(benchmark, probe, tmp_path):
             rec.checkpoint,
             ("EPOCH_END",),
             {"collect": True},
-            setup=rec.samples.clear,
             rounds=500,
             warmup_rounds=5,
         )
