@@ -12,9 +12,10 @@ training step between them.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import os
 import statistics
+import time
 from collections.abc import Callable
 
 import pytest
@@ -46,97 +47,60 @@ def test_checkpoint(benchmark, probe, timeline, tmp_path):
         benchmark.pedantic(rec.checkpoint, ("TRAIN_BATCH",), rounds=20_000)
 
 
-def raw_reads(probe: CpuProbe) -> Callable[[], None]:
-    """Exactly the system reads a CPU checkpoint makes, through ``probe``'s own libc functions
-    and file descriptors, and nothing else (no parsing, no sample): ``mallinfo2``, a ``pread``
-    of ``/proc/self/statm`` and of ``/proc/self/status``, and ``5`` written to
+def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
+    """Exactly the system reads a CPU checkpoint makes, by name, through ``probe``'s own libc
+    functions and file descriptors, and nothing else (no parsing, no sample): ``mallinfo2``, a
+    ``pread`` of ``/proc/self/statm`` and of ``/proc/self/status``, and ``5`` written to
     ``/proc/self/clear_refs``. A source the probe does without is left out, as the checkpoint
     leaves it out (and ``malloc_trim(0)`` added where the probe trims before every reading)."""
-    trim = probe._malloc_trim if getattr(probe, "_trim_each", False) else None
-    mallinfo2 = getattr(probe, "_mallinfo2", None)
     statm, status, clear_refs = (
         getattr(probe, fd, None) for fd in ("_statm", "_status", "_clear_refs")
     )
-    if all(read is None for read in (trim, mallinfo2, statm, status, clear_refs)):
+    reads: dict[str, Callable[[], object] | None] = {
+        "malloc_trim": functools.partial(probe._malloc_trim, 0)
+        if getattr(probe, "_trim_each", False)
+        else None,
+        "mallinfo2": getattr(probe, "_mallinfo2", None),
+        "statm": None if statm is None else functools.partial(os.pread, statm, 128, 0),
+        "status": None if status is None else functools.partial(os.pread, status, 4096, 0),
+        "clear_refs": None if clear_refs is None else functools.partial(os.write, clear_refs, b"5"),
+    }
+    return {name: read for name, read in reads.items() if read is not None}
+
+
+def raw_reads(probe: CpuProbe) -> Callable[[], None]:
+    """All of :func:`probe_reads` in one call."""
+    reads = tuple(probe_reads(probe).values())
+    if not reads:
         pytest.skip("the CPU probe reads nothing here")
-    pread, write = os.pread, os.write
 
-    def reads() -> None:
-        if trim is not None:
-            trim(0)
-        if mallinfo2 is not None:
-            mallinfo2()
-        if statm is not None:
-            pread(statm, 128, 0)
-        if status is not None:
-            pread(status, 4096, 0)
-        if clear_refs is not None:
-            write(clear_refs, b"5")
+    def read_all() -> None:
+        for read in reads:
+            read()
 
-    return reads
+    return read_all
 
 
 def test_raw_reads(benchmark):
-    """The floor under ``test_checkpoint[cpu-memory]``: its system reads alone."""
+    """The floor under ``test_checkpoint[cpu-memory]``: its system reads alone; each read's
+    own median goes to ``extra_info`` (seconds), to say which one dominates."""
     probe = CpuProbe()
     try:
         benchmark.pedantic(raw_reads(probe), rounds=20_000)
+        benchmark.extra_info["reads"] = read_costs(probe)
     finally:
         probe.close()
 
 
-def test_checkpoint_collect(benchmark, probe, tmp_path):
-    """A full ``gc.collect()`` plus the probe's release; torch's objects are frozen by then."""
-    with Recorder(probe, timeline=tmp_path / "t.jsonl") as rec:
-        benchmark.pedantic(
-            rec.checkpoint,
-            ("EPOCH_END",),
-            {"collect": True},
-            rounds=500,
-            warmup_rounds=5,
-        )
-
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    loss = model(torch.randn(32, 256)).square().mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-
-
-def noise_floor(checkpoints: int = 176, warmup: int = 20) -> list[dict[str, object]]:
-    """The spread of the CPU metrics over checkpoints after a warm-up: idle, and with a small
-    training step (a 256x256 linear layer, Adam) between checkpoints; one row per case and
-    metric, in bytes."""
-    model = torch.nn.Linear(256, 256)
-    optimizer = torch.optim.Adam(model.parameters())
-    rows = []
-    for work in (False, True):
-        for collect in (False, True):
-            with Recorder("cpu") as rec:
-                for batch in range(warmup + checkpoints):
-                    if work:
-                        train_step(model, optimizer)
-                    rec.checkpoint("batch", batch=batch, collect=collect)
-                samples = rec.samples[warmup:]
-            for metric in ("rss", "allocated"):
-                values = [s.get(metric) for s in samples]
-                steps = [b - a for a, b in itertools.pairwise(values)]
-                rows.append(
-                    {
-                        "between": "train step" if work else "idle",
-                        "collect": collect,
-                        "metric": metric,
-                        "range": max(values) - min(values),
-                        "end_minus_start": values[-1] - values[0],
-                        "step_stdev": statistics.pstdev(steps),
-                    }
-                )
-    return rows
-
-
-if __name__ == "__main__":
-    from report import noise_table
-
-    torch.set_num_threads(1)
-    print(noise_table(noise_floor()))
+def read_costs(probe: CpuProbe, rounds: int = 20_000) -> dict[str, float]:
+    """Median seconds of each of :func:`probe_reads`, timed alone."""
+    costs = {}
+    clock = time.perf_counter
+    for name, read in probe_reads(probe).items():
+        times = []
+        for _ in range(rounds):
+            started = clock()
+            read()
+            times.append(clock() - started)
+        costs[name] = statistics.median(times)
+    return costs
