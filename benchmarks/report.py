@@ -44,7 +44,7 @@ def render(doc: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     sections = [
         header(doc, context),
         goals(scale_cells(scale), checkpoint, overhead, loops, peer, verdict),
-        misses(checkpoint, raw, loops, peer, verdict),
+        misses(checkpoint, raw, overhead, loops, peer, verdict),
         *("\n\n".join(filter(None, (text, load_range(b)))) for text, b in measured if text),
         sensitivity_section(context["sensitivity"], context["noise"]),
     ]
@@ -261,6 +261,7 @@ def goals(
 def misses(
     checkpoint: dict | None,
     raw: Sequence[Bench],
+    overhead: dict | None,
     loops: dict | None,
     peer: dict | None,
     verdict: dict | None,
@@ -280,6 +281,18 @@ def misses(
             "pass. A cheaper `peak` than `/proc/self/status` (`getrusage`'s `ru_maxrss`) was "
             "left out: it keeps a floor from before `exec` and from exited threads, which makes "
             "it wrong after a reset."
+        )
+    if overhead and overhead["ratio"] > 1.01:
+        ratios = sorted(row["recorded"] / row["plain"] for row in overhead["rows"])
+        idle = f" against {checkpoint['checkpoint_s'] * 1e6:.1f} µs idle" if checkpoint else ""
+        notes.append(
+            f"- **Overhead on the TFT epoch.** The checkpoints themselves took "
+            f"{overhead['checkpoints_s'] * 1e3:.0f} ms, "
+            f"{100 * overhead['checkpoints_s'] / overhead['plain_s']:.1f}% of a plain epoch: "
+            f"{overhead['checkpoint_s'] * 1e6:.1f} µs each inside the epoch{idle}, the same "
+            "code on a training heap (`mallinfo2` walks malloc's free lists, which training "
+            "leaves long) and cold caches. The recorded/plain ratio of the repetitions spans "
+            f"{ratios[0]:.3f} to {ratios[-1]:.3f}, wider than the goal."
         )
     if loops and loops["kinds"]["clean"]["cost_ratio"] < 10:
         clean = loops["kinds"]["clean"]["cost"]
