@@ -20,8 +20,10 @@ import importlib.util
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import nox
 
@@ -81,8 +83,20 @@ def gpu_leak(session: nox.Session) -> None:
         ranks = ["--standalone", f"--nproc-per-node={nproc}"]
         launch = ["python", "-m", "torch.distributed.run", *ranks, "-m", "tft.train"]
     train = [*launch, "--epochs", "5", "--batch-size", "1"]
-    session.run(*train, "--memreport", str(REPORTS), *args, success_codes=[0, 1])
-    session.run("pytest", "-m", "memleak", f"--memreport={REPORTS}", "tests", success_codes=[0, 1])
+    # The leak tests run beside the training (each process measures its own memory), their
+    # output kept in reports/leak-tests.log and shown when they end.
+    REPORTS.mkdir(exist_ok=True)
+    log = REPORTS / "leak-tests.log"
+    with log.open("w") as output:
+        leak_tests = ["pytest", "-m", "memleak", f"--memreport={REPORTS}", "tests"]
+        tests = _start(session, output, *leak_tests)
+        try:
+            session.run(*train, "--memreport", str(REPORTS), *args, success_codes=[0, 1])
+        finally:
+            code = tests.wait()
+    print(log.read_text(), end="")
+    if code not in (0, 1):
+        session.error(f"the leak tests could not run (exit {code}): see {log}")
     baseline = BASELINE / _device(session)
     if update:
         baseline.mkdir(parents=True, exist_ok=True)
@@ -121,6 +135,19 @@ def bench(session: nox.Session) -> None:
     torch_now = session.run("python", "-c", code, silent=True).strip().splitlines()[-1]
     session.install(*BENCH_PEERS, f"torch=={torch_now}")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+def _start(session: nox.Session, output: IO[str], *args: str) -> subprocess.Popen[str]:
+    """Start ``args`` in the session's environment, writing to ``output``; not awaited."""
+    session.log(f"{shlex.join(args)} > {output.name} &")
+    env = dict(os.environ)
+    for name, value in session.env.items():  # None unsets, as in session.run
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    env["PATH"] = os.pathsep.join(filter(None, [session.bin, env.get("PATH")]))
+    return subprocess.Popen(args, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
 
 
 def _nproc(session: nox.Session, args: list[str]) -> tuple[int | None, list[str]]:
