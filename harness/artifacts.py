@@ -346,12 +346,13 @@ def compare_runs(
     """Compare what the rules judged in two saved runs.
 
     Compared, for each judged phase in both (matched by phase and epoch, when both used the
-    same metric): its ``growth``, its ``slope`` (bytes per batch) and its ``peak_rise``; and the
-    teardown residue (the ``teardown`` check's measured bytes, when both judged the same
-    metric). A value regresses when it grew by more than ``tolerance`` of the base's magnitude
-    *and* by more than its noise floor (``min_bytes``; for a slope, ``min_bytes`` over the
-    phase's judged batches), so noise on small numbers is not a regression. Checkpoint readings
-    are not compared: their levels depend on what ran before (test order, other fixtures).
+    same metric): its ``growth`` and its ``slope`` (bytes per batch); for each phase, its
+    highest ``peak_rise`` over its epochs (when both used the same metrics); and the teardown
+    residue (the ``teardown`` check's measured bytes, when both judged the same metric). A
+    value regresses when it grew by more than ``tolerance`` of the base's magnitude *and* by
+    more than its noise floor (``min_bytes``; for a slope, ``min_bytes`` over the phase's
+    judged batches), so noise on small numbers is not a regression. Checkpoint readings are
+    not compared: their levels depend on what ran before (test order, other fixtures).
     """
     if not (tolerance >= 0 and math.isfinite(tolerance)):
         raise ValueError(f"tolerance must be a finite fraction >= 0, got {tolerance!r}")
@@ -370,13 +371,16 @@ def compare_runs(
             ("growth", "growth", metric, float(min_bytes), False),
             ("slope", "slope", metric, min_bytes / max(judged, 1.0), True),
         ]
-        if stats.get("peak_metric") == other.get("peak_metric"):
-            peak = str(stats.get("peak_metric") or metric)
-            values.append(("peak_rise", "peak rise", peak, float(min_bytes), False))
         for field, title, used, floor, per_batch in values:
             a, b = finite_number(stats.get(field)), finite_number(other.get(field))
             if a is not None and b is not None:
                 found.append((f"{scope} {title}", used, a, b, floor, per_batch))
+    new_peaks = _highest_peaks(new_phases)
+    for phase, (a, metrics) in _highest_peaks(base_phases).items():
+        b, other_metrics = new_peaks.get(phase, (None, None))
+        if b is not None and other_metrics == metrics:
+            name = "(no phase)" if phase is None else str(phase)
+            found.append((f"{name} peak rise", metrics[0], a, b, float(min_bytes), False))
     base_residue, new_residue = _teardown(base), _teardown(new)
     metric = _rules_metric(base)
     if metric == _rules_metric(new):
@@ -412,6 +416,28 @@ def _phases(doc: Mapping[str, Any]) -> dict[tuple[Any, Any], Mapping[str, Any]]:
         and isinstance(p.get("phase"), (str, type(None)))
         and isinstance(p.get("epoch"), (int, type(None)))
     }
+
+
+def _highest_peaks(
+    phases: Mapping[tuple[Any, Any], Mapping[str, Any]],
+) -> dict[Any, tuple[float, tuple[str, str]]]:
+    """Each phase's highest ``peak_rise`` over its epochs, with the metrics it is in (the
+    peak's, the phase's); phases whose epochs differ in those are left out. Compared per
+    phase, not per epoch: where in the run a peak falls moves between runs."""
+    highest: dict[Any, tuple[float, tuple[str, str]]] = {}
+    mixed = set()
+    for (phase, _), stats in phases.items():
+        value = finite_number(stats.get("peak_rise"))
+        if value is None:
+            continue
+        metric = str(stats.get("metric"))
+        metrics = (str(stats.get("peak_metric") or metric), metric)
+        known = highest.get(phase)
+        if known is not None and known[1] != metrics:
+            mixed.add(phase)
+        if known is None or value > known[0]:
+            highest[phase] = (value, metrics)
+    return {phase: found for phase, found in highest.items() if phase not in mixed}
 
 
 def _teardown(doc: Mapping[str, Any]) -> dict[str, float]:
