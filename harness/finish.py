@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from harness import labels
 from harness.report import Run
 from harness.rules import describe_error, judge
-from harness.store import NONE, SampleStore
+from harness.rules.context import Columns
+from harness.store import NONE
 from harness.timeline import Timeline
 from harness.units import format_size
 from harness.verdict import Rules, Verdict
@@ -164,11 +165,10 @@ def unfinished(timeline: Timeline) -> str | None:
     """Why a timeline without an end record is not a finished run (``None`` when it still
     reached its end checkpoint: written before end records existed)."""
     samples = timeline.samples
-    store = samples if isinstance(samples, SampleStore) else SampleStore.of(samples)
-    if any(label is not None and labels.is_run_end(label) for label in store.distinct("label")):
+    columns = Columns(samples)
+    if columns.where_label(labels.is_run_end).size:
         return None
-    epochs = store.numbers("epoch")
-    epochs = epochs[epochs != NONE].tolist()
+    epochs = columns.epoch[columns.epoch != NONE].tolist()
     config = timeline.header.get("config")
     planned = config.get("epochs") if isinstance(config, Mapping) else None
     where = f"epoch {epochs[-1]}" if epochs else "no epoch"

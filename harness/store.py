@@ -185,10 +185,6 @@ class SampleStore(Sequence[Sample]):
         column = self._label if field == "label" else self._phase
         return np.frombuffer(column, dtype=np.uint32).copy()
 
-    def distinct(self, field: str) -> list[str | None]:
-        """The distinct ``label`` or ``phase`` values the samples have."""
-        return [self._strings[c] for c in np.unique(self.codes(field)).tolist()]
-
     def numbers(self, field: str) -> np.ndarray:
         """``epoch``, ``batch`` (int64, :data:`NONE` for None), ``time`` (float64) or
         ``collected`` (bool) of every sample, a copy."""

@@ -206,10 +206,15 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
 def batch_runs(run: Run) -> list[np.ndarray]:
     """Positions of each run of consecutive per-batch samples of one label, phase and epoch."""
     c = run.columns
-    positions = np.flatnonzero((c.batch != NONE) & ~oom_labelled(run))
+    positions = batch_positions(run)
     if not len(positions):
         return []
     return np.split(positions, _starts(positions, c.label, c.phase, c.epoch, adjacent=True)[1:])
+
+
+def batch_positions(run: Run) -> np.ndarray:
+    """Positions of the per-batch samples, OOM events left out."""
+    return np.flatnonzero((run.columns.batch != NONE) & ~oom_labelled(run))
 
 
 def _starts(positions: np.ndarray, *keys: np.ndarray, adjacent: bool = False) -> np.ndarray:
@@ -238,14 +243,14 @@ def nice_step(at_least: int) -> int:
 def phase_guide(run: Run) -> Markdown:
     """``training e0 #1-21 · validation e0 #22-34 · ...``: where each phase lies on the x axis."""
     c = run.columns
-    positions = np.flatnonzero((c.batch != NONE) & ~oom_labelled(run))
+    positions = batch_positions(run)
     starts = _starts(positions, c.phase, c.epoch)
     lasts = np.append(starts[1:], len(positions))[: len(starts)] - 1
     parts = []
     for first, last in zip(
         positions[starts[:12]].tolist(), positions[lasts[:12]].tolist(), strict=True
     ):
-        phase, epoch = c.strings[c.phase[first]], _epoch(c.epoch[first])
+        phase, epoch = c.key(first)
         name = text(phase, NAME_CHARS) if phase is not None else "batches"
         parts.append(f"{name}{'' if epoch is None else f' e{epoch}'} #{first}-{last}")
     if len(starts) > 12:
@@ -288,7 +293,7 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
     groups = sorted(np.split(order, starts[1:]), key=lambda g: int(g[0])) if len(order) else []
     rows = []
     for positions in groups:
-        key = (c.strings[c.phase[positions[0]]], _epoch(c.epoch[positions[0]]))
+        key = c.key(positions[0])
         if key in judged:
             rows.append(phase_row(judged.pop(key), run.verdict.rules))
             continue
@@ -312,10 +317,6 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
             )
         )
     return rows + [phase_row(p, run.verdict.rules) for p in judged.values()]
-
-
-def _epoch(value: int) -> int | None:
-    return None if value == NONE else int(value)
 
 
 def scope(phase: Any, epoch: Any) -> str:

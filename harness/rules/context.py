@@ -198,7 +198,7 @@ class Context(CheckLog):
             looped = indices[columns.looped[indices]]
             if len(looped):
                 first = int(indices[0])
-                key = (columns.strings[phase[first]], _none(int(epoch[first])))
+                key = columns.key(first)
                 groups.append(self._group(key, indices, looped))
         return groups
 
@@ -343,10 +343,6 @@ def rate(slope: float) -> str:
     return f"{format_size(slope, signed=True)}/batch"
 
 
-def _none(value: int) -> int | None:
-    return None if value == NONE else value
-
-
 class Columns:
     """What the statistics pass and the report read of every sample, as arrays: label and
     phase codes (into ``strings``), epoch and batch (int64, :data:`~harness.store.NONE` for
@@ -391,10 +387,7 @@ class Columns:
         self, predicate: Callable[[labels.Labelled], bool], notes: dict[int, str]
     ) -> np.ndarray:
         """Where ``predicate`` holds: judged once per distinct label, then once per note."""
-        by_label = np.array(
-            [text is not None and predicate(_Labelled(text, None, None)) for text in self.strings]
-        )
-        found = by_label[self.label]
+        found = self.labelled(lambda text: predicate(_Labelled(text, None, None)))
         for i, note in notes.items():
             text = self.strings[self.label[i]]
             if text is not None and predicate(_Labelled(text, None, note)):
@@ -409,6 +402,11 @@ class Columns:
     def where_label(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Positions whose label satisfies ``predicate``."""
         return np.flatnonzero(self.labelled(predicate))
+
+    def key(self, i: int) -> Key:
+        """The ``(phase, epoch)`` of position ``i``."""
+        epoch = int(self.epoch[i])
+        return self.strings[self.phase[i]], None if epoch == NONE else epoch
 
     def distinct_labels(self) -> set[str | None]:
         return {self.strings[code] for code in np.unique(self.label).tolist()}
