@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -49,11 +50,13 @@ def test_checkpoint(benchmark, probe, timeline, tmp_path):
 
 
 def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
-    """Exactly the system reads a CPU checkpoint makes, by name, through ``probe``'s own libc
-    functions and file descriptors, and nothing else (no parsing, no sample): ``mallinfo2``, a
-    ``pread`` of ``/proc/self/statm`` and of ``/proc/self/status``, and ``5`` written to
-    ``/proc/self/clear_refs``. A source the probe does without is left out, as the checkpoint
-    leaves it out (and ``malloc_trim(0)`` added where the probe trims before every reading)."""
+    """Exactly the system reads a CPU checkpoint makes while ``rss`` is at its high-water mark
+    (as on an idle heap), by name, through ``probe``'s own libc functions and file descriptors,
+    and nothing else (no parsing, no sample): ``mallinfo2``, a ``pread`` of
+    ``/proc/self/statm``, ``getrusage`` and ``5`` written to ``/proc/self/clear_refs``
+    (``/proc/self/status`` is read only when ``getrusage``'s mark is above ``rss``). A source
+    the probe does without is left out, as the checkpoint leaves it out (and ``malloc_trim(0)``
+    added where the probe trims before every reading)."""
     statm, status, clear_refs = (
         getattr(probe, fd, None) for fd in ("_statm", "_status", "_clear_refs")
     )
@@ -63,7 +66,9 @@ def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
         else None,
         "mallinfo2": getattr(probe, "_mallinfo2", None),
         "statm": None if statm is None else functools.partial(os.pread, statm, 128, 0),
-        "status": None if status is None else functools.partial(os.pread, status, 4096, 0),
+        "getrusage": None
+        if status is None
+        else functools.partial(resource.getrusage, resource.RUSAGE_SELF),
         "clear_refs": None if clear_refs is None else functools.partial(os.write, clear_refs, b"5"),
     }
     return {name: read for name, read in reads.items() if read is not None}

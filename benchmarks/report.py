@@ -278,9 +278,8 @@ def misses(
             "(argument checks, the store's append, taking the store's own size out of host "
             "readings, the returned `Sample`). Tried: the store's size cached while no column "
             "can have grown, readings corrected in place, an append without the missing-metric "
-            "pass. A cheaper `peak` than `/proc/self/status` (`getrusage`'s `ru_maxrss`) was "
-            "left out: it keeps a floor from before `exec` and from exited threads, which makes "
-            "it wrong after a reset."
+            "pass, `peak` from `getrusage` instead of `/proc/self/status` while the mark is at "
+            "`rss`."
         )
     if overhead and overhead["ratio"] > 1.01:
         ratios = sorted(row["recorded"] / row["plain"] for row in overhead["rows"])
@@ -409,11 +408,12 @@ def checkpoint_section(
         "probe's release (CPU: `malloc_trim(0)`). The share is of a mean batch of the "
         "TFT epoch in section 2 (training and validation, batch 1). The raw reads row times "
         "only the system reads a CPU checkpoint makes, through the probe's own functions and "
-        "file descriptors (`test_raw_reads`: `mallinfo2`, a `pread` of `/proc/self/statm` and "
-        "of `/proc/self/status`, `5` written to `/proc/self/clear_refs`): the floor under the "
-        "memory-only checkpoint. The last row times the recorder's calls one by one during "
-        "the epoch of section 2: the same checkpoint, on a training heap rather than an idle "
-        "one.",
+        "file descriptors (`test_raw_reads`: `mallinfo2`, a `pread` of `/proc/self/statm`, "
+        "`getrusage`, `5` written to `/proc/self/clear_refs`; `/proc/self/status` is read "
+        "only when `getrusage`'s high-water mark is above `rss`, never on an idle heap): the "
+        "floor under the memory-only checkpoint. The last row times the recorder's calls one "
+        "by one during the epoch of section 2: the same checkpoint, on a training heap rather "
+        "than an idle one.",
         table([*headers, "rounds"], rows),
     ]
     if ratio:

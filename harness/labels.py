@@ -8,6 +8,7 @@ Labels compare case- and separator-insensitively (``session START`` is ``SESSION
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Protocol
 
@@ -37,11 +38,13 @@ class Labelled(Protocol):
     def note(self) -> str | None: ...
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical(label: str) -> str:
-    """``session START`` -> ``SESSION_START``."""
+    """``session START`` -> ``SESSION_START`` (remembered: a run repeats a few labels)."""
     return label.upper().replace(" ", "_")
 
 
+@functools.lru_cache(maxsize=4096)
 def last_word(label: str) -> str:
     """``VALIDATION_START`` -> ``START``, ``session END`` -> ``END``."""
     return canonical(label).rsplit("_", 1)[-1]

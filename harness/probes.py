@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import resource
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -122,7 +123,7 @@ class CpuProbe(Probe):
     - ``rss``: resident memory (``/proc/self/statm``; psutil off Linux), the analogue of
       ``reserved``: it includes the interpreter, libraries and heap that malloc keeps.
     - ``peak``: the highest ``rss`` since the last :meth:`reset_peak` (``VmHWM``, reset by
-      writing ``5`` to ``/proc/self/clear_refs``).
+      writing ``5`` to ``/proc/self/clear_refs``; read from ``getrusage`` while it is ``rss``).
 
     ``malloc_trim(0)`` runs in :meth:`release`, that is on ``collect=True`` checkpoints, and
     then ``rss`` follows live memory: without it, a leak that is freed and grows again refills
@@ -187,7 +188,8 @@ class CpuProbe(Probe):
         if self._mallinfo2 is not None:
             info = self._mallinfo2()
             allocated = info.uordblks + info.hblkhd
-        return {"allocated": allocated, "rss": self._rss(), "peak": self._peak()}
+        rss = self._rss()
+        return {"allocated": allocated, "rss": rss, "peak": self._peak(rss)}
 
     def _rss(self) -> int | None:
         if self._statm is not None:
@@ -196,9 +198,14 @@ class CpuProbe(Probe):
             return int(self._process.memory_info().rss)
         return None
 
-    def _peak(self) -> int | None:
+    def _peak(self, rss: int | None) -> int | None:
+        """``VmHWM``. ``getrusage``'s ``ru_maxrss``, a fraction of the cost, reads the same mark
+        but never below a floor left by ``exec`` (the parent's mark, after ``vfork``); the mark
+        is at least the ``rss`` just read, so when ``ru_maxrss`` is no more, both equal it."""
         if self._status is None:
             return None
+        if rss is not None and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 <= rss:
+            return rss
         status = os.pread(self._status, 4096, 0)
         start = status.index(b"VmHWM:") + 6
         return int(status[start : status.index(b"kB", start)]) * 1024

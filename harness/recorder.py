@@ -198,17 +198,24 @@ class Recorder:
         if collect:
             gc.collect()
             self.probe.release()
-        metrics = self.probe.sample()
+        probe = self.probe
+        metrics = probe.sample()
         if self._host:
-            metrics = self._without_own(metrics)
-        self.probe.reset_peak()
-        notes = [note] if note else []
-        if len(self.probe.notes) > self._notes_said:
-            notes += self.probe.notes[self._notes_said :]
-            self._notes_said = len(self.probe.notes)
+            # Less the recorder's own sample store, which grows with every checkpoint and must
+            # not be judged as the run's growth.
+            own = self.samples.nbytes()
+            for name, value in metrics.items():
+                if value is not None:
+                    metrics[name] = value - own
+        probe.reset_peak()
         overflow = self._overflow(label, metrics, may_raise) if self._limit_at_checkpoints else None
-        if overflow:
-            notes.append(overflow)
+        if overflow or len(probe.notes) > self._notes_said:
+            notes = [note] if note else []
+            notes += probe.notes[self._notes_said :]
+            self._notes_said = len(probe.notes)
+            if overflow:
+                notes.append(overflow)
+            note = "; ".join(notes)
         sample = make_sample(
             label,
             self._phase if phase is None else phase,
@@ -217,7 +224,7 @@ class Recorder:
             time.time(),
             metrics,
             collect,
-            "; ".join(notes) or None,
+            note or None,
         )
         self.samples.append(sample)
         if self._timeline is not None:
@@ -227,15 +234,6 @@ class Recorder:
         if overflow:
             raise DeviceOutOfMemory(overflow, sample)
         return sample
-
-    def _without_own(self, metrics: dict[str, int | None]) -> dict[str, int | None]:
-        """Host readings less the recorder's own sample store, which grows with every
-        checkpoint and must not be judged as the run's growth."""
-        own = self.samples.nbytes()
-        for name, value in metrics.items():
-            if value is not None:
-                metrics[name] = value - own
-        return metrics
 
     def _attribute(self, sample: Sample) -> None:
         """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,

@@ -1,3 +1,5 @@
+import json
+import subprocess
 import sys
 import types
 
@@ -54,6 +56,48 @@ def test_cpu_peak_catches_a_freed_temporary_and_resets(cpu_probe):
     assert abs(delta(after, before, "rss")) < 6 * MiB
     cpu_probe.reset_peak()
     assert cpu_probe.sample()["peak"] - after["rss"] < 6 * MiB
+
+
+def vm_hwm() -> int:
+    """``VmHWM`` read from ``/proc/self/status``, in bytes."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+CHILD_PEAK = """
+import json, resource
+from harness.probes import CpuProbe
+probe = CpuProbe()
+probe.reset_peak()
+sample = probe.sample()
+hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1]
+print(json.dumps({**sample, "vm_hwm": int(hwm) * 1024,
+                  "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def test_cpu_peak_is_vm_hwm_below_the_floor_exec_leaves_in_getrusage():
+    # A child started by vfork and exec keeps its parent's high-water mark in ru_maxrss for
+    # good; resetting VmHWM does not lower it, so the child's peak must not be read from it.
+    held = filled(256 * MiB)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD_PEAK], capture_output=True, text=True, check=True
+    )
+    del held
+    child = json.loads(done.stdout)
+    assert child["ru_maxrss"] > child["rss"] + 128 * MiB
+    assert child["rss"] <= child["peak"] <= child["vm_hwm"] < child["rss"] + 6 * MiB
+
+
+def test_cpu_peak_equals_vm_hwm_while_rss_is_at_its_mark(cpu_probe):
+    held = filled(64 * MiB)
+    cpu_probe.reset_peak()
+    for _ in range(20):
+        sample = cpu_probe.sample()
+        assert sample["peak"] >= sample["rss"]
+        assert sample["peak"] == vm_hwm() or sample["peak"] == cpu_probe.sample()["rss"]
+    del held
 
 
 def test_cpu_probe_describes_itself(cpu_probe):
