@@ -30,8 +30,9 @@ from torch.utils._pytree import tree_leaves
 from harness.attribution.snapshot import NO_STORAGE, StorageKey, storage_of
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
-_HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_SKIPPED = (_TORCH, _HARNESS, os.path.dirname(os.__file__) + os.sep)
+HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+SKIPPED = (_TORCH, HARNESS, os.path.dirname(os.__file__) + os.sep)
+"""Where frames are not named: torch, leakgate and the standard library."""
 PYTHON_OBJECTS = "<Python objects>"
 _FRAMES = 16
 Traced = dict[tuple[tuple[str, int], ...], list[int]]
@@ -39,19 +40,20 @@ PYTHON_FLOOR = 64 * 1024
 """Python-object growth of one line below this is not named (interpreter noise)."""
 
 
-def caller_line(skip: Iterable[str] = _SKIPPED) -> str | None:
+def caller_line(skip: Iterable[str] = SKIPPED) -> str | None:
     """``file:line`` of the innermost frame outside torch and leakgate (and ``skip``)."""
     frame: types.FrameType | None = sys._getframe(1)
     prefixes = tuple(skip)
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(prefixes) and not name.startswith("<"):
-            return _short(name, frame.f_lineno)
+            return short_site(name, frame.f_lineno)
         frame = frame.f_back
     return None
 
 
-def _short(filename: str, line: int) -> str:
+def short_site(filename: str, line: int) -> str:
+    """``file:line``, the file relative to the working directory when it lies under it."""
     here = os.getcwd() + os.sep
     return f"{filename[len(here) :] if filename.startswith(here) else filename}:{line}"
 
@@ -227,6 +229,6 @@ class Lines:
 def _outside(frames: tuple[tuple[str, int], ...]) -> str | None:
     """The first of ``frames`` (most recent first) outside torch and leakgate."""
     for filename, lineno in frames:
-        if not filename.startswith(_SKIPPED) and not filename.startswith("<"):
-            return _short(filename, lineno)
+        if not filename.startswith(SKIPPED) and not filename.startswith("<"):
+            return short_site(filename, lineno)
     return None

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.attribution.lines import _HARNESS, _SKIPPED, _short
+from harness.attribution.lines import HARNESS, SKIPPED, short_site
 from harness.units import format_size
 
 NATIVE_FLOOR = 64 * 1024
@@ -57,7 +57,7 @@ def _skipped() -> tuple[str, ...]:
         module = sys.modules.get(name)
         if module is not None and module.__file__:
             extra.append(os.path.dirname(module.__file__) + os.sep)
-    return (*_SKIPPED, *extra, "<")
+    return (*SKIPPED, *extra, "<")
 
 
 class Native:
@@ -128,7 +128,9 @@ def _outside(stack: list[tuple[str, str, int]], skipped: tuple[str, ...]) -> str
     for i, (_, filename, lineno) in enumerate(stack):
         if not filename.startswith(skipped):
             called = [f for _, f, _ in stack[i - 1 :: -1] if not f.startswith(_STDLIB)] if i else []
-            return None if called and called[0].startswith(_HARNESS) else _short(filename, lineno)
+            if called and called[0].startswith(HARNESS):
+                return None
+            return short_site(filename, lineno)
     return None
 
 
