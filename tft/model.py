@@ -1,15 +1,17 @@
 """A compact Temporal Fusion Transformer (Lim et al., 2019) for multi-horizon quantile forecasts.
 
 Read top-down: the config, the model's forward pass, the losses, then the building blocks from
-the largest (attention, variable selection) to the smallest (gated linear unit).
+the largest (attention, variable selection) to the smallest (embeddings, the LSTM).
 
 Shapes: B batch, T_enc encoder (past) steps, T_dec decoder (future) steps, T = T_enc + T_dec,
 d hidden size, m variables, Q quantiles.
 
 The per-variable networks of variable selection run as one batched matmul per layer
-(``GroupedLinear``, whose ``weight`` is a [groups, out, in] stack of linear weights), and real
-inputs are embedded by ``RealEmbedding`` (a [m, d] weight and bias); every other projection is
-an ``nn.Linear``.
+(``GroupedGRN``), and real inputs are embedded by ``RealEmbedding``; every other projection is
+an ``nn.Linear`` (what QAT quantises). At batch 1 the model is bound by the number of operators
+and of parameter tensors (clipping and the optimizer step pay per tensor), not by arithmetic:
+layers that read the same input are computed as one layer (``GatedResidualNetwork.fc_in``,
+``InterpretableMultiHeadAttention.key_value``), and norms keep scale and shift in one tensor.
 """
 
 from __future__ import annotations
@@ -129,8 +131,8 @@ class TemporalFusionTransformer(nn.Module):
         self.encoder_selection = VariableSelection(n_past, d, p, context_size=d)
         self.decoder_selection = VariableSelection(config.n_known, d, p, context_size=d)
 
-        self.encoder_lstm = nn.LSTM(d, d, batch_first=True)
-        self.decoder_lstm = nn.LSTM(d, d, batch_first=True)
+        self.encoder_lstm = LSTM(d)
+        self.decoder_lstm = LSTM(d)
         self.lstm_gate = GateAddNorm(d, d, p)
         self.enrichment = GatedResidualNetwork(d, d, d, p, context_size=d)
         self.attention = InterpretableMultiHeadAttention(d, config.n_heads, p)
@@ -153,19 +155,19 @@ class TemporalFusionTransformer(nn.Module):
         statics = self.static_embedding(static + self.static_offsets)
         static_vector, static_weights = self.static_selection(statics)
         contexts = self.static_contexts(static_vector.expand(4, -1, -1))
-        c_select, c_enrich, c_hidden, c_cell = contexts.unbind(0)
+        c_select, c_enrich = contexts[0].unsqueeze(1), contexts[1].unsqueeze(1)
+        hidden, cell = contexts[2:3], contexts[3:4]
 
         known_embedded = self.known_embedding(known)
         past = torch.cat((self.observed_embedding(observed), known_embedded[:, :t_enc]), dim=2)
-        past, encoder_weights = self.encoder_selection(past, c_select.unsqueeze(1))
-        future = known_embedded[:, t_enc:]
-        future, decoder_weights = self.decoder_selection(future, c_select.unsqueeze(1))
+        past, encoder_weights = self.encoder_selection(past, c_select)
+        future, decoder_weights = self.decoder_selection(known_embedded[:, t_enc:], c_select)
 
-        encoded, state = self.encoder_lstm(past, (c_hidden.unsqueeze(0), c_cell.unsqueeze(0)))
+        encoded, state = self.encoder_lstm(past, (hidden, cell))
         decoded, _ = self.decoder_lstm(future, state)
         temporal = self.lstm_gate(torch.cat((encoded, decoded), 1), torch.cat((past, future), 1))
 
-        enriched = self.enrichment(temporal, c_enrich.unsqueeze(1))
+        enriched = self.enrichment(temporal, c_enrich)
         queries = enriched[:, t_enc:]
         attended, attention = self.attention(queries, enriched, self.future_mask)
         x = self.positionwise(self.attention_gate(attended, queries))
@@ -228,6 +230,12 @@ def q_risk(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Te
     return 2 * losses.reshape(-1, losses.shape[-1]).sum(0) / target.abs().sum()
 
 
+def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """``F.dropout(x, p, training)``, but ``x`` itself, without an operator call, when that is
+    what it would return (evaluation, or p = 0)."""
+    return F.dropout(x, p, True) if training and p > 0 else x
+
+
 def pinball(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
     """Pinball loss of each element, shape of ``prediction`` [..., Q]."""
     q = torch.as_tensor(quantiles, dtype=prediction.dtype, device=prediction.device)
@@ -253,20 +261,24 @@ class InterpretableMultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.scale = (d // n_heads) ** -0.5
         self.query = nn.Linear(d, d)
-        self.key = nn.Linear(d, d)
-        self.value = nn.Linear(d, d // n_heads)
+        # The keys' projection (d outputs) and the shared values' (d / n_heads) read the same
+        # input, so one layer computes both: ``nn.Linear`` initialises every output row from its
+        # in-features alone, so this is the same model as two layers.
+        self.key_value = nn.Linear(d, d + d // n_heads)
         self.out = nn.Linear(d // n_heads, d)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout
 
     def forward(self, queries: Tensor, keys: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """Attend from ``queries`` [B, Tq, d] over ``keys`` [B, Tk, d], never where ``mask``
         [Tq, Tk] is True; returns the output [B, Tq, d] and the attention [B, Tq, Tk]."""
-        b, h = queries.shape[0], self.n_heads
+        b, h, d = queries.shape[0], self.n_heads, queries.shape[2]
         q = self.query(queries).view(b, queries.shape[1], h, -1).transpose(1, 2)
-        k = self.key(keys).view(b, keys.shape[1], h, -1).transpose(1, 2)
-        scores = (q @ k.transpose(2, 3) * self.scale).masked_fill(mask, float("-inf"))
+        k, v = self.key_value(keys).split((d, d // h), -1)
+        k = k.unflatten(-1, (h, -1)).permute(0, 2, 3, 1)
+        scores = (q @ k).mul_(self.scale).masked_fill_(mask, float("-inf"))
         attention = scores.softmax(-1).mean(1)
-        return self.out(self.dropout(attention) @ self.value(keys)), attention
+        dropped = _dropout(attention, self.dropout, self.training)
+        return self.out(dropped @ v), attention
 
 
 class VariableSelection(nn.Module):
@@ -274,21 +286,29 @@ class VariableSelection(nn.Module):
 
     A GRN over all variables together (conditioned on an optional static context) gives softmax
     weights [..., m]; each variable goes through its own GRN, and the output [..., d] is their
-    weighted sum.
+    weighted sum. A single variable's weight is 1 whatever that GRN computes (a softmax over one
+    value), so with m = 1 there is no such GRN (``selector`` is ``None``), as in
+    pytorch-forecasting.
     """
 
     def __init__(
         self, n_vars: int, d: int, dropout: float, context_size: int | None = None
     ) -> None:
         super().__init__()
-        self.selector = GatedResidualNetwork(n_vars * d, d, n_vars, dropout, context_size)
+        self.selector = (
+            GatedResidualNetwork(n_vars * d, d, n_vars, dropout, context_size)
+            if n_vars > 1
+            else None
+        )
         self.variables = GroupedGRN(n_vars, d, dropout)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Selected features [..., d] and selection weights [..., m]."""
         m, d = x.shape[-2:]
-        weights = self.selector(x.flatten(-2), context).softmax(-1)
         processed = self.variables(x.reshape(-1, m, d).transpose(0, 1))
+        if self.selector is None:
+            return processed.view(*x.shape[:-2], d), x.new_ones(x.shape[:-1])
+        weights = self.selector(x.flatten(-2), context).softmax(-1)
         selected = weights.reshape(-1, 1, m) @ processed.transpose(0, 1)
         return selected.view(*x.shape[:-2], d), weights
 
@@ -296,16 +316,20 @@ class VariableSelection(nn.Module):
 class GatedResidualNetwork(nn.Module):
     """GRN(a, c) = LayerNorm(skip(a) + GLU(dropout(W1 ELU(W2 a + W3 c)))).
 
-    ``skip`` is a linear map when the input and output sizes differ; the context term exists
-    only when ``context_size`` is given (the context broadcasts over the input's leading dims).
+    ``skip`` is a linear map when the input and output sizes differ, else the identity; the
+    context term exists only when ``context_size`` is given (the context broadcasts over the
+    input's leading dims). W2 and a linear ``skip`` both read ``a``, so one layer, ``fc_in``,
+    computes both: its first ``d_hidden`` outputs are W2 a and the other ``d_out`` are skip(a).
+    ``nn.Linear`` initialises every output row from its in-features alone, so this is the same
+    model as two layers.
     """
 
     def __init__(
         self, d_in: int, d_hidden: int, d_out: int, dropout: float, context_size: int | None = None
     ) -> None:
         super().__init__()
-        self.skip = nn.Linear(d_in, d_out) if d_in != d_out else nn.Identity()
-        self.fc_in = nn.Linear(d_in, d_hidden)
+        self.sizes = (d_hidden, d_out) if d_in != d_out else None
+        self.fc_in = nn.Linear(d_in, d_hidden + d_out if self.sizes else d_hidden)
         self.fc_context = (
             nn.Linear(context_size, d_hidden, bias=False) if context_size is not None else None
         )
@@ -314,94 +338,101 @@ class GatedResidualNetwork(nn.Module):
 
     def forward(self, a: Tensor, context: Tensor | None = None) -> Tensor:
         """Apply the GRN to ``a`` [..., d_in], conditioned on ``context`` if configured."""
-        h = self.fc_in(a)
+        h, skip = self.fc_in(a), a
+        if self.sizes:
+            h, skip = h.split(self.sizes, -1)
         if self.fc_context is not None:
             h = h + self.fc_context(context)
-        return self.gate(self.fc_hidden(F.elu(h)), self.skip(a))
+        return self.gate(self.fc_hidden(F.elu(h)), skip)
 
 
 class GateAddNorm(nn.Module):
-    """LayerNorm(skip + GLU(dropout(x))): the gated skip connection used throughout the TFT."""
+    """LayerNorm(skip + GLU(dropout(x))): the gated skip connection used throughout the TFT.
+
+    GLU(x) = (W4 x + b4) * sigmoid(W5 x + b5), both halves from one linear layer, ``fc``;
+    ``norm`` [2, d_out] holds the layer norm's scale (ones at first) and shift (zeros).
+    """
 
     def __init__(self, d_in: int, d_out: int, dropout: float) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.glu = GatedLinearUnit(d_in, d_out)
-        self.norm = nn.LayerNorm(d_out)
+        self.dropout = dropout
+        self.fc = nn.Linear(d_in, 2 * d_out)
+        self.norm = nn.Parameter(torch.stack((torch.ones(d_out), torch.zeros(d_out))))
 
     def forward(self, x: Tensor, skip: Tensor) -> Tensor:
         """Gate ``x`` [..., d_in] and add it to ``skip`` [..., d_out], then normalise."""
-        return self.norm(skip + self.glu(self.dropout(x)))
-
-
-class GatedLinearUnit(nn.Module):
-    """GLU(x) = (W4 x + b4) * sigmoid(W5 x + b5), both halves from one linear layer."""
-
-    def __init__(self, d_in: int, d_out: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(d_in, 2 * d_out)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Gated projection of ``x`` [..., d_in] to [..., d_out]."""
-        return F.glu(self.fc(x), dim=-1)
+        scale, shift = self.norm.unbind(0)
+        gated = F.glu(self.fc(_dropout(x, self.dropout, self.training)), dim=-1)
+        return F.layer_norm(skip + gated, scale.shape, scale, shift)
 
 
 class GroupedGRN(nn.Module):
-    """G independent context-free GRNs (d -> d), evaluated together on inputs [G, N, d]."""
+    """G independent context-free GRNs (d -> d), evaluated together on inputs [G, N, d].
+
+    GRN g maps x to LayerNorm_g(x + GLU(dropout(W1 ELU(W2 x + b2) + b1))), each step one batched
+    matmul over the groups. Each GRN's linear maps are stored transposed, side by side:
+    ``weight`` [G, d, 4d] holds W2^T, W1^T and the GLU's [W4; W5]^T, ``bias`` [G, 1, 4d] their
+    biases, all initialised as ``nn.Linear`` initialises its own (uniform within 1 / sqrt(d));
+    ``norm`` [2, G, 1, d] holds each layer norm's scale (ones at first) and shift (zeros).
+    """
 
     def __init__(self, groups: int, d: int, dropout: float) -> None:
         super().__init__()
-        self.fc_in = GroupedLinear(groups, d, d)
-        self.fc_hidden = GroupedLinear(groups, d, d)
-        self.dropout = nn.Dropout(dropout)
-        self.gate = GroupedLinear(groups, d, 2 * d)
-        self.norm = GroupedLayerNorm(groups, d)
+        bound = 1 / math.sqrt(d)
+        self.sizes = (d, d, 2 * d)
+        self.weight = nn.Parameter(torch.empty(groups, d, 4 * d).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(groups, 1, 4 * d).uniform_(-bound, bound))
+        ones = torch.ones(groups, 1, d)
+        self.norm = nn.Parameter(torch.stack((ones, torch.zeros_like(ones))))
+        self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply GRN g to ``x[g]`` for every group g: [G, N, d] -> [G, N, d]."""
-        h = self.fc_hidden(F.elu(self.fc_in(x)))
-        return self.norm(x + F.glu(self.gate(self.dropout(h)), dim=-1))
-
-
-class GroupedLinear(nn.Module):
-    """G independent linear maps applied to [G, N, d_in] by one batched matmul.
-
-    ``weight`` [G, d_out, d_in] is a stack of ``nn.Linear``-style weights and ``bias`` is
-    [G, 1, d_out]; both are initialised as ``nn.Linear`` initialises its own.
-    """
-
-    def __init__(self, groups: int, d_in: int, d_out: int) -> None:
-        super().__init__()
-        bound = 1 / math.sqrt(d_in)
-        self.weight = nn.Parameter(torch.empty(groups, d_out, d_in).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(groups, 1, d_out).uniform_(-bound, bound))
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Map ``x`` [G, N, d_in] to [G, N, d_out] with each group's own weights."""
-        return torch.baddbmm(self.bias, x, self.weight.transpose(1, 2))
-
-
-class GroupedLayerNorm(nn.Module):
-    """Layer normalisation over the last dim with a separate affine map per group [G, N, d]."""
-
-    def __init__(self, groups: int, d: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(groups, 1, d))
-        self.bias = nn.Parameter(torch.zeros(groups, 1, d))
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Normalise ``x`` [G, N, d] and apply each group's scale and shift."""
-        return torch.addcmul(self.bias, F.layer_norm(x, x.shape[-1:]), self.weight)
+        w_in, w_hidden, w_gate = self.weight.split(self.sizes, -1)
+        b_in, b_hidden, b_gate = self.bias.split(self.sizes, -1)
+        scale, shift = self.norm.unbind(0)
+        h = torch.baddbmm(b_hidden, F.elu(torch.baddbmm(b_in, x, w_in)), w_hidden)
+        h = _dropout(h, self.dropout, self.training)
+        gated = F.glu(torch.baddbmm(b_gate, h, w_gate), dim=-1)
+        return torch.addcmul(shift, F.layer_norm(x + gated, x.shape[-1:]), scale)
 
 
 class RealEmbedding(nn.Module):
-    """Embeds each of m real inputs by its own linear map: [..., m] -> [..., m, d]."""
+    """Embeds each of m real inputs by its own linear map: [..., m] -> [..., m, d].
+
+    ``affine`` [2, m, d] holds each variable's weight and bias, both uniform in [-1, 1].
+    """
 
     def __init__(self, n_vars: int, d: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(n_vars, d).uniform_(-1.0, 1.0))
-        self.bias = nn.Parameter(torch.empty(n_vars, d).uniform_(-1.0, 1.0))
+        self.affine = nn.Parameter(torch.empty(2, n_vars, d).uniform_(-1.0, 1.0))
 
     def forward(self, x: Tensor) -> Tensor:
         """Return ``x[..., j] * weight[j] + bias[j]`` for every variable j."""
-        return torch.addcmul(self.bias, x.unsqueeze(-1), self.weight)
+        weight, bias = self.affine.unbind(0)
+        return torch.addcmul(bias, x.unsqueeze(-1), weight)
+
+
+class LSTM(nn.LSTM):
+    """A one-layer, batch-first ``nn.LSTM`` (d -> d) that always takes its initial state.
+
+    Same parameters and the same kernel as ``nn.LSTM``; ``forward`` calls the kernel directly,
+    without ``nn.LSTM.forward``'s argument checks and conversions (a third of a 10-step call).
+    """
+
+    weight_ih_l0: Tensor
+    weight_hh_l0: Tensor
+    bias_ih_l0: Tensor
+    bias_hh_l0: Tensor
+
+    def __init__(self, d: int) -> None:
+        super().__init__(d, d, batch_first=True)
+
+    def forward(  # type: ignore[override]
+        self, x: Tensor, state: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Run over ``x`` [B, T, d] from ``state`` (h, c), each [1, B, d]; returns the outputs
+        [B, T, d] and the final (h, c)."""
+        weights = (self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0, self.bias_hh_l0)
+        output, h, c = torch.lstm(x, state, weights, True, 1, 0.0, self.training, False, True)
+        return output, (h, c)
