@@ -10,7 +10,8 @@ built before timing, in each model's input format.
 
 Each measurement is a fresh worker process, ``python benchmarks/bench_peer.py MODEL`` (``tft``
 or ``pytorch-forecasting``), which prints one JSON line: training and validation samples per
-second (after 16 and 8 untimed warm-up batches) and memory: the peak resident memory above the
+second (after 16 and 8 untimed warm-up batches), the mean time of each part of a training step
+(:data:`STEP_PARTS`), and memory: the peak resident memory above the
 level before the model was built (``VmHWM``, reset then), and the process's peak (imports
 included; ``ru_maxrss`` would not do: after ``vfork`` and ``exec`` it keeps the parent's).
 Workers alternate between the models.
@@ -36,6 +37,9 @@ from tft.model import TemporalFusionTransformer, TFTConfig, quantile_loss
 
 MODELS = ("tft", "pytorch-forecasting")
 WARMUP_TRAIN, WARMUP_VAL = 16, 8
+STEP_PARTS = ("forward", "backward", "clip", "optimizer")
+"""A training step's parts, timed in every step: forward with the loss, backward, gradient
+clipping, and the optimizer's step with ``zero_grad``."""
 Batch = dict[str, torch.Tensor]
 Step = Callable[[Batch], torch.Tensor]
 
@@ -133,15 +137,27 @@ def measure(name: str) -> dict[str, float]:
     model, loss = build(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
 
+    clock = time.perf_counter
+    spent = dict.fromkeys(STEP_PARTS, 0.0)
+
     def step(batch: Batch) -> None:
-        loss(batch).backward()
+        t0 = clock()
+        value = loss(batch)
+        t1 = clock()
+        value.backward()
+        t2 = clock()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        t3 = clock()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        t4 = clock()
+        for part, seconds in zip(STEP_PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            spent[part] += seconds
 
     model.train()
     for batch in train[:WARMUP_TRAIN]:
         step(batch)
+    spent.update(dict.fromkeys(STEP_PARTS, 0.0))
     started = time.perf_counter()
     for batch in train:
         step(batch)
@@ -156,6 +172,8 @@ def measure(name: str) -> dict[str, float]:
         val_s = time.perf_counter() - started
     return {
         "parameters": sum(p.numel() for p in model.parameters()),
+        "parameter_tensors": len(list(model.parameters())),
+        **{f"step_{part}_s": seconds / len(train) for part, seconds in spent.items()},
         "train_samples_per_s": len(train) / train_s,
         "val_samples_per_s": len(val) / val_s,
         "peak_rise_bytes": peak_rss() - level,

@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness import Recorder, Rules, judge
 from tft.data import Split, default_parquet, load
@@ -25,6 +25,9 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 EPOCH_RULES = Rules(phase=("training", "validation"), max_growth="256KB", warmup=5, max_peak="16MB")
 """What a recorded TFT epoch is judged by (``bench_overhead.py``, ``bench_lightning.py``)."""
+
+
+T = TypeVar("T")
 
 
 def incident_split() -> Split:
@@ -70,13 +73,14 @@ def alternating(variants: Sequence[str], reps: int = REPS) -> list[tuple[int, st
     return [(r, v) for r in range(reps) for v in (variants if r % 2 == 0 else variants[::-1])]
 
 
-def timed(callback: Callable[..., object], seconds: list[float]) -> Callable[..., None]:
+def timed(callback: Callable[..., T], seconds: list[float]) -> Callable[..., T]:
     """``callback``, appending the seconds each call takes to ``seconds``."""
 
-    def call(*args: object, **kwargs: object) -> None:
+    def call(*args: object, **kwargs: object) -> T:
         started = time.perf_counter()
-        callback(*args, **kwargs)
+        result = callback(*args, **kwargs)
         seconds.append(time.perf_counter() - started)
+        return result
 
     return call
 

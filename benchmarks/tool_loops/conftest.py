@@ -1,5 +1,6 @@
 """Times each test's whole protocol (set-up, call and tear-down, with every plugin hook run in
-them) and records whether it failed, into the JSON file named by ``LOOP_RESULTS``."""
+them) and each phase's own duration (pytest's, which leaves out the report hooks: leakgate's
+verdict), and records whether it failed, into the JSON file named by ``LOOP_RESULTS``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     kind = report.nodeid.rsplit("[", 1)[-1].rstrip("]")
     result = RESULTS.setdefault(kind, {})
     result["failed"] = bool(result.get("failed")) or report.failed
+    result[report.when] = report.duration
 
 
 def pytest_sessionfinish() -> None:
