@@ -17,6 +17,7 @@ from tft.model import (
     TemporalFusionTransformer,
     TFTConfig,
     VariableSelection,
+    pinball,
     q_risk,
     quantile_loss,
 )
@@ -70,6 +71,18 @@ def test_shapes_and_interpretation(config):
     for weights in interp:
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
         assert (weights >= 0).all()
+
+
+def test_each_window_of_a_batch_is_predicted_as_it_would_be_alone():
+    # Time steps are time-major rows inside the model: batch elements must not mix.
+    model = make_model().eval()
+    batch = make_batch(SMALL, batch_size=3)
+    together, interp = model(batch, interpret=True)
+    for i in range(3):
+        alone, alone_interp = model({k: v[i : i + 1] for k, v in batch.items()}, interpret=True)
+        torch.testing.assert_close(together[i : i + 1], alone)
+        for joint, single in zip(interp, alone_interp, strict=True):
+            torch.testing.assert_close(joint[i : i + 1], single)
 
 
 def test_causal_mask_gives_future_steps_zero_attention():
@@ -141,6 +154,17 @@ def test_q_risk_matches_hand_computation():
     torch.testing.assert_close(risk, torch.tensor([2 * 0.15 / 3, 0.0, 2 * 0.2 / 3]))
 
 
+def test_pinball_equals_the_larger_of_its_two_lines():
+    g = torch.Generator().manual_seed(0)
+    prediction, target = torch.randn(4, 5, 3, generator=g), torch.randn(4, 5, generator=g)
+    prediction[0, 0, 1] = target[0, 0]  # an error of exactly zero
+    q = torch.tensor((0.1, 0.5, 0.9))
+    error = target.unsqueeze(-1) - prediction
+    expected = torch.maximum(q * error, (q - 1) * error)
+    assert torch.equal(pinball(prediction, target, [0.1, 0.5, 0.9]), expected)
+    assert torch.equal(quantile_loss(prediction, target, (0.1, 0.5, 0.9)), expected.mean())
+
+
 def test_losses_reject_mismatched_shapes():
     with pytest.raises(ValueError, match="number of quantiles"):
         quantile_loss(torch.zeros(2, 4, 3), torch.zeros(2, 4, 1), (0.1, 0.5, 0.9))
@@ -190,8 +214,9 @@ def test_every_parameter_and_every_group_receives_a_gradient():
     for name, module in model.named_modules():
         if isinstance(module, GroupedGRN):
             for kind, p in module.named_parameters():
-                grads = p.grad if kind != "norm" else p.grad.transpose(0, 1)
-                missing += [f"{name}.{kind}[{g}]" for g, grad in enumerate(grads) if not grad.any()]
+                missing += [
+                    f"{name}.{kind}[{g}]" for g, grad in enumerate(p.grad) if not grad.any()
+                ]
         if isinstance(module, RealEmbedding):
             missing += [
                 f"{name}.affine[:, {j}]"
@@ -263,15 +288,14 @@ def test_grouped_grn_equals_separate_grns():
     torch.manual_seed(0)
     grouped = GroupedGRN(3, 8, dropout=0.0)
     with torch.no_grad():
-        grouped.norm.uniform_(0.5, 1.5)
+        grouped.bias[..., 32:].uniform_(0.5, 1.5)
     x = torch.randn(3, 5, 8)
     out = grouped(x)
     for g in range(3):
         w_in, w_hidden, w_gate = grouped.weight[g].split((8, 8, 16), -1)
-        b_in, b_hidden, b_gate = grouped.bias[g, 0].split((8, 8, 16), -1)
+        b_in, b_hidden, b_gate, scale, shift = grouped.bias[g, 0].split((8, 8, 16, 8, 8), -1)
         h = F.linear(F.elu(F.linear(x[g], w_in.T, b_in)), w_hidden.T, b_hidden)
         gated = F.glu(F.linear(h, w_gate.T, b_gate), dim=-1)
-        scale, shift = grouped.norm[:, g, 0]
         expected = F.layer_norm(x[g] + gated, (8,), scale, shift)
         torch.testing.assert_close(out[g], expected)
 
@@ -280,13 +304,13 @@ def test_grouped_grn_initialises_each_map_as_nn_linear_would():
     torch.manual_seed(0)
     grouped = GroupedGRN(4, 64, dropout=0.1)
     bound = 64**-0.5
-    for p in (grouped.weight, grouped.bias):
+    assert grouped.weight.shape == (4, 64, 256) and grouped.bias.shape == (4, 1, 384)
+    for p in (grouped.weight, grouped.bias[..., :256]):
         assert p.abs().max() <= bound and p.abs().max() > 0.95 * bound
         assert abs(p.mean()) < 0.05 * bound
-    assert grouped.weight.shape == (4, 64, 256) and grouped.bias.shape == (4, 1, 256)
-    assert torch.equal(grouped.norm[0], torch.ones(4, 1, 64))
-    assert torch.equal(grouped.norm[1], torch.zeros(4, 1, 64))
-    assert len(list(grouped.parameters())) == 3
+    assert torch.equal(grouped.bias[..., 256:320], torch.ones(4, 1, 64))  # layer norm scale
+    assert torch.equal(grouped.bias[..., 320:], torch.zeros(4, 1, 64))  # and shift
+    assert len(list(grouped.parameters())) == 2
 
 
 def test_grn_input_layer_computes_its_hidden_input_and_skip_as_two_layers_would():
@@ -297,11 +321,11 @@ def test_grn_input_layer_computes_its_hidden_input_and_skip_as_two_layers_would(
     assert grn.fc_in.weight.abs().max() <= bound and grn.fc_in.bias.abs().max() <= bound
     with torch.no_grad():
         grn.gate.norm.uniform_(0.5, 1.5)
-    a, c = torch.randn(2, 4, 12), torch.randn(2, 1, 5)
+    a, c = torch.randn(4 * 2, 12), torch.randn(2, 5)  # 4 steps of 2 windows, time-major
 
     w2, skip_w = grn.fc_in.weight.split((6, 3))
     b2, skip_b = grn.fc_in.bias.split((6, 3))
-    h = F.elu(F.linear(a, w2, b2) + grn.fc_context(c))
+    h = F.elu(F.linear(a, w2, b2) + grn.fc_context(c).repeat(4, 1))
     gated = F.glu(grn.gate.fc(grn.fc_hidden(h)), dim=-1)
     scale, shift = grn.gate.norm
     expected = F.layer_norm(F.linear(a, skip_w, skip_b) + gated, (3,), scale, shift)
@@ -344,18 +368,28 @@ def test_single_variable_selection_has_no_selector_and_weight_one():
     torch.manual_seed(0)
     selection = VariableSelection(1, 8, dropout=0.0)
     assert selection.selector is None
-    x = torch.randn(2, 5, 1, 8)
+    x = torch.randn(10, 1, 8)
     out, weights = selection(x)
-    assert torch.equal(weights, torch.ones(2, 5, 1))
-    expected = selection.variables(x.reshape(-1, 1, 8).transpose(0, 1)).view(2, 5, 8)
+    assert torch.equal(weights, torch.ones(10, 1))
+    torch.testing.assert_close(out, selection.variables(x.transpose(0, 1))[0])
+
+
+def test_variable_selection_is_the_weighted_sum_of_each_variables_grn():
+    torch.manual_seed(0)
+    selection = VariableSelection(3, 8, dropout=0.0, context_size=4)
+    x, context = torch.randn(6 * 2, 3, 8), torch.randn(2, 4)
+    out, weights = selection(x, context)
+    torch.testing.assert_close(weights, selection.selector(x.flatten(1), context).softmax(-1))
+    processed = selection.variables(x.transpose(0, 1))
+    expected = sum(weights[:, j, None] * processed[j] for j in range(3))
     torch.testing.assert_close(out, expected)
 
 
 def test_lstm_equals_nn_lstm_with_the_same_weights():
     torch.manual_seed(0)
-    ours, reference = LSTM(8), nn.LSTM(8, 8, batch_first=True)
+    ours, reference = LSTM(8), nn.LSTM(8, 8)
     reference.load_state_dict(ours.state_dict())
-    x = torch.randn(2, 5, 8, requires_grad=True)
+    x = torch.randn(5, 2, 8, requires_grad=True)
     state = (torch.randn(1, 2, 8), torch.randn(1, 2, 8))
     out, (h, c) = ours(x, state)
     want, (want_h, want_c) = reference(x, state)
@@ -366,12 +400,13 @@ def test_lstm_equals_nn_lstm_with_the_same_weights():
     torch.testing.assert_close(grad, torch.autograd.grad(want.sum(), x)[0])
 
 
-def test_incident_sized_model_has_71_parameter_tensors():
+def test_incident_sized_model_has_67_parameter_tensors():
     # Clipping and the optimizer step cost about 20 us per parameter tensor at batch 1 on a CPU:
-    # layers that read the same input are one layer, and norms keep scale and shift together.
+    # layers that read the same input are one layer, norms keep scale and shift together, and
+    # grouped GRNs keep their norms with their biases.
     config = TFTConfig(static_cardinalities=(1,), n_observed=4, n_known=4)
     model = TemporalFusionTransformer(config)
-    assert len(list(model.parameters())) == 71
+    assert len(list(model.parameters())) == 67
     assert not any(isinstance(m, nn.Dropout | nn.LayerNorm | nn.Identity) for m in model.modules())
 
 
@@ -382,7 +417,11 @@ def test_attention_equals_mean_of_heads_with_shared_values():
     keys = torch.randn(2, 7, d)
     queries = keys[:, 4:]
     mask = torch.ones(3, 7, dtype=torch.bool).triu(5)
-    out, weights = attn(queries, keys, mask)
+    additive = torch.zeros(3, 7).masked_fill(mask, -torch.inf)
+    rows, weights = attn(
+        queries.transpose(0, 1).flatten(0, 1), keys.transpose(0, 1).flatten(0, 1), additive
+    )
+    out = rows.view(3, 2, d).transpose(0, 1)  # time-major rows back to [B, Tq, d]
 
     key_weight, value_weight = attn.key_value.weight.split((d, d // heads))
     key_bias, value_bias = attn.key_value.bias.split((d, d // heads))

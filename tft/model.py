@@ -143,42 +143,52 @@ class TemporalFusionTransformer(nn.Module):
 
         t_enc, t_dec = config.encoder_length, config.decoder_length
         future = torch.ones(t_dec, t_enc + t_dec, dtype=torch.bool).triu(t_enc + 1)
-        self.register_buffer("future_mask", future, persistent=False)
+        self.register_buffer(
+            "future_mask",
+            torch.zeros(future.shape).masked_fill(future, -math.inf),
+            persistent=False,
+        )
 
     def forward(
         self, batch: Mapping[str, Tensor], *, interpret: bool = False
     ) -> Tensor | tuple[Tensor, Interpretation]:
         """Quantile predictions [B, T_dec, Q], and the interpretation if ``interpret``."""
         static, observed, known = self._check_inputs(batch)
-        t_enc = self.config.encoder_length
+        b = static.shape[0]
+        t_enc, t_dec = self.config.encoder_length, self.config.decoder_length
+        n_enc = t_enc * b  # time steps are rows [T * B, ...], time-major: step t of b is t * B + b
 
         statics = self.static_embedding(static + self.static_offsets)
         static_vector, static_weights = self.static_selection(statics)
         contexts = self.static_contexts(static_vector.expand(4, -1, -1))
-        c_select, c_enrich = contexts[0].unsqueeze(1), contexts[1].unsqueeze(1)
+        c_select, c_enrich = contexts[0], contexts[1]
         hidden, cell = contexts[2:3], contexts[3:4]
 
-        known_embedded = self.known_embedding(known)
-        past = torch.cat((self.observed_embedding(observed), known_embedded[:, :t_enc]), dim=2)
+        known_embedded = self.known_embedding(_time_major(known))
+        past = torch.cat(
+            (self.observed_embedding(_time_major(observed)), known_embedded[:n_enc]), 1
+        )
         past, encoder_weights = self.encoder_selection(past, c_select)
-        future, decoder_weights = self.decoder_selection(known_embedded[:, t_enc:], c_select)
+        future, decoder_weights = self.decoder_selection(known_embedded[n_enc:], c_select)
 
-        encoded, state = self.encoder_lstm(past, (hidden, cell))
-        decoded, _ = self.decoder_lstm(future, state)
-        temporal = self.lstm_gate(torch.cat((encoded, decoded), 1), torch.cat((past, future), 1))
+        encoded, state = self.encoder_lstm(past.view(t_enc, b, -1), (hidden, cell))
+        decoded, _ = self.decoder_lstm(future.view(t_dec, b, -1), state)
+        temporal = self.lstm_gate(
+            torch.cat((encoded, decoded)).flatten(0, 1), torch.cat((past, future))
+        )
 
         enriched = self.enrichment(temporal, c_enrich)
-        queries = enriched[:, t_enc:]
+        queries = enriched[n_enc:]
         attended, attention = self.attention(queries, enriched, self.future_mask)
         x = self.positionwise(self.attention_gate(attended, queries))
-        prediction = self.head(self.output_gate(x, temporal[:, t_enc:]))
+        prediction = self.head(self.output_gate(x, temporal[n_enc:])).view(t_dec, b, -1)
         if not interpret:
-            return prediction
-        return prediction, Interpretation(
+            return prediction.transpose(0, 1)
+        return prediction.transpose(0, 1), Interpretation(
             attention.detach(),
             static_weights.detach(),
-            encoder_weights.detach(),
-            decoder_weights.detach(),
+            encoder_weights.detach().view(t_enc, b, -1).transpose(0, 1),
+            decoder_weights.detach().view(t_dec, b, -1).transpose(0, 1),
         )
 
     def _check_inputs(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -219,6 +229,11 @@ class TemporalFusionTransformer(nn.Module):
         return static, observed, known
 
 
+def _time_major(x: Tensor) -> Tensor:
+    """Inputs [B, T, m] as rows [T * B, m], time-major (a view when B = 1)."""
+    return x.transpose(0, 1).flatten(0, 1)
+
+
 def quantile_loss(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
     """Mean pinball loss of ``prediction`` [..., Q] against ``target`` [...]."""
     return pinball(prediction, target, quantiles).mean()
@@ -237,15 +252,18 @@ def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 
 def pinball(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
-    """Pinball loss of each element, shape of ``prediction`` [..., Q]."""
-    q = torch.as_tensor(quantiles, dtype=prediction.dtype, device=prediction.device)
-    if prediction.shape != (*target.shape, len(q)):
+    """Pinball loss of each element, shape of ``prediction`` [..., Q].
+
+    max(q e, (q - 1) e) for the error e = target - prediction, computed as e (q - [e < 0]).
+    """
+    if prediction.shape != (*target.shape, len(quantiles)):
         raise ValueError(
             f"prediction shape {list(prediction.shape)} must be the target shape "
-            f"{list(target.shape)} followed by the number of quantiles ({len(q)})"
+            f"{list(target.shape)} followed by the number of quantiles ({len(quantiles)})"
         )
     error = target.unsqueeze(-1) - prediction
-    return torch.maximum(q * error, (q - 1) * error)
+    q = torch.as_tensor(quantiles, dtype=prediction.dtype, device=prediction.device)
+    return error * (q - (error < 0).to(error.dtype))
 
 
 class InterpretableMultiHeadAttention(nn.Module):
@@ -269,23 +287,27 @@ class InterpretableMultiHeadAttention(nn.Module):
         self.dropout = dropout
 
     def forward(self, queries: Tensor, keys: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Attend from ``queries`` [B, Tq, d] over ``keys`` [B, Tk, d], never where ``mask``
-        [Tq, Tk] is True; returns the output [B, Tq, d] and the attention [B, Tq, Tk]."""
-        b, h, d = queries.shape[0], self.n_heads, queries.shape[2]
-        q = self.query(queries).view(b, queries.shape[1], h, -1).transpose(1, 2)
+        """Attend from ``queries`` [Tq * B, d] over ``keys`` [Tk * B, d] (time-major rows),
+        adding ``mask`` [Tq, Tk] to the scores (0 where allowed, -inf where not); returns the
+        output [Tq * B, d] and the attention [B, Tq, Tk]."""
+        (tq, tk), h, d = mask.shape, self.n_heads, queries.shape[1]
+        b = queries.shape[0] // tq
+        # [T * B, h * d_head] -> [B * h, T, d_head]: one batched matmul per (batch, head).
+        q = self.query(queries).view(tq, b * h, -1).transpose(0, 1)
         k, v = self.key_value(keys).split((d, d // h), -1)
-        k = k.unflatten(-1, (h, -1)).permute(0, 2, 3, 1)
-        scores = (q @ k).mul_(self.scale).masked_fill_(mask, float("-inf"))
-        attention = scores.softmax(-1).mean(1)
+        k = k.reshape(tk, b * h, -1).permute(1, 2, 0)  # a view when B = 1
+        scores = torch.baddbmm(mask, q, k, alpha=self.scale)
+        attention = scores.softmax(-1).view(b, h, tq, tk).mean(1)
         dropped = _dropout(attention, self.dropout, self.training)
-        return self.out(dropped @ v), attention
+        attended = torch.bmm(dropped, v.view(tk, b, -1).transpose(0, 1))
+        return self.out(attended.transpose(0, 1).reshape(tq * b, -1)), attention
 
 
 class VariableSelection(nn.Module):
-    """Variable selection network over m embedded variables [..., m, d].
+    """Variable selection network over m embedded variables [N, m, d].
 
     A GRN over all variables together (conditioned on an optional static context) gives softmax
-    weights [..., m]; each variable goes through its own GRN, and the output [..., d] is their
+    weights [N, m]; each variable goes through its own GRN, and the output [N, d] is their
     weighted sum. A single variable's weight is 1 whatever that GRN computes (a softmax over one
     value), so with m = 1 there is no such GRN (``selector`` is ``None``), as in
     pytorch-forecasting.
@@ -303,25 +325,26 @@ class VariableSelection(nn.Module):
         self.variables = GroupedGRN(n_vars, d, dropout)
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Selected features [..., d] and selection weights [..., m]."""
-        m, d = x.shape[-2:]
-        processed = self.variables(x.reshape(-1, m, d).transpose(0, 1))
+        """Selected features [N, d] and selection weights [N, m]; the context is the
+        selector GRN's."""
+        processed = self.variables(x.transpose(0, 1))
         if self.selector is None:
-            return processed.view(*x.shape[:-2], d), x.new_ones(x.shape[:-1])
-        weights = self.selector(x.flatten(-2), context).softmax(-1)
-        selected = weights.reshape(-1, 1, m) @ processed.transpose(0, 1)
-        return selected.view(*x.shape[:-2], d), weights
+            return processed[0], x.new_ones(x.shape[:-1])
+        weights = self.selector(x.flatten(1), context).softmax(-1)
+        selected = torch.bmm(weights.unsqueeze(1), processed.transpose(0, 1))
+        return selected.squeeze(1), weights
 
 
 class GatedResidualNetwork(nn.Module):
     """GRN(a, c) = LayerNorm(skip(a) + GLU(dropout(W1 ELU(W2 a + W3 c)))).
 
-    ``skip`` is a linear map when the input and output sizes differ, else the identity; the
-    context term exists only when ``context_size`` is given (the context broadcasts over the
-    input's leading dims). W2 and a linear ``skip`` both read ``a``, so one layer, ``fc_in``,
-    computes both: its first ``d_hidden`` outputs are W2 a and the other ``d_out`` are skip(a).
-    ``nn.Linear`` initialises every output row from its in-features alone, so this is the same
-    model as two layers.
+    ``skip`` is a linear map when the input and output sizes differ, else the identity. The
+    context term exists only when ``context_size`` is given: ``a`` is then time-major rows
+    [T * B, d_in] and the context [B, c] one row per batch element (row t * B + b gets row b).
+    W2 and a linear ``skip`` both read ``a``, so one layer, ``fc_in``, computes both:
+    its first ``d_hidden`` outputs are W2 a and the other ``d_out`` are skip(a). ``nn.Linear``
+    initialises every output row from its in-features alone, so this is the same model as two
+    layers.
     """
 
     def __init__(
@@ -342,7 +365,8 @@ class GatedResidualNetwork(nn.Module):
         if self.sizes:
             h, skip = h.split(self.sizes, -1)
         if self.fc_context is not None:
-            h = h + self.fc_context(context)
+            c = self.fc_context(context)
+            h = (h.unflatten(0, (-1, len(c))) + c).flatten(0, 1)
         return self.gate(self.fc_hidden(F.elu(h)), skip)
 
 
@@ -371,9 +395,10 @@ class GroupedGRN(nn.Module):
 
     GRN g maps x to LayerNorm_g(x + GLU(dropout(W1 ELU(W2 x + b2) + b1))), each step one batched
     matmul over the groups. Each GRN's linear maps are stored transposed, side by side:
-    ``weight`` [G, d, 4d] holds W2^T, W1^T and the GLU's [W4; W5]^T, ``bias`` [G, 1, 4d] their
-    biases, all initialised as ``nn.Linear`` initialises its own (uniform within 1 / sqrt(d));
-    ``norm`` [2, G, 1, d] holds each layer norm's scale (ones at first) and shift (zeros).
+    ``weight`` [G, d, 4d] holds W2^T, W1^T and the GLU's [W4; W5]^T, initialised as
+    ``nn.Linear`` initialises its own (uniform within 1 / sqrt(d)). ``bias`` [G, 1, 6d] holds
+    their biases (4d, initialised likewise), then the layer norm's scale (d, ones at first) and
+    shift (d, zeros).
     """
 
     def __init__(self, groups: int, d: int, dropout: float) -> None:
@@ -381,16 +406,16 @@ class GroupedGRN(nn.Module):
         bound = 1 / math.sqrt(d)
         self.sizes = (d, d, 2 * d)
         self.weight = nn.Parameter(torch.empty(groups, d, 4 * d).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(groups, 1, 4 * d).uniform_(-bound, bound))
+        biases = torch.empty(groups, 1, 4 * d).uniform_(-bound, bound)
         ones = torch.ones(groups, 1, d)
-        self.norm = nn.Parameter(torch.stack((ones, torch.zeros_like(ones))))
+        self.bias = nn.Parameter(torch.cat((biases, ones, torch.zeros_like(ones)), -1))
         self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply GRN g to ``x[g]`` for every group g: [G, N, d] -> [G, N, d]."""
         w_in, w_hidden, w_gate = self.weight.split(self.sizes, -1)
-        b_in, b_hidden, b_gate = self.bias.split(self.sizes, -1)
-        scale, shift = self.norm.unbind(0)
+        d = x.shape[-1]
+        b_in, b_hidden, b_gate, scale, shift = self.bias.split((*self.sizes, d, d), -1)
         h = torch.baddbmm(b_hidden, F.elu(torch.baddbmm(b_in, x, w_in)), w_hidden)
         h = _dropout(h, self.dropout, self.training)
         gated = F.glu(torch.baddbmm(b_gate, h, w_gate), dim=-1)
@@ -414,7 +439,7 @@ class RealEmbedding(nn.Module):
 
 
 class LSTM(nn.LSTM):
-    """A one-layer, batch-first ``nn.LSTM`` (d -> d) that always takes its initial state.
+    """A one-layer, time-major ``nn.LSTM`` (d -> d) that always takes its initial state.
 
     Same parameters and the same kernel as ``nn.LSTM``; ``forward`` calls the kernel directly,
     without ``nn.LSTM.forward``'s argument checks and conversions (a third of a 10-step call).
@@ -426,13 +451,13 @@ class LSTM(nn.LSTM):
     bias_hh_l0: Tensor
 
     def __init__(self, d: int) -> None:
-        super().__init__(d, d, batch_first=True)
+        super().__init__(d, d)
 
     def forward(  # type: ignore[override]
         self, x: Tensor, state: tuple[Tensor, Tensor]
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Run over ``x`` [B, T, d] from ``state`` (h, c), each [1, B, d]; returns the outputs
-        [B, T, d] and the final (h, c)."""
+        """Run over ``x`` [T, B, d] from ``state`` (h, c), each [1, B, d]; returns the outputs
+        [T, B, d] and the final (h, c)."""
         weights = (self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0, self.bias_hh_l0)
-        output, h, c = torch.lstm(x, state, weights, True, 1, 0.0, self.training, False, True)
+        output, h, c = torch.lstm(x, state, weights, True, 1, 0.0, self.training, False, False)
         return output, (h, c)
