@@ -202,12 +202,15 @@ def goals(
         f"{checkpoint['raw_s'] * 1e6:.1f} µs)",
         None if checkpoint is None else checkpoint["ratio"] <= 1.5,
     )
+    # The epochs' wall-time ratio moves by several percent between repetitions; the checkpoints'
+    # own time, summed call by call, is a floor under the overhead that noise does not lower.
     pct = (overhead["ratio"] - 1) * 100 if overhead else None
+    own = 100 * overhead["checkpoints_s"] / overhead["plain_s"] if overhead else None
     row(
         "harness overhead, one TFT epoch (§2)",
         "<= +1%",
-        None if pct is None else f"{pct:+.1f}%",
-        None if pct is None else pct <= 1,
+        None if pct is None else f"{pct:+.1f}% (median ratio); checkpoints' own time {own:.1f}%",
+        None if pct is None or own is None else max(pct, own) <= 1,
     )
     clean, kept = (loops["kinds"][k]["cost_ratio"] for k in ("clean", "kept")) if loops else (0, 0)
     row(
@@ -281,7 +284,10 @@ def misses(
             "pass, `peak` from `getrusage` instead of `/proc/self/status` while the mark is at "
             "`rss`."
         )
-    if overhead and overhead["ratio"] > 1.01:
+    if (
+        overhead
+        and max(overhead["ratio"] - 1, overhead["checkpoints_s"] / overhead["plain_s"]) > 0.01
+    ):
         ratios = sorted(row["recorded"] / row["plain"] for row in overhead["rows"])
         idle = f" against {checkpoint['checkpoint_s'] * 1e6:.1f} µs idle" if checkpoint else ""
         parts = overhead["parts"]
@@ -341,10 +347,12 @@ def misses(
             f"{peer['val_ratio']:.2f}x validation). At batch 1 both models are bound by the "
             f"number of operators and of parameter tensors, not by arithmetic.{step} Tried and "
             "kept: layers that read one input computed as one layer (a GRN's W2 and skip, "
-            "attention's keys and values; 116 parameter tensors became 71), norms and "
-            "embeddings with scale and shift in one tensor, no selector network for a single "
-            "variable, the LSTM kernel called directly. The two LSTMs' oneDNN calls cost the "
-            "same at any sequence length, and dropout stays `F.dropout`."
+            "attention's keys and values), norms and embeddings with scale and shift in one "
+            "tensor (116 parameter tensors before), no selector network for a single variable, "
+            "time steps as 2-D rows so that no linear layer reshapes, attention's scores, scale "
+            "and mask in one `baddbmm`, the LSTM kernel called directly. Left: the two LSTMs' "
+            "oneDNN calls, which cost the same at any sequence length, and dropout, where "
+            "`F.dropout` was the fastest exact form tried."
         )
     ratio = verdict_ratio(verdict)
     if verdict and ratio is not None and ratio > 1.1:
