@@ -10,6 +10,7 @@ grows by about 12 KiB a validation batch while rank 1 stays flat, and the verdic
 with ``metric-sync-keep`` both ranks grow by about 2 KiB a batch, and no rank stands out.
 """
 
+import atexit
 import json
 import os
 import subprocess
@@ -287,6 +288,21 @@ def test_a_rank_that_dies_makes_the_run_an_error_from_the_files_left(tmp_path):
         "dies.rank0.jsonl",
         "dies.rank1.jsonl",
     ]
+
+
+def abort_at_exit(recorder: Recorder) -> None:
+    """A clean body whose process would abort in the interpreter's teardown, as a torch rank
+    sometimes does after its work is done ("terminate called without an active exception")."""
+    atexit.register(os.abort)
+    with recorder.phase("validation", epoch=0):
+        for b in range(12):
+            recorder.checkpoint("BATCH", batch=b)
+
+
+def test_a_rank_that_finished_is_not_failed_by_an_abort_in_teardown():
+    finished = run_ranks(abort_at_exit, 2, rules=SYNTHETIC, name="teardown")
+    assert finished.verdict.status == "PASS", "\n".join(finished.lines())
+    assert [r["status"] for r in finished.run.header["ranks"]] == ["PASS", "PASS"]
 
 
 # -- the trainer under DDP ----------------------------------------------------------------------
