@@ -142,12 +142,8 @@ class TemporalFusionTransformer(nn.Module):
         self.head = nn.Linear(d, len(config.quantiles))
 
         t_enc, t_dec = config.encoder_length, config.decoder_length
-        future = torch.ones(t_dec, t_enc + t_dec, dtype=torch.bool).triu(t_enc + 1)
-        self.register_buffer(
-            "future_mask",
-            torch.zeros(future.shape).masked_fill(future, -math.inf),
-            persistent=False,
-        )
+        future = torch.full((t_dec, t_enc + t_dec), -math.inf).triu(t_enc + 1)
+        self.register_buffer("future_mask", future, persistent=False)
 
     def forward(
         self, batch: Mapping[str, Tensor], *, interpret: bool = False
@@ -181,10 +177,11 @@ class TemporalFusionTransformer(nn.Module):
         queries = enriched[n_enc:]
         attended, attention = self.attention(queries, enriched, self.future_mask)
         x = self.positionwise(self.attention_gate(attended, queries))
-        prediction = self.head(self.output_gate(x, temporal[n_enc:])).view(t_dec, b, -1)
+        prediction = self.head(self.output_gate(x, temporal[n_enc:]))
+        prediction = prediction.view(t_dec, b, -1).transpose(0, 1)
         if not interpret:
-            return prediction.transpose(0, 1)
-        return prediction.transpose(0, 1), Interpretation(
+            return prediction
+        return prediction, Interpretation(
             attention.detach(),
             static_weights.detach(),
             encoder_weights.detach().view(t_enc, b, -1).transpose(0, 1),
