@@ -202,15 +202,14 @@ def goals(
         f"{checkpoint['raw_s'] * 1e6:.1f} µs)",
         None if checkpoint is None else checkpoint["ratio"] <= 1.5,
     )
-    # The epochs' wall-time ratio moves by several percent between repetitions; the checkpoints'
-    # own time, summed call by call, is a floor under the overhead that noise does not lower.
-    pct = (overhead["ratio"] - 1) * 100 if overhead else None
-    own = 100 * overhead["checkpoints_s"] / overhead["plain_s"] if overhead else None
     row(
         "harness overhead, one TFT epoch (§2)",
         "<= +1%",
-        None if pct is None else f"{pct:+.1f}% (median ratio); checkpoints' own time {own:.1f}%",
-        None if pct is None or own is None else max(pct, own) <= 1,
+        None
+        if overhead is None
+        else f"{(overhead['ratio'] - 1) * 100:+.1f}% (median ratio); checkpoints' own time "
+        f"{overhead['own'] * 100:.1f}%",
+        None if overhead is None else overhead_share(overhead) <= 0.01,
     )
     clean, kept = (loops["kinds"][k]["cost_ratio"] for k in ("clean", "kept")) if loops else (0, 0)
     row(
@@ -284,10 +283,7 @@ def misses(
             "pass, `peak` from `getrusage` instead of `/proc/self/status` while the mark is at "
             "`rss`."
         )
-    if (
-        overhead
-        and max(overhead["ratio"] - 1, overhead["checkpoints_s"] / overhead["plain_s"]) > 0.01
-    ):
+    if overhead and overhead_share(overhead) > 0.01:
         ratios = sorted(row["recorded"] / row["plain"] for row in overhead["rows"])
         idle = f" against {checkpoint['checkpoint_s'] * 1e6:.1f} µs idle" if checkpoint else ""
         parts = overhead["parts"]
@@ -303,7 +299,7 @@ def misses(
         notes.append(
             f"- **Overhead on the TFT epoch.** The checkpoints themselves took "
             f"{overhead['checkpoints_s'] * 1e3:.0f} ms, "
-            f"{100 * overhead['checkpoints_s'] / overhead['plain_s']:.1f}% of a plain epoch: "
+            f"{overhead['own'] * 100:.1f}% of a plain epoch: "
             f"{overhead['checkpoint_s'] * 1e6:.1f} µs each inside the epoch{idle}.{where} "
             "Tried: `peak` from `getrusage` while the high-water mark is at `rss` (it is at "
             "every checkpoint of a training epoch), instead of parsing `/proc/self/status`; a "
@@ -334,12 +330,12 @@ def misses(
         )
     if peer and min(peer["train_ratio"], peer["val_ratio"]) < 2.5:
         ours = peer["models"]["tft"]
+        parts = step_split(ours)
         step = (
-            f" A training step of ours: {ours['step_forward_s'] * 1e3:.2f} ms forward, "
-            f"{ours['step_backward_s'] * 1e3:.2f} backward, {ours['step_clip_s'] * 1e3:.2f} "
-            f"clipping and {ours['step_optimizer_s'] * 1e3:.2f} in the optimizer, over "
-            f"{ours['parameter_tensors']:.0f} parameter tensors (§4)."
-            if "step_forward_s" in ours
+            " A training step of ours, in ms: "
+            + ", ".join(f"{name} {s * 1e3:.2f}" for name, s in parts)
+            + f", over {ours['parameter_tensors']:.0f} parameter tensors (§4)."
+            if parts
             else ""
         )
         notes.append(
@@ -496,10 +492,19 @@ def epoch_overhead(benches: Sequence[Bench], parts: Sequence[Bench] = ()) -> dic
         "checkpoints": rows[0]["checkpoints"],
         "checkpoint_s": median("checkpoint_median_s"),
         "checkpoints_s": median("checkpoints_s"),
+        # The epochs' wall-time ratio moves by several percent between repetitions; the
+        # checkpoints' own time, summed call by call, is a floor that noise does not lower.
+        "own": median("checkpoints_s") / median("plain"),
         "judge_s": median("judge_s"),
         "verdict": rows[0]["verdict"],
         "parts": parts[0]["extra_info"] if parts else None,
     }
+
+
+def overhead_share(overhead: dict) -> float:
+    """The overhead the goal is judged on: the larger of the median wall-time ratio's excess
+    and the checkpoints' own share of a plain epoch."""
+    return max(overhead["ratio"] - 1, overhead["own"])
 
 
 def overhead_section(overhead: dict | None) -> str:
@@ -527,7 +532,7 @@ def overhead_section(overhead: dict | None) -> str:
             f"Median ratio {overhead['ratio']:.3f}: **{pct:+.1f}%** (goal: at most +1%); in "
             f"CPU time {(overhead['cpu_ratio'] - 1) * 100:+.1f}%. The "
             f"checkpoints themselves took {overhead['checkpoints_s'] * 1000:.0f} ms of the epoch "
-            f"({overhead['checkpoints_s'] / overhead['plain_s'] * 100:.1f}% of a plain one). "
+            f"({overhead['own'] * 100:.1f}% of a plain one). "
             f"Judging the recorded timeline afterwards took {overhead['judge_s'] * 1000:.0f} ms "
             f"(verdict {overhead['verdict']}).",
             *checkpoint_parts(overhead["parts"]),
@@ -597,11 +602,11 @@ def loop_costs(benches: Sequence[Bench]) -> dict | None:
 PHASES = ("setup", "call", "teardown")
 
 
-def cost_split(pairs: Sequence[tuple[Bench, Bench]], kind: str) -> dict[str, float] | None:
+def cost_split(reps: Sequence[tuple[Bench, Bench]], kind: str) -> dict[str, float] | None:
     """leakgate's cost on ``kind`` by test phase (median over repetitions of its phase minus
     plain's): set-up, call, tear-down, and the rest of the protocol (the report hooks, where
     the verdict is made). None when the runs did not time phases."""
-    tests = [(lg["extra_info"]["tests"][kind], pl["extra_info"]["tests"][kind]) for lg, pl in pairs]
+    tests = [(lg["extra_info"]["tests"][kind], pl["extra_info"]["tests"][kind]) for lg, pl in reps]
     if not all(p in t for pair in tests for t in pair for p in PHASES):
         return None
 
@@ -767,28 +772,36 @@ def peer_section(peer: dict | None) -> str:
     )
 
 
+def step_split(model: dict) -> list[tuple[str, float]]:
+    """A model's training step by part, ``(part, seconds)`` in the worker's order (its
+    ``step_<part>_s`` readings)."""
+    return [
+        (key.removeprefix("step_").removesuffix("_s"), seconds)
+        for key, seconds in model.items()
+        if key.startswith("step_") and key.endswith("_s")
+    ]
+
+
 def step_parts(peer: dict) -> list[str]:
-    """Where a training step's time goes, per model: the parts each worker timed (its
-    ``step_<part>_s`` readings, in the worker's order)."""
-    models = peer["models"]
-    parts = [k for k in next(iter(models.values())) if k.startswith("step_") and k.endswith("_s")]
-    if not parts or not all(set(parts) <= set(m) for m in models.values()):
+    """Where a training step's time goes, per model: the parts each worker timed."""
+    splits = {name: step_split(m) for name, m in peer["models"].items()}
+    names = [part for part, _ in next(iter(splits.values()))]
+    if not names or any([p for p, _ in split] != names for split in splits.values()):
         return []
     rows = [
         [
             name,
-            f"{m['parameter_tensors']:.0f}",
-            *(f"{m[part] * 1e3:.2f}" for part in parts),
-            f"{sum(m[part] for part in parts) * 1e3:.2f}",
+            f"{peer['models'][name]['parameter_tensors']:.0f}",
+            *(f"{s * 1e3:.2f}" for _, s in split),
+            f"{sum(s for _, s in split) * 1e3:.2f}",
         ]
-        for name, m in models.items()
+        for name, split in splits.items()
     ]
-    names = [f"{part.removeprefix('step_').removesuffix('_s')} ms" for part in parts]
     return [
         "A training step's parts, mean ms per step (timed in every step of the timed epoch): "
         "forward with the loss, backward, clipping, and the optimizer's step with `zero_grad`. "
         "Clipping and the fused Adam step cost per parameter tensor on the CPU.",
-        table(["model", "parameter tensors", *names, "step ms"], rows),
+        table(["model", "parameter tensors", *(f"{n} ms" for n in names), "step ms"], rows),
     ]
 
 
