@@ -15,6 +15,10 @@ except metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 _EXPORTS = {
+    "LeakgateError": "harness.errors",
+    "BadInput": "harness.errors",
+    "UnwritableReport": "harness.errors",
+    "MemoryCheckFailed": "harness.errors",
     "parse_size": "harness.units",
     "Sample": "harness.sample",
     "judge": "harness.rules",

@@ -63,9 +63,10 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from harness import labels
+from harness.errors import MemoryCheckFailed
 from harness.finish import Finished, finish_run
 from harness.recorder import DeviceOutOfMemory, Recorder
-from harness.verdict import Rules, Verdict
+from harness.verdict import Rules
 
 __all__ = ["DEFAULT_RULES", "PHASES", "LeakGateCallback", "MemoryCheckFailed"]
 
@@ -82,20 +83,6 @@ PHASES = {
 
 DEFAULT_RULES = {stage: Rules(phase=phases, max_growth="50MB") for stage, phases in PHASES.items()}
 """What a callback that makes its own recorder judges when it is given no rules."""
-
-
-class MemoryCheckFailed(RuntimeError):
-    """A run's memory verdict was not PASS and the callback was told to stop the script
-    (``raise_on_fail=True``). ``finished`` holds the verdict, the holders named and the paths
-    of the report; the message is the verdict's summary lines."""
-
-    def __init__(self, finished: Finished) -> None:
-        super().__init__("\n".join(finished.lines()))
-        self.finished = finished
-
-    @property
-    def verdict(self) -> Verdict:
-        return self.finished.verdict
 
 
 class LeakGateCallback(Callback):
