@@ -1,5 +1,6 @@
 """``python -m harness``: rebuild a report from a timeline, compare two verdicts, index a folder,
-and gate a folder of verdicts against a baseline (what CI runs).
+gate a folder of verdicts against a baseline (what CI runs), and merge a distributed run's rank
+timelines.
 
 Exit codes: 0 pass (no regression), 1 fail or regression, 2 bad input (a missing or unreadable
 file, not JSON, not a timeline or verdict, a field of the wrong type, a schema too new, an
@@ -26,10 +27,10 @@ from harness.artifacts import (
     load_run_document,
     write_index,
 )
-from harness.distributed import gate_problems
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
 from harness.labels import is_run_end
+from harness.merge import gate_problems, merge_timelines
 from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
 from harness.units import format_mib, format_size, parse_size
@@ -117,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("directory", type=Path, metavar="DIR")
     gate.add_argument("--baseline", type=Path, metavar="BASELINE", help="folder of base verdicts")
     _tolerance_options(gate)
+
+    merge = commands.add_parser(
+        "merge",
+        help="merge the rank timelines of one distributed run into one report and verdict",
+        description="Merge the rank timelines of one distributed run into <name>.md and "
+        "<name>.json beside them (each rank judged on its own rules, then the ranks compared). "
+        "Exit 0 on PASS, 1 otherwise.",
+    )
+    merge.add_argument("timelines", nargs="+", type=Path, metavar="NAME.rankN.jsonl")
+    merge.add_argument("--name", help="the run's name (default: the timelines')")
+    merge.add_argument("--directory", type=Path, help="where the report goes (default: theirs)")
+    merge.add_argument("--world-size", type=int, help="ranks the run had (default: the headers')")
     return parser
 
 
@@ -143,7 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else BAD_INPUT
-    command = {"report": _report, "compare": _compare, "index": _index, "gate": _gate}[args.command]
+    command = {
+        "report": _report,
+        "compare": _compare,
+        "index": _index,
+        "gate": _gate,
+        "merge": _merge,
+    }[args.command]
     try:
         return command(args)
     except BadInput as exc:
@@ -348,6 +367,16 @@ def _gate(args: argparse.Namespace) -> int:
         total += f", {len(problems)} problem{'s' * (len(problems) != 1)}"
     print(f"gate: {'FAIL' if failed or problems else 'PASS'}: {total}")
     return FAIL if failed or problems else PASS
+
+
+def _merge(args: argparse.Namespace) -> int:
+    try:
+        finished = merge_timelines(
+            args.timelines, name=args.name, directory=args.directory, world_size=args.world_size
+        )
+    except (OSError, ValueError) as exc:
+        raise BadInput(_one_line(exc)) from None
+    return finished.exit_code()
 
 
 def _baseline(folder: Path) -> dict[str, Path]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import labels
+import harness.labels as labels
+from harness.artifacts import write_run
 from harness.report import Run
 from harness.rules import describe_error, judge
 from harness.rules.context import Columns
@@ -144,21 +145,33 @@ def finish_run(
         title=title or _test_of(header),
         holders=[h.to_dict() for h in holders],
         torn=torn,
-        timeline=_relative(timeline, here) if timeline is not None else None,
-        verdict_file=_relative(document, here) if document is not None else None,
+        timeline=relative(timeline, here),
+        verdict_file=relative(document, here),
     )
-    paths: dict[str, Path] = {}
-    if markdown is not None or document is not None:
-        from harness.artifacts import write_run
+    return write_finished(run, holders, explained, markdown, document, timeline)
 
-        try:
-            write_run(run, markdown, document)
-        except OSError as exc:
-            return Finished(run, holders, explained, {}, exc)
-        paths = {k: p for k, p in (("md", markdown), ("json", document)) if p is not None}
-        if timeline is not None:
-            paths["timeline"] = timeline
-    return Finished(run, holders, explained, paths)
+
+def write_finished(
+    run: Run,
+    holders: Sequence[Holder],
+    shares: Sequence[Share],
+    markdown: Path | None,
+    document: Path | None,
+    timeline: Path | None = None,
+) -> Finished:
+    """``run`` finished: its report written to ``markdown`` and its JSON verdict to
+    ``document`` (either may be None: nothing is written without both). A write that fails is
+    returned as ``write_error``, never raised: the verdict must still reach its caller."""
+    if markdown is None and document is None:
+        return Finished(run, holders, shares)
+    try:
+        write_run(run, markdown, document)
+    except OSError as exc:
+        return Finished(run, holders, shares, {}, exc)
+    paths = {k: p for k, p in (("md", markdown), ("json", document)) if p is not None}
+    if timeline is not None:
+        paths["timeline"] = timeline
+    return Finished(run, holders, shares, paths)
 
 
 def unfinished(timeline: Timeline) -> str | None:
@@ -210,8 +223,11 @@ def _test_of(header: Mapping[str, Any]) -> str | None:
     return test if isinstance(test, str) else None
 
 
-def _relative(path: Path, here: Path) -> str:
+def relative(path: str | os.PathLike[str] | None, here: Path) -> str | None:
+    """``path`` as the report in ``here`` links to it: relative where it can be."""
+    if path is None:
+        return None
     try:
         return os.path.relpath(path, here)
-    except ValueError:
+    except ValueError:  # another drive
         return str(path)

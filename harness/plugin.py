@@ -15,9 +15,7 @@ Importing this module does not import torch: tests that never trace pay nothing.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import re
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -26,7 +24,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from harness import labels
+import harness.labels as labels
+from harness.naming import safe_name
 from harness.verdict import options, parse_option
 
 if TYPE_CHECKING:
@@ -88,12 +87,6 @@ def _memleak_marker(request: pytest.FixtureRequest) -> None:
     """Trace every test that carries the ``memleak`` marker, with or without ``memtrace``."""
     if request.node.get_closest_marker("memleak") is not None:
         request.getfixturevalue("memtrace")
-
-
-def safe_name(nodeid: str) -> str:
-    """A file name for a test id: no separators or dots to climb with, unique by a hash."""
-    readable = re.sub(r"[^A-Za-z0-9_-]+", "_", nodeid.replace(".py::", "__")).strip("_")
-    return f"{readable[:80]}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
 
 
 @dataclass

@@ -19,15 +19,16 @@ from typing import Any
 
 import torch
 
-from harness import __version__
 from harness.attribution import Holder, PhaseAttribution
-from harness.distributed import rank_info, rank_timeline
+from harness.identity import rank_info
+from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
 from harness.sample import Sample
 from harness.store import SampleStore, make_sample
 from harness.timeline import TimelineWriter
 from harness.units import format_mib, parse_size
 from harness.verdict import Rules
+from harness.version import __version__
 
 
 class DeviceOutOfMemory(torch.OutOfMemoryError):
@@ -49,7 +50,7 @@ class Recorder:
     emulated capacity when one is given, else the device's.
 
     In a distributed run (an initialised process group, or ``RANK``/``WORLD_SIZE`` set: see
-    :func:`harness.distributed.rank_info`, kept as :attr:`rank`) the header also holds ``rank``,
+    :func:`harness.identity.rank_info`, kept as :attr:`rank`) the header also holds ``rank``,
     ``world_size``, ``local_rank`` and ``backend``, and the timeline is written to
     ``<stem>.rank<N>.jsonl``: each rank has its own file.
 

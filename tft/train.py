@@ -378,10 +378,12 @@ def traced(
     """
     # The one exception to "tft never imports harness": tracing from the command line. The
     # import stays inside this function, so the model, data, trainer and faults load without it.
-    from harness import Recorder, Rules, parse_size
     from harness.attribution import PhaseAttribution
-    from harness.distributed import finish_distributed
     from harness.finish import finish_run
+    from harness.merge import finish_distributed
+    from harness.recorder import Recorder
+    from harness.units import parse_size
+    from harness.verdict import Rules
 
     try:
         capacity = None if args.capacity is None else parse_size(args.capacity, what="--capacity")

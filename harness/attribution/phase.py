@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from harness import labels
+import harness.labels as labels
 from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS, Lines
 from harness.attribution.sites import record_sites

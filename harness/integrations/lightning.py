@@ -62,7 +62,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "pip install 'leakgate[lightning]'"
     ) from error
 
-from harness import labels
+import harness.labels as labels
 from harness.errors import MemoryCheckFailed
 from harness.finish import Finished, finish_run
 from harness.recorder import DeviceOutOfMemory, Recorder

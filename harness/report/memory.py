@@ -28,10 +28,6 @@ NAME_CHARS = 120
 
 
 def profile(run: Run) -> list[str]:
-    if getattr(run, "ranks", None):  # a distributed run: one column per rank
-        from harness.report.ranks import rank_profile
-
-        return rank_profile(run)  # type: ignore[arg-type]
     lines = ["## Memory Profile", ""]
     if not run.samples:
         return [*lines, "No checkpoint was recorded."]
@@ -73,10 +69,6 @@ def profile(run: Run) -> list[str]:
 
 
 def chart(run: Run) -> list[str]:
-    if getattr(run, "ranks", None):  # a distributed run: one line per rank
-        from harness.report.ranks import rank_chart
-
-        return rank_chart(run)  # type: ignore[arg-type]
     series = {run.metric: run.readings(run.metric)}
     against = run.capacity_metric
     if against != run.metric:
@@ -137,10 +129,6 @@ ANALYSIS_COLUMNS = (
 
 
 def analysis(run: Run) -> list[str]:
-    if getattr(run, "ranks", None):  # a distributed run: one column per rank
-        from harness.report.ranks import rank_analysis
-
-        return rank_analysis(run)  # type: ignore[arg-type]
     rows = analysis_rows(run)
     lines = ["## Memory Analysis", ""]
     if not rows:

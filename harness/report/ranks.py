@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import harness.report.memory as memory
 from harness.chart import memory_chart
 from harness.markdown import Markdown, code, fenced, link_to, plain, strong, table, text
 from harness.report.memory import (
@@ -79,6 +80,21 @@ class MergedRun(Run):
 def ranks_of(run: Run) -> tuple[RankRun, ...]:
     """The ranks of a merged run; empty for any other run."""
     return run.ranks if isinstance(run, MergedRun) else ()
+
+
+def profile(run: Run) -> list[str]:
+    """The Memory Profile: one column per rank for a merged run, else the run's own."""
+    return rank_profile(run) if isinstance(run, MergedRun) else memory.profile(run)
+
+
+def chart(run: Run) -> list[str]:
+    """The chart of the run: one line per rank for a merged run, else the run's own."""
+    return rank_chart(run) if isinstance(run, MergedRun) else memory.chart(run)
+
+
+def analysis(run: Run) -> list[str]:
+    """The Memory Analysis: one column per rank for a merged run, else the run's own."""
+    return rank_analysis(run) if isinstance(run, MergedRun) else memory.analysis(run)
 
 
 def rank_rows(run: Run) -> list[tuple[str, str]]:
@@ -255,6 +271,9 @@ def _more(run: MergedRun) -> str:
 __all__ = [
     "MergedRun",
     "RankRun",
+    "analysis",
+    "chart",
+    "profile",
     "rank_analysis",
     "rank_chart",
     "rank_logs",

@@ -13,8 +13,8 @@ from typing import Any
 
 from harness.markdown import Markdown, code, link_to, strong, table, text
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
-from harness.report.memory import analysis, chart, profile, status
-from harness.report.ranks import rank_logs, rank_rows
+from harness.report.memory import status
+from harness.report.ranks import analysis, chart, profile, rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
 from harness.verdict import Verdict

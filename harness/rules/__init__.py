@@ -2,12 +2,14 @@
 
 Every rule is registered by name (:mod:`harness.rules.registry`); the built-in ones live in
 :mod:`harness.rules.loop` (leak, peak, fragmentation: per ``(phase, epoch)``) and
-:mod:`harness.rules.run` (drift, teardown, trainer checks, OOM). They share one statistics pass
+:mod:`harness.rules.run` (drift, teardown, trainer checks, OOM), and the cross-rank
+``rank_outlier`` of :mod:`harness.rules.ranks` is registered here. They share one statistics pass
 (:class:`~harness.rules.context.Context`). Per phase, the worst group's finding of each rule is
 reported; every group's numbers and checks are kept.
 
-Status: ERROR when ``error`` is given and is not an OOM, else FAIL when any blocking finding
-exists, else PASS.
+Status (:func:`decide`, which a merged distributed run shares): ERROR when ``error`` is given
+and is not an OOM, else FAIL when any blocking finding exists, else ERROR when a rule judged
+nothing, else PASS.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from harness import labels
+import harness.labels as labels
 from harness.rules import loop, run, saturation  # noqa: F401  (registers the built-in rules)
+from harness.rules import ranks as _ranks
 from harness.rules.context import Context, Group
 from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS
 from harness.rules.registry import Rule, register_rule, registered, unregister_rule
@@ -38,6 +41,8 @@ from harness.verdict import (
     Verdict,
 )
 
+register_rule(_ranks.RULE, _ranks.rank_outlier, scope="run", option=None)
+
 __all__ = [
     "ALPHA",
     "FRAGMENTATION_FLOOR",
@@ -54,6 +59,7 @@ __all__ = [
     "Rule",
     "Rules",
     "Verdict",
+    "decide",
     "describe_error",
     "judge",
     "register_rule",
@@ -102,15 +108,23 @@ def judge(
     unjudged = None if rules.allow_unjudged else _unjudged(ctx, findings, seen)
     if unjudged is not None:
         ctx.check("evidence", "run", CheckStatus.ERROR, unjudged)
-    if message is not None:
-        status = Status.ERROR
-    elif any(f.blocking for f in findings):
-        status = Status.FAIL
-    elif unjudged is not None:
-        status, message = Status.ERROR, unjudged
-    else:
-        status = Status.PASS
+    status, message = decide(findings, error=message, unjudged=unjudged)
     return Verdict(status, tuple(findings), tuple(phases), tuple(ctx.checks), rules, message)
+
+
+def decide(
+    findings: Iterable[Finding], *, error: str | None = None, unjudged: str | None = None
+) -> tuple[Status, str | None]:
+    """A verdict's status and its error text: ERROR for what stopped the run (``error``), else
+    FAIL for a blocking finding, else ERROR for a rule that judged nothing it was asked to
+    (``unjudged``), else PASS."""
+    if error is not None:
+        return Status.ERROR, error
+    if any(f.blocking for f in findings):
+        return Status.FAIL, None
+    if unjudged is not None:
+        return Status.ERROR, unjudged
+    return Status.PASS, None
 
 
 def _named(rule: Rule, found: Iterable[Finding]) -> list[Finding]:

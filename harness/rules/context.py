@@ -21,7 +21,7 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
-from harness import labels
+import harness.labels as labels
 from harness.sample import Sample
 from harness.stats import Trend, edge_window, robust_delta, trend
 from harness.store import NONE, SampleStore

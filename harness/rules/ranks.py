@@ -15,8 +15,8 @@ not. :func:`judge_ranks` runs every registered rule marked ``across_ranks`` over
   that rank's growth stood out already (its peak is then the same memory).
 
 The gap is ``max_growth`` (growth) or ``max_peak`` (peak), and :data:`DEFAULT_GAP` for one that
-is off. Registered with ``option=None``: an ordinary, one-timeline judgement calls it with a
-plain :class:`~harness.rules.context.Context`, and it judges nothing there.
+is off. Registered by :mod:`harness.rules` with ``option=None``: an ordinary, one-timeline judgement
+calls it with a plain :class:`~harness.rules.context.Context`, and it judges nothing there.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.rules.context import CheckLog, scope
 from harness.rules.loop import ALPHA
-from harness.rules.registry import register_rule, registered
+from harness.rules.registry import registered
 from harness.units import format_rate, format_size
 from harness.verdict import Check, CheckStatus, Finding, Kind, PhaseStats, Rules, Verdict
 
@@ -164,6 +164,3 @@ def _stand_out(
             )
         )
     return found
-
-
-register_rule(RULE, rank_outlier, scope="run", option=None)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from harness import labels
+import harness.labels as labels
 from harness.rules.context import FALLBACK_METRIC, Context, where
 from harness.rules.registry import register_rule
 from harness.sample import Sample
