@@ -233,6 +233,22 @@ def test_gate_counts_a_merged_run_once_and_pairs_its_rank_timelines(tmp_path, mo
     assert "missing verdict: run.rank0.jsonl (rank 0) has no merged run.json" in out
 
 
+def test_leakgate_merge_writes_one_report_and_rejects_a_file_that_is_not_a_timeline(
+    tmp_path, monkeypatch, capsys
+):
+    paths = record_ranks(tmp_path, monkeypatch, per_batch=(2 * KB, 0))
+    out = tmp_path / "merged"
+    assert leakgate(["merge", *map(str, paths), "--name", "both", "--directory", str(out)]) == 1
+    assert "rank 0 of 2 stands out" in capsys.readouterr().out
+    assert "| Ranks | world size 2" in (out / "both.md").read_text()
+    assert json.loads((out / "both.json").read_text())["status"] == "FAIL"
+
+    (tmp_path / "junk.rank0.jsonl").write_text("not json\n")
+    assert leakgate(["merge", str(tmp_path / "junk.rank0.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_python_m_harness_distributed_merges_rank_files(tmp_path, monkeypatch):
     record_ranks(tmp_path, monkeypatch, per_batch=(2 * KB, 0))
     done = subprocess.run(
