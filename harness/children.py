@@ -47,7 +47,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 _PROC = "/proc"
 _ROLLUP_FIELDS = {
@@ -227,13 +227,13 @@ def watch_dataloaders() -> str | None:
     if set_pids is None or remove_pids is None:
         return "DataLoader workers named by command: this torch has no _set_worker_pids"
 
-    def set_worker_pids(key: int, pids: tuple[int, ...], *rest: Any) -> Any:
-        _WORKERS.add(key, pids)
-        return set_pids(key, pids, *rest)
+    def set_worker_pids(key: int, child_pids: tuple[int, ...]) -> None:
+        _WORKERS.add(key, child_pids)
+        set_pids(key, child_pids)
 
-    def remove_worker_pids(key: int, *rest: Any) -> Any:
-        _WORKERS.remove(key)
-        return remove_pids(key, *rest)
+    def remove_worker_pids(loader_id: int) -> None:
+        _WORKERS.remove(loader_id)
+        remove_pids(loader_id)
 
     signal_handling._set_worker_pids = set_worker_pids
     signal_handling._remove_worker_pids = remove_worker_pids

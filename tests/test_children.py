@@ -1,0 +1,275 @@
+"""harness.children: the memory of live descendants, by role, read from real DataLoader workers
+and subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from harness import children
+from harness.children import (
+    ChildrenReader,
+    Growth,
+    ProcessMemory,
+    TreeReading,
+    growth_kind,
+    lifetimes,
+    read_rollup,
+)
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
+)
+
+MiB = 1 << 20
+ITEM = 64 << 10
+ITEMS = 160  # 80 per worker: 5 MiB kept by a caching worker
+
+
+class WorkerZeroCache(Dataset):
+    """Worker 0 keeps 64 KiB per item it serves; worker 1 keeps nothing (the clean twin)."""
+
+    def __init__(self) -> None:
+        self.kept: list[bytes] = []
+
+    def __len__(self) -> int:
+        return ITEMS
+
+    def __getitem__(self, index: int) -> int:
+        if get_worker_info().id == 0:
+            self.kept.append(bytes([index % 256]) * ITEM)
+        return index
+
+
+class PythonObjects(Dataset):
+    """A dataset of Python lists: reading an item writes its reference counts."""
+
+    def __init__(self, n: int = 4000) -> None:
+        self.items = [[str(j) for j in range(300)] for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> int:
+        return len(self.items[index])
+
+
+def run(loader: DataLoader, reader: ChildrenReader) -> list[TreeReading]:
+    """One reading per batch of one epoch."""
+    return [reader.read() for _ in loader]
+
+
+def series(readings: list[TreeReading], role: str, field: str = "uss") -> list[int]:
+    return [getattr(p, field) for r in readings for p in r.processes if p.role == role]
+
+
+def worker_roles(reading: TreeReading) -> set[str]:
+    return {p.role for p in reading.processes if "worker" in p.role}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_cache_grows_that_workers_role_only(method):
+    reader = ChildrenReader()
+    loader = DataLoader(
+        WorkerZeroCache(), batch_size=None, num_workers=2, multiprocessing_context=method
+    )
+    readings = run(loader, reader)
+    cache, clean = series(readings, "worker 0")[2:], series(readings, "worker 1")[2:]
+    assert cache[-1] - cache[0] > 3 * MiB
+    assert abs(clean[-1] - clean[0]) < 1 * MiB
+    assert growth_kind(cache, series(readings, "worker 0", "shared")[2:]).kind == "private"
+    metrics = readings[-1].metrics()
+    assert metrics["child_uss:worker 0"] == cache[-1]
+    assert metrics["children_uss"] >= metrics["child_uss:worker 0"] + metrics["child_uss:worker 1"]
+    assert metrics["children_pss"] == readings[-1].pss > 0
+
+
+def test_copy_on_read_is_told_from_a_cache():
+    reader = ChildrenReader()
+    loader = DataLoader(
+        PythonObjects(), batch_size=25, num_workers=2, multiprocessing_context="fork"
+    )
+    readings = run(loader, reader)
+    for role in ("worker 0", "worker 1"):
+        growth = growth_kind(series(readings, role)[2:], series(readings, role, "shared")[2:])
+        assert growth.kind == "copy-on-read"
+        assert growth.private > 3 * MiB
+        assert growth.converted > growth.private // 2
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "restarted"])
+def test_workers_keep_their_roles_across_epochs(persistent):
+    reader = ChildrenReader()
+    loader = DataLoader(
+        range(8),
+        num_workers=2,
+        persistent_workers=persistent,
+        multiprocessing_context="fork",
+    )
+    epochs = [run(loader, reader) for _ in range(2)]
+    assert [worker_roles(e[-1]) for e in epochs] == [{"worker 0", "worker 1"}] * 2
+    pids = [r.pids.get("worker 0") for e in epochs for r in e]
+    assert len(lifetimes(pids)) == (1 if persistent else 2)
+
+
+def test_a_second_live_loader_gets_its_own_roles():
+    reader = ChildrenReader()
+    train = iter(DataLoader(range(4), num_workers=2, persistent_workers=True))
+    next(train)
+    roles = worker_roles(run(DataLoader(range(4), num_workers=2), reader)[-1])
+    assert roles == {"worker 0", "worker 1", "loader 2 worker 0", "loader 2 worker 1"}
+    del train
+
+
+def wait_gone(pid: int) -> None:
+    """Until ``pid`` has exited (a zombie or reaped)."""
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as file:
+                if file.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+
+
+def test_a_killed_worker_is_absent_not_a_drop():
+    reader = ChildrenReader()
+    batches = iter(DataLoader(range(64), num_workers=2, multiprocessing_context="fork"))
+    next(batches)
+    before = reader.read()
+    victim = before.pids["worker 1"]
+    # torch's SIGCHLD handler would raise at any line of this thread once the worker dies
+    handler = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        os.kill(victim, signal.SIGKILL)
+        wait_gone(victim)
+        after = reader.read()
+    finally:
+        signal.signal(signal.SIGCHLD, handler)
+    with pytest.raises(RuntimeError, match=str(victim)):  # torch still knows its worker's pid
+        torch._C._error_if_any_worker_fails()
+    assert after.absent == ("worker 1",)
+    assert "child_uss:worker 1" not in after.metrics()
+    assert worker_roles(after) == {"worker 0"}
+    assert after.uss == sum(p.uss for p in after.processes) > 0
+    del batches
+
+
+CHILD = """
+import subprocess, sys
+kept = bytearray(32 << 20)
+grandchild = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE)
+print(grandchild.pid, flush=True)
+sys.stdin.read()
+grandchild.stdin.close()
+grandchild.wait()
+"""
+
+
+def test_a_subprocess_and_its_child_are_seen_by_role():
+    reader = ChildrenReader()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        grandchild = int(child.stdout.readline())
+        reading = reader.read()
+    finally:
+        child.stdin.close()
+        child.wait()
+    with open(f"/proc/{os.getpid()}/comm") as file:  # the same interpreter as this one
+        comm = file.read().strip()
+    by_role = {p.role: p for p in reading.processes}
+    assert by_role[f"{comm} {child.pid}"].uss > 32 * MiB
+    assert by_role[f"{comm} {grandchild}"].pid == grandchild
+    assert reader.read().absent == (f"{comm} {child.pid}", f"{comm} {grandchild}")
+
+
+def test_no_children_reads_zero_sums():
+    lone = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        reading = ChildrenReader(lone.pid).read()
+    finally:
+        lone.stdin.close()
+        lone.wait()
+    assert reading == TreeReading()
+    assert reading.metrics() == {"children_uss": 0, "children_pss": 0}
+
+
+def test_an_exited_process_has_no_rollup():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert read_rollup(child.pid) is None
+    uss, pss, shared = read_rollup(os.getpid())
+    assert 0 < uss <= pss and shared >= 0
+
+
+def test_without_proc_nothing_is_read_and_it_says_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(children, "_PROC", str(tmp_path / "proc"))
+    reader = ChildrenReader()
+    assert reader.read() == TreeReading()
+    assert reader.read().metrics() == {"children_uss": 0, "children_pss": 0}
+    assert len(reader.notes) == 1 and "not measured" in reader.notes[0]
+
+
+def test_metrics_names_each_role():
+    reading = TreeReading(
+        (ProcessMemory("worker 0", 11, 3, 5, 7), ProcessMemory("sh 12", 12, 1, 2, 4)),
+        absent=("worker 1",),
+    )
+    assert reading.metrics() == {
+        "children_uss": 4,
+        "children_pss": 7,
+        "child_uss:worker 0": 3,
+        "child_pss:worker 0": 5,
+        "child_shared:worker 0": 7,
+        "child_uss:sh 12": 1,
+        "child_pss:sh 12": 2,
+        "child_shared:sh 12": 4,
+    }
+    assert reading.pids == {"worker 0": 11, "sh 12": 12}
+
+
+@pytest.mark.parametrize(
+    ("pids", "stretches"),
+    [
+        ([], []),
+        ([None, None], []),
+        ([5, 5, 5], [range(0, 3)]),
+        ([5, 5, 9, 9, 9], [range(0, 2), range(2, 5)]),
+        ([5, None, 5, 7], [range(0, 1), range(2, 3), range(3, 4)]),
+    ],
+)
+def test_lifetimes_split_a_role_at_each_new_process(pids, stretches):
+    assert lifetimes(pids) == stretches
+
+
+@pytest.mark.parametrize(
+    ("uss", "shared", "growth"),
+    [
+        ([10, 20, 30], [50, 40, 30], Growth("copy-on-read", 20, 20)),
+        ([10, 20, 30], [50, 50, 50], Growth("private", 20, 0)),
+        ([10, 20, 30], [50, 48, 45], Growth("private", 20, 5)),
+        ([30, 20, 10], [50, 50, 60], Growth("private", -20, 0)),
+        ([10], [10], Growth("private", 0, 0)),
+    ],
+)
+def test_growth_kind(uss, shared, growth):
+    assert growth_kind(uss, shared) == growth
+
+
+@pytest.mark.parametrize(("uss", "shared"), [([], []), ([1, 2], [1])])
+def test_growth_kind_needs_matching_series(uss, shared):
+    with pytest.raises(TypeError):
+        growth_kind(uss, shared)
