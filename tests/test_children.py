@@ -128,15 +128,9 @@ def test_a_second_live_loader_gets_its_own_roles():
     del train
 
 
-def wait_gone(pid: int) -> None:
-    """Until ``pid`` has exited (a zombie or reaped)."""
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as file:
-                if file.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                    return
-        except FileNotFoundError:
-            return
+def wait_dead(pid: int) -> None:
+    """Until every thread of child ``pid`` has exited, leaving it for its parent to reap."""
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         time.sleep(0.01)
 
 
@@ -150,7 +144,7 @@ def test_a_killed_worker_is_absent_not_a_drop():
     handler = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         os.kill(victim, signal.SIGKILL)
-        wait_gone(victim)
+        wait_dead(victim)
         after = reader.read()
     finally:
         signal.signal(signal.SIGCHLD, handler)
