@@ -1,25 +1,34 @@
 """The memory of a process's live descendants at a checkpoint: DataLoader workers and every
 other child, each named by a role that outlives its pid.
 
-Every descendant is read from ``/proc/<pid>/smaps_rollup`` (one read, the kernel's own sums):
+Two levels of reading, for every live descendant:
 
-- ``uss``: its private memory, ``Private_Clean + Private_Dirty``: what exiting would free;
-- ``pss``: ``Pss``, private memory plus its share of every page it shares;
-- ``shared``: ``Shared_Clean + Shared_Dirty``, the pages it still shares (with its parent
-  after a fork, until a write copies them: see :func:`growth_kind`).
+- always, from ``/proc/<pid>/statm``: ``anon``, its resident anonymous memory (``RssAnon``:
+  heap, stacks, and after a fork the parent's pages it still shares). New allocations (a
+  cache, a leak) grow it; copy-on-read does not (a copied page replaces a page that was
+  already resident);
+- with ``rollup=True``, from ``/proc/<pid>/smaps_rollup``: ``uss``, its private memory
+  (``Private_Clean + Private_Dirty``: what exiting would free), ``pss`` (``Pss``: private
+  memory plus its share of every page it shares) and ``shared`` (``Shared_Clean +
+  Shared_Dirty``, the pages it still shares, see :func:`growth_kind`).
+
+Measured with ``benchmarks/bench_children.py`` on a busy 2-core machine (load 5): a reading
+costs about 30 µs with no child and 140 µs with 2 forked DataLoader workers of a torch process
+(250 µs with 4), most of it finding them; a rollup reading costs 10 to 30 ms with 2 such
+workers (170 MB resident each), because the kernel walks every resident page for it. So a
+caller reads the rollup at the checkpoints it chooses (collected ones, every n-th batch) and
+``anon`` at every other.
 
 Descendants are found through ``/proc/<pid>/task/<tid>/children``, recursively (a scan of
 every ``/proc/<pid>/stat`` for the parent pid where the kernel lacks that file).
 
 **Why not psutil.** psutil (not a dependency of leakgate) finds children by reading the parent
-pid of *every* process on the machine (``Process.children`` scans ``/proc/*/stat``) and its
-``memory_full_info`` parses the same ``smaps_rollup`` into more fields, behind a
-``Process`` object that must be kept per pid to guard against pid reuse. Measured on a 2-core
-Linux machine with 150 processes (``benchmarks/bench_children.py``): listing 2 children took
-about 560 µs with psutil against 30 µs here, and reading one child about 130 µs against
-110 µs (the kernel's walk of the page tables dominates both). Off Linux there is no
-``smaps_rollup`` and no USS worth the cost, so children are not measured there: the reader
-returns empty readings and says so once, in ``notes``.
+pid of *every* process on the machine: ``Process.children`` took 1.6 to 6.7 ms here with 95
+processes, against 30 to 200 µs for 0 to 4 children through the ``children`` files; its
+``memory_full_info`` reads the same ``smaps_rollup`` (same kernel walk, same cost), behind a
+``Process`` object that must be kept per pid to guard against pid reuse. Off Linux there is
+no ``smaps_rollup`` and no cheap USS, so children are not measured there: the reader returns
+empty readings and says so once, in ``notes``.
 
 **Roles.** A series follows a role, not a pid, so a DataLoader's restarted workers continue
 the same series and a worker that died is *absent*, not a drop to zero:
@@ -35,10 +44,11 @@ the same series and a worker that died is *absent*, not a drop to zero:
 - ``<comm> <pid>``: any other process, by its command name (``/proc/<pid>/comm``, reduced to
   ``[A-Za-z0-9._-]``) and pid.
 
-**Metrics** (:meth:`TreeReading.metrics`, for a sample's ``metrics``), in bytes:
-``children_uss`` and ``children_pss`` (sums over live descendants, 0 without any), and per
-role ``child_uss:<role>``, ``child_pss:<role>``, ``child_shared:<role>``; a role that is not
-alive has no key at all.
+**Metrics** (:meth:`TreeReading.metrics`, for a sample's ``metrics``), in bytes: the sums over
+live descendants ``children_anon`` and, on rollup readings, ``children_uss`` and
+``children_pss`` (0 without any descendant); per role ``child_anon:<role>`` and, on rollup
+readings, ``child_uss:<role>``, ``child_pss:<role>``, ``child_shared:<role>``. A role that is
+not alive has no key at all.
 """
 
 from __future__ import annotations
@@ -57,39 +67,48 @@ _ROLLUP_FIELDS = {
     b"Shared_Clean": "shared",
     b"Shared_Dirty": "shared",
 }
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
-SUMS = ("children_uss", "children_pss")
-"""The metrics every reading has: live descendants' summed private memory and PSS."""
-PER_ROLE = ("child_uss", "child_pss", "child_shared")
-"""Per-role metrics, written ``<metric>:<role>``."""
+SUMS = ("children_anon", "children_uss", "children_pss")
+"""The live descendants' sums (``children_anon`` on every reading, the others on rollups)."""
+PER_ROLE = ("child_anon", "child_uss", "child_pss", "child_shared")
+"""Per-role metrics, written ``<metric>:<role>`` (:func:`role_metric`)."""
 
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """One live descendant at one reading, in bytes."""
+    """One live descendant at one reading, in bytes (``uss``, ``pss`` and ``shared`` on rollup
+    readings only)."""
 
     role: str
     pid: int
-    uss: int
-    pss: int
-    shared: int
+    anon: int
+    uss: int | None = None
+    pss: int | None = None
+    shared: int | None = None
 
 
 @dataclass(frozen=True)
 class TreeReading:
-    """The live descendants at one reading; ``absent``: roles seen before that are not alive."""
+    """The live descendants at one reading; ``absent``: roles seen before that are not alive;
+    ``rollup``: whether ``uss``, ``pss`` and ``shared`` were read."""
 
     processes: tuple[ProcessMemory, ...] = ()
     absent: tuple[str, ...] = ()
+    rollup: bool = False
 
     @property
-    def uss(self) -> int:
-        return sum(p.uss for p in self.processes)
+    def anon(self) -> int:
+        return sum(p.anon for p in self.processes)
 
     @property
-    def pss(self) -> int:
-        return sum(p.pss for p in self.processes)
+    def uss(self) -> int | None:
+        return sum(p.uss or 0 for p in self.processes) if self.rollup else None
+
+    @property
+    def pss(self) -> int | None:
+        return sum(p.pss or 0 for p in self.processes) if self.rollup else None
 
     @property
     def pids(self) -> dict[str, int]:
@@ -98,17 +117,32 @@ class TreeReading:
 
     def metrics(self) -> dict[str, int]:
         """The flat metric-name-to-bytes mapping a sample carries (names in the module doc)."""
-        flat = {"children_uss": self.uss, "children_pss": self.pss}
+        flat = {"children_anon": self.anon}
+        if self.rollup:
+            flat.update(children_uss=self.uss or 0, children_pss=self.pss or 0)
         for p in self.processes:
-            flat[f"child_uss:{p.role}"] = p.uss
-            flat[f"child_pss:{p.role}"] = p.pss
-            flat[f"child_shared:{p.role}"] = p.shared
+            for metric, value in zip(PER_ROLE, (p.anon, p.uss, p.pss, p.shared), strict=True):
+                if value is not None:
+                    flat[role_metric(metric, p.role)] = value
         return flat
 
 
 def role_metric(metric: str, role: str) -> str:
     """The metric name of ``role``'s ``metric`` (one of :data:`PER_ROLE`)."""
     return f"{metric}:{role}"
+
+
+def read_anon(pid: int) -> int | None:
+    """``pid``'s resident anonymous bytes (``statm``'s resident less its file and shared-memory
+    pages), or ``None`` when it has exited or cannot be read."""
+    try:
+        with open(f"{_PROC}/{pid}/statm", "rb") as file:
+            fields = file.read().split()
+    except OSError:
+        return None
+    if not fields or fields[1] == b"0":  # an exiting process has no memory left to count
+        return None
+    return (int(fields[1]) - int(fields[2])) * _PAGE
 
 
 def read_rollup(pid: int) -> tuple[int, int, int] | None:
@@ -259,26 +293,28 @@ class ChildrenReader:
         self._seen: dict[str, None] = {}
         self._roles: dict[int, str] = {}
 
-    def read(self) -> TreeReading:
-        """The live descendants now, and the roles seen before that are not alive."""
+    def read(self, *, rollup: bool = False) -> TreeReading:
+        """The live descendants now (``uss``, ``pss`` and ``shared`` too with ``rollup``), and
+        the roles seen before that are not alive."""
         if not self.available:
-            return TreeReading()
+            return TreeReading(rollup=rollup)
         pids = descendants(self.pid)
         live = set(pids)
         _WORKERS.forget(live)
         self._roles = {pid: role for pid, role in self._roles.items() if pid in live}
         processes = []
         for pid in pids:
-            memory = read_rollup(pid)
-            if memory is None:
+            rolled = read_rollup(pid) if rollup else (None, None, None)
+            anon = read_anon(pid) if rolled is not None else None
+            if anon is None or rolled is None:
                 continue
             role = _WORKERS.roles.get(pid) or self._roles.get(pid) or _comm_role(pid)
             self._roles[pid] = role
             self._seen[role] = None
-            processes.append(ProcessMemory(role, pid, *memory))
+            processes.append(ProcessMemory(role, pid, anon, *rolled))
         roles = {p.role for p in processes}
         absent = tuple(role for role in self._seen if role not in roles)
-        return TreeReading(tuple(processes), absent)
+        return TreeReading(tuple(processes), absent, rollup)
 
 
 def lifetimes(pids: Iterable[int | None]) -> list[range]:
@@ -310,7 +346,8 @@ class Growth:
 
 def growth_kind(uss: Sequence[int], shared: Sequence[int]) -> Growth:
     """Copy-on-read or private growth, from one lifetime of a role's ``child_uss`` and
-    ``child_shared`` series (same length, at least one reading).
+    ``child_shared`` series (same length, at least one reading). It names the kind of any
+    growth, however small: whether the growth matters is the rules' call.
 
     A page a forked worker writes leaves its ``Shared_*`` and enters its ``Private_*`` sums,
     so copy-on-read shows as shared memory falling as private memory rises; a cache's new

@@ -21,6 +21,7 @@ from harness.children import (
     TreeReading,
     growth_kind,
     lifetimes,
+    read_anon,
     read_rollup,
 )
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 MiB = 1 << 20
 ITEM = 64 << 10
-ITEMS = 160  # 80 per worker: 5 MiB kept by a caching worker
+ITEMS = 256  # 128 per worker: 8 MiB kept by a caching worker
 
 
 class WorkerZeroCache(Dataset):
@@ -49,21 +50,21 @@ class WorkerZeroCache(Dataset):
 
 
 class PythonObjects(Dataset):
-    """A dataset of Python lists: reading an item writes its reference counts."""
+    """A dataset of Python strings: reading an item writes the reference count of each."""
 
-    def __init__(self, n: int = 4000) -> None:
+    def __init__(self, n: int = 1000) -> None:
         self.items = [[str(j) for j in range(300)] for _ in range(n)]
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int) -> int:
-        return len(self.items[index])
+        return sum(len(text) for text in self.items[index])
 
 
-def run(loader: DataLoader, reader: ChildrenReader) -> list[TreeReading]:
+def run(loader: DataLoader, reader: ChildrenReader, rollup: bool = True) -> list[TreeReading]:
     """One reading per batch of one epoch."""
-    return [reader.read() for _ in loader]
+    return [reader.read(rollup=rollup) for _ in loader]
 
 
 def series(readings: list[TreeReading], role: str, field: str = "uss") -> list[int]:
@@ -81,9 +82,12 @@ def test_a_worker_cache_grows_that_workers_role_only(method):
         WorkerZeroCache(), batch_size=None, num_workers=2, multiprocessing_context=method
     )
     readings = run(loader, reader)
-    cache, clean = series(readings, "worker 0")[2:], series(readings, "worker 1")[2:]
-    assert cache[-1] - cache[0] > 3 * MiB
-    assert abs(clean[-1] - clean[0]) < 1 * MiB
+    for metric in ("uss", "anon"):
+        cache = series(readings, "worker 0", metric)[2:]
+        clean = series(readings, "worker 1", metric)[2:]
+        assert cache[-1] - cache[0] > 3 * MiB
+        assert abs(clean[-1] - clean[0]) < 1 * MiB
+    cache = series(readings, "worker 0")[2:]
     assert growth_kind(cache, series(readings, "worker 0", "shared")[2:]).kind == "private"
     metrics = readings[-1].metrics()
     assert metrics["child_uss:worker 0"] == cache[-1]
@@ -102,6 +106,8 @@ def test_copy_on_read_is_told_from_a_cache():
         assert growth.kind == "copy-on-read"
         assert growth.private > 3 * MiB
         assert growth.converted > growth.private // 2
+        anon = series(readings, role, "anon")[2:]
+        assert anon[-1] - anon[0] < growth.private // 4  # no new pages: copies of shared ones
 
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "restarted"])
@@ -145,14 +151,15 @@ def test_a_killed_worker_is_absent_not_a_drop():
     try:
         os.kill(victim, signal.SIGKILL)
         wait_dead(victim)
-        after = reader.read()
+        after, cheap = reader.read(rollup=True), reader.read()
     finally:
         signal.signal(signal.SIGCHLD, handler)
     with pytest.raises(RuntimeError, match=str(victim)):  # torch still knows its worker's pid
         torch._C._error_if_any_worker_fails()
-    assert after.absent == ("worker 1",)
-    assert "child_uss:worker 1" not in after.metrics()
-    assert worker_roles(after) == {"worker 0"}
+    for reading in (after, cheap):
+        assert reading.absent == ("worker 1",)
+        assert worker_roles(reading) == {"worker 0"}
+        assert not [name for name in reading.metrics() if name.endswith(":worker 1")]
     assert after.uss == sum(p.uss for p in after.processes) > 0
     del batches
 
@@ -176,7 +183,7 @@ def test_a_subprocess_and_its_child_are_seen_by_role():
     )
     try:
         grandchild = int(child.stdout.readline())
-        reading = reader.read()
+        reading = reader.read(rollup=True)
     finally:
         child.stdin.close()
         child.wait()
@@ -184,6 +191,7 @@ def test_a_subprocess_and_its_child_are_seen_by_role():
         comm = file.read().strip()
     by_role = {p.role: p for p in reading.processes}
     assert by_role[f"{comm} {child.pid}"].uss > 32 * MiB
+    assert by_role[f"{comm} {child.pid}"].anon > 32 * MiB
     assert by_role[f"{comm} {grandchild}"].pid == grandchild
     assert reader.read().absent == (f"{comm} {child.pid}", f"{comm} {grandchild}")
 
@@ -193,18 +201,22 @@ def test_no_children_reads_zero_sums():
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
     try:
-        reading = ChildrenReader(lone.pid).read()
+        reader = ChildrenReader(lone.pid)
+        reading, cheap = reader.read(rollup=True), reader.read()
     finally:
         lone.stdin.close()
         lone.wait()
-    assert reading == TreeReading()
-    assert reading.metrics() == {"children_uss": 0, "children_pss": 0}
+    assert reading == TreeReading(rollup=True)
+    assert reading.metrics() == {"children_anon": 0, "children_uss": 0, "children_pss": 0}
+    assert cheap.metrics() == {"children_anon": 0}
 
 
 def test_an_exited_process_has_no_rollup():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert read_rollup(child.pid) is None
+    assert read_anon(child.pid) is None
+    assert read_anon(os.getpid()) > 0
     uss, pss, shared = read_rollup(os.getpid())
     assert 0 < uss <= pss and shared >= 0
 
@@ -213,26 +225,37 @@ def test_without_proc_nothing_is_read_and_it_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(children, "_PROC", str(tmp_path / "proc"))
     reader = ChildrenReader()
     assert reader.read() == TreeReading()
-    assert reader.read().metrics() == {"children_uss": 0, "children_pss": 0}
+    assert reader.read(rollup=True).metrics() == {
+        "children_anon": 0,
+        "children_uss": 0,
+        "children_pss": 0,
+    }
     assert len(reader.notes) == 1 and "not measured" in reader.notes[0]
 
 
 def test_metrics_names_each_role():
     reading = TreeReading(
-        (ProcessMemory("worker 0", 11, 3, 5, 7), ProcessMemory("sh 12", 12, 1, 2, 4)),
+        (ProcessMemory("worker 0", 11, 9, 3, 5, 7), ProcessMemory("sh 12", 12, 8, 1, 2, 4)),
         absent=("worker 1",),
+        rollup=True,
     )
     assert reading.metrics() == {
+        "children_anon": 17,
         "children_uss": 4,
         "children_pss": 7,
+        "child_anon:worker 0": 9,
         "child_uss:worker 0": 3,
         "child_pss:worker 0": 5,
         "child_shared:worker 0": 7,
+        "child_anon:sh 12": 8,
         "child_uss:sh 12": 1,
         "child_pss:sh 12": 2,
         "child_shared:sh 12": 4,
     }
     assert reading.pids == {"worker 0": 11, "sh 12": 12}
+    cheap = TreeReading((ProcessMemory("worker 0", 11, 9),))
+    assert cheap.metrics() == {"children_anon": 9, "child_anon:worker 0": 9}
+    assert cheap.uss is cheap.pss is None
 
 
 @pytest.mark.parametrize(
