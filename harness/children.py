@@ -239,8 +239,8 @@ class _WorkerRoles:
 
     def forget(self, live: set[int]) -> None:
         """Drop the roles of workers that exited and whose iterator is gone (pids are reused)."""
-        current = {pid for _, pids in self._loaders.values() for pid in pids}
-        for pid in [pid for pid in self.roles if pid not in live and pid not in current]:
+        current = {pid for _, pids in list(self._loaders.values()) for pid in pids}
+        for pid in [pid for pid in list(self.roles) if pid not in live and pid not in current]:
             del self.roles[pid]
 
 

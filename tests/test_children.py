@@ -4,6 +4,7 @@ and subprocesses."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def series(readings: list[TreeReading], role: str, field: str = "uss") -> list[i
 
 
 def worker_roles(reading: TreeReading) -> set[str]:
-    return {p.role for p in reading.processes if "worker" in p.role}
+    return {p.role for p in reading.processes if re.fullmatch(r"(loader \d+ )?worker \d+", p.role)}
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -132,6 +133,54 @@ def test_a_second_live_loader_gets_its_own_roles():
     roles = worker_roles(run(DataLoader(range(4), num_workers=2), reader)[-1])
     assert roles == {"worker 0", "worker 1", "loader 2 worker 0", "loader 2 worker 1"}
     del train
+
+
+def test_loader_numbers_are_reused_once_free():
+    roles = children._WorkerRoles()
+    roles.add(1, (101, 102))
+    roles.add(2, (201,))
+    roles.remove(2)
+    roles.add(3, (301,))
+    roles.remove(1)
+    roles.add(4, (401,))
+    assert [roles.roles[pid] for pid in (101, 102, 201, 301, 401)] == [
+        "worker 0",
+        "worker 1",
+        "loader 2 worker 0",
+        "loader 2 worker 0",
+        "worker 0",
+    ]
+    roles.forget(live={101, 401})
+    assert sorted(roles.roles) == [101, 301, 401]  # 102 and 201 exited; 301's loader lives
+
+
+@pytest.fixture
+def unwatched(monkeypatch):
+    """torch's worker-pid hooks as torch made them, and no worker roles learned yet."""
+    from torch.utils.data._utils import signal_handling
+
+    monkeypatch.setattr(children, "_WORKERS", children._WorkerRoles())
+    monkeypatch.setattr(signal_handling, "_set_worker_pids", torch._C._set_worker_pids)
+    monkeypatch.setattr(signal_handling, "_remove_worker_pids", torch._C._remove_worker_pids)
+    return signal_handling
+
+
+def test_workers_started_before_the_reader_are_named_by_command(unwatched):
+    batches = iter(DataLoader(range(4), num_workers=1, multiprocessing_context="fork"))
+    next(batches)
+    reader = ChildrenReader()
+    assert reader.notes == []
+    reading = reader.read()
+    assert worker_roles(reading) == set()
+    assert reading.pids[f"pt_data_worker {batches._workers[0].pid}"] == batches._workers[0].pid
+    del batches
+
+
+def test_a_torch_without_the_hook_is_noted(unwatched, monkeypatch):
+    monkeypatch.delattr(unwatched, "_set_worker_pids")
+    assert ChildrenReader().notes == [
+        "DataLoader workers named by command: this torch has no _set_worker_pids"
+    ]
 
 
 def wait_dead(pid: int) -> None:
