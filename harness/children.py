@@ -12,10 +12,10 @@ Two levels of reading, for every live descendant:
   memory plus its share of every page it shares) and ``shared`` (``Shared_Clean +
   Shared_Dirty``, the pages it still shares, see :func:`growth_kind`).
 
-Measured with ``benchmarks/bench_children.py`` on a busy 2-core machine (load 5): a reading
-costs about 30 µs with no child and 140 µs with 2 forked DataLoader workers of a torch process
-(250 µs with 4), most of it finding them; a rollup reading costs 10 to 30 ms with 2 such
-workers (170 MB resident each), because the kernel walks every resident page for it. So a
+Measured with ``benchmarks/bench_children.py`` on a busy 2-core machine (load 5 to 7): a
+reading costs about 20 µs with no child and 90 µs with 2 forked DataLoader workers of a torch
+process (170 µs with 4), most of it finding them; a rollup reading costs 10 to 30 ms with 2
+such workers (170 MB resident each), as the kernel walks every resident page for it. So a
 caller reads the rollup at the checkpoints it chooses (collected ones, every n-th batch) and
 ``anon`` at every other.
 
@@ -24,7 +24,7 @@ every ``/proc/<pid>/stat`` for the parent pid where the kernel lacks that file).
 
 **Why not psutil.** psutil (not a dependency of leakgate) finds children by reading the parent
 pid of *every* process on the machine: ``Process.children`` took 1.6 to 6.7 ms here with 95
-processes, against 30 to 200 µs for 0 to 4 children through the ``children`` files; its
+processes, against 20 to 130 µs for 0 to 4 children through the ``children`` files; its
 ``memory_full_info`` reads the same ``smaps_rollup`` (same kernel walk, same cost), behind a
 ``Process`` object that must be kept per pid to guard against pid reuse. Off Linux there is
 no ``smaps_rollup`` and no cheap USS, so children are not measured there: the reader returns
@@ -132,14 +132,27 @@ def role_metric(metric: str, role: str) -> str:
     return f"{metric}:{role}"
 
 
+def _read(path: str) -> bytes | None:
+    """A ``/proc`` file's bytes (unbuffered, a third of ``open``'s cost), ``None`` when gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_anon(pid: int) -> int | None:
     """``pid``'s resident anonymous bytes (``statm``'s resident less its file and shared-memory
     pages), or ``None`` when it has exited or cannot be read."""
-    try:
-        with open(f"{_PROC}/{pid}/statm", "rb") as file:
-            fields = file.read().split()
-    except OSError:
-        return None
+    fields = (_read(f"{_PROC}/{pid}/statm") or b"").split()
     if not fields or fields[1] == b"0":  # an exiting process has no memory left to count
         return None
     return (int(fields[1]) - int(fields[2])) * _PAGE
@@ -148,10 +161,8 @@ def read_anon(pid: int) -> int | None:
 def read_rollup(pid: int) -> tuple[int, int, int] | None:
     """``(uss, pss, shared)`` of ``pid`` in bytes, or ``None`` when it has exited (a zombie
     has no memory to read) or cannot be read."""
-    try:
-        with open(f"{_PROC}/{pid}/smaps_rollup", "rb") as file:
-            text = file.read()
-    except OSError:
+    text = _read(f"{_PROC}/{pid}/smaps_rollup")
+    if text is None:
         return None
     sums = {"uss": 0, "pss": 0, "shared": 0}
     seen = False
@@ -184,11 +195,9 @@ def _children(pid: int) -> list[int]:
         return []
     kids: list[int] = []
     for tid in tids:
-        try:
-            with open(f"{_PROC}/{pid}/task/{tid}/children", "rb") as file:
-                kids.extend(int(kid) for kid in file.read().split())
-        except OSError:
-            continue
+        kids.extend(
+            int(kid) for kid in (_read(f"{_PROC}/{pid}/task/{tid}/children") or b"").split()
+        )
     return kids
 
 
@@ -198,10 +207,8 @@ def _scan() -> Callable[[int], list[int]]:
     for entry in os.listdir(_PROC):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"{_PROC}/{entry}/stat", "rb") as file:
-                stat = file.read()
-        except OSError:
+        stat = _read(f"{_PROC}/{entry}/stat")
+        if not stat:
             continue
         parent = int(stat[stat.rindex(b")") + 2 :].split()[1])
         by_parent.setdefault(parent, []).append(int(entry))
@@ -209,12 +216,8 @@ def _scan() -> Callable[[int], list[int]]:
 
 
 def _comm_role(pid: int) -> str:
-    try:
-        with open(f"{_PROC}/{pid}/comm", encoding="utf-8", errors="replace") as file:
-            comm = _UNSAFE.sub("_", file.read().strip()) or "process"
-    except OSError:
-        comm = "process"
-    return f"{comm} {pid}"
+    comm = (_read(f"{_PROC}/{pid}/comm") or b"").decode("utf-8", "replace").strip()
+    return f"{_UNSAFE.sub('_', comm) or 'process'} {pid}"
 
 
 class _WorkerRoles:
