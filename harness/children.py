@@ -28,7 +28,7 @@ processes, against 20 to 130 µs for 0 to 4 children through the ``children`` fi
 ``memory_full_info`` reads the same ``smaps_rollup`` (same kernel walk, same cost), behind a
 ``Process`` object that must be kept per pid to guard against pid reuse. Off Linux there is
 no ``smaps_rollup`` and no cheap USS, so children are not measured there: the reader returns
-empty readings and says so once, in ``notes``.
+no reading (``None``, not zeros) and says so once, in ``notes``.
 
 **Roles.** A series follows a role, not a pid, so a DataLoader's restarted workers continue
 the same series and a worker that died is *absent*, not a drop to zero:
@@ -296,11 +296,11 @@ class ChildrenReader:
         self._seen: dict[str, None] = {}
         self._roles: dict[int, str] = {}
 
-    def read(self, *, rollup: bool = False) -> TreeReading:
+    def read(self, *, rollup: bool = False) -> TreeReading | None:
         """The live descendants now (``uss``, ``pss`` and ``shared`` too with ``rollup``), and
-        the roles seen before that are not alive."""
+        the roles seen before that are not alive; ``None`` where they cannot be measured."""
         if not self.available:
-            return TreeReading(rollup=rollup)
+            return None
         pids = descendants(self.pid)
         live = set(pids)
         _WORKERS.forget(live)
