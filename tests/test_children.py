@@ -1,0 +1,335 @@
+"""harness.children: the memory of live descendants, by role, read from real DataLoader workers
+and subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from harness import children
+from harness.children import (
+    ChildrenReader,
+    Growth,
+    ProcessMemory,
+    TreeReading,
+    growth_kind,
+    lifetimes,
+    read_anon,
+    read_rollup,
+)
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
+)
+
+MiB = 1 << 20
+ITEM = 64 << 10
+ITEMS = 256  # 128 per worker: 8 MiB kept by a caching worker
+
+
+class WorkerZeroCache(Dataset):
+    """Worker 0 keeps 64 KiB per item it serves; worker 1 keeps nothing (the clean twin)."""
+
+    def __init__(self) -> None:
+        self.kept: list[bytes] = []
+
+    def __len__(self) -> int:
+        return ITEMS
+
+    def __getitem__(self, index: int) -> int:
+        if get_worker_info().id == 0:
+            self.kept.append(bytes([index % 256]) * ITEM)
+        return index
+
+
+class PythonObjects(Dataset):
+    """A dataset of Python strings: reading an item writes the reference count of each."""
+
+    def __init__(self, n: int = 1000) -> None:
+        self.items = [[str(j) for j in range(300)] for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> int:
+        return sum(len(text) for text in self.items[index])
+
+
+def run(loader: DataLoader, reader: ChildrenReader, rollup: bool = True) -> list[TreeReading]:
+    """One reading per batch of one epoch."""
+    return [reader.read(rollup=rollup) for _ in loader]
+
+
+def series(readings: list[TreeReading], role: str, field: str = "uss") -> list[int]:
+    return [getattr(p, field) for r in readings for p in r.processes if p.role == role]
+
+
+def worker_roles(reading: TreeReading) -> set[str]:
+    return {p.role for p in reading.processes if re.fullmatch(r"(loader \d+ )?worker \d+", p.role)}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_cache_grows_that_workers_role_only(method):
+    reader = ChildrenReader()
+    loader = DataLoader(
+        WorkerZeroCache(), batch_size=None, num_workers=2, multiprocessing_context=method
+    )
+    readings = run(loader, reader)
+    for metric in ("uss", "anon"):
+        cache = series(readings, "worker 0", metric)[2:]
+        clean = series(readings, "worker 1", metric)[2:]
+        assert cache[-1] - cache[0] > 3 * MiB
+        assert abs(clean[-1] - clean[0]) < 1 * MiB
+    cache = series(readings, "worker 0")[2:]
+    assert growth_kind(cache, series(readings, "worker 0", "shared")[2:]).kind == "private"
+    metrics = readings[-1].metrics()
+    assert metrics["child_uss:worker 0"] == cache[-1]
+    assert metrics["children_uss"] >= metrics["child_uss:worker 0"] + metrics["child_uss:worker 1"]
+    assert metrics["children_pss"] == readings[-1].pss > 0
+
+
+def test_copy_on_read_is_told_from_a_cache():
+    reader = ChildrenReader()
+    loader = DataLoader(
+        PythonObjects(), batch_size=25, num_workers=2, multiprocessing_context="fork"
+    )
+    readings = run(loader, reader)
+    for role in ("worker 0", "worker 1"):
+        growth = growth_kind(series(readings, role)[2:], series(readings, role, "shared")[2:])
+        assert growth.kind == "copy-on-read"
+        assert growth.private > 3 * MiB
+        assert growth.converted > growth.private // 2
+        anon = series(readings, role, "anon")[2:]
+        assert anon[-1] - anon[0] < growth.private // 4  # no new pages: copies of shared ones
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "restarted"])
+def test_workers_keep_their_roles_across_epochs(persistent):
+    reader = ChildrenReader()
+    loader = DataLoader(
+        range(8),
+        num_workers=2,
+        persistent_workers=persistent,
+        multiprocessing_context="fork",
+    )
+    epochs = [run(loader, reader) for _ in range(2)]
+    assert [worker_roles(e[-1]) for e in epochs] == [{"worker 0", "worker 1"}] * 2
+    pids = [r.pids.get("worker 0") for e in epochs for r in e]
+    assert len(lifetimes(pids)) == (1 if persistent else 2)
+
+
+def test_a_second_live_loader_gets_its_own_roles():
+    reader = ChildrenReader()
+    train = iter(DataLoader(range(4), num_workers=2, persistent_workers=True))
+    next(train)
+    roles = worker_roles(run(DataLoader(range(4), num_workers=2), reader)[-1])
+    assert roles == {"worker 0", "worker 1", "loader 2 worker 0", "loader 2 worker 1"}
+    del train
+
+
+def test_loader_numbers_are_reused_once_free():
+    roles = children._WorkerRoles()
+    roles.add(1, (101, 102))
+    roles.add(2, (201,))
+    roles.remove(2)
+    roles.add(3, (301,))
+    roles.remove(1)
+    roles.add(4, (401,))
+    assert [roles.roles[pid] for pid in (101, 102, 201, 301, 401)] == [
+        "worker 0",
+        "worker 1",
+        "loader 2 worker 0",
+        "loader 2 worker 0",
+        "worker 0",
+    ]
+    roles.forget(live={101, 401})
+    assert sorted(roles.roles) == [101, 301, 401]  # 102 and 201 exited; 301's loader lives
+
+
+@pytest.fixture
+def unwatched(monkeypatch):
+    """torch's worker-pid hooks as torch made them, and no worker roles learned yet."""
+    from torch.utils.data._utils import signal_handling
+
+    monkeypatch.setattr(children, "_WORKERS", children._WorkerRoles())
+    monkeypatch.setattr(signal_handling, "_set_worker_pids", torch._C._set_worker_pids)
+    monkeypatch.setattr(signal_handling, "_remove_worker_pids", torch._C._remove_worker_pids)
+    return signal_handling
+
+
+def test_workers_started_before_the_reader_are_named_by_command(unwatched):
+    batches = iter(DataLoader(range(4), num_workers=1, multiprocessing_context="fork"))
+    next(batches)
+    reader = ChildrenReader()
+    assert reader.notes == []
+    reading = reader.read()
+    assert worker_roles(reading) == set()
+    assert reading.pids[f"pt_data_worker {batches._workers[0].pid}"] == batches._workers[0].pid
+    del batches
+
+
+def test_a_torch_without_the_hook_is_noted(unwatched, monkeypatch):
+    monkeypatch.delattr(unwatched, "_set_worker_pids")
+    assert ChildrenReader().notes == [
+        "DataLoader workers named by command: this torch has no _set_worker_pids"
+    ]
+
+
+def wait_dead(pid: int) -> None:
+    """Until every thread of child ``pid`` has exited, leaving it for its parent to reap."""
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        time.sleep(0.01)
+
+
+def test_a_killed_worker_is_absent_not_a_drop():
+    reader = ChildrenReader()
+    batches = iter(DataLoader(range(64), num_workers=2, multiprocessing_context="fork"))
+    next(batches)
+    before = reader.read()
+    victim = before.pids["worker 1"]
+    # torch's SIGCHLD handler would raise at any line of this thread once the worker dies
+    handler = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        os.kill(victim, signal.SIGKILL)
+        wait_dead(victim)
+        after, cheap = reader.read(rollup=True), reader.read()
+    finally:
+        signal.signal(signal.SIGCHLD, handler)
+    with pytest.raises(RuntimeError, match=str(victim)):  # torch still knows its worker's pid
+        torch._C._error_if_any_worker_fails()
+    for reading in (after, cheap):
+        assert reading.absent == ("worker 1",)
+        assert worker_roles(reading) == {"worker 0"}
+        assert not [name for name in reading.metrics() if name.endswith(":worker 1")]
+    assert after.uss == sum(p.uss for p in after.processes) > 0
+    del batches
+
+
+CHILD = """
+import subprocess, sys
+kept = bytearray(32 << 20)
+grandchild = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE)
+print(grandchild.pid, flush=True)
+sys.stdin.read()
+grandchild.stdin.close()
+grandchild.wait()
+"""
+
+
+def test_a_subprocess_and_its_child_are_seen_by_role():
+    reader = ChildrenReader()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        grandchild = int(child.stdout.readline())
+        reading = reader.read(rollup=True)
+    finally:
+        child.stdin.close()
+        child.wait()
+    comm = os.path.basename(sys.executable)[:15]  # the kernel keeps 15 bytes of the name run
+    by_role = {p.role: p for p in reading.processes}
+    assert by_role[f"{comm} {child.pid}"].uss > 32 * MiB
+    assert by_role[f"{comm} {child.pid}"].anon > 32 * MiB
+    assert by_role[f"{comm} {grandchild}"].pid == grandchild
+    assert reader.read().absent == (f"{comm} {child.pid}", f"{comm} {grandchild}")
+
+
+def test_no_children_reads_zero_sums():
+    lone = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        reader = ChildrenReader(lone.pid)
+        reading, cheap = reader.read(rollup=True), reader.read()
+    finally:
+        lone.stdin.close()
+        lone.wait()
+    assert reading == TreeReading(rollup=True)
+    assert reading.metrics() == {"children_anon": 0, "children_uss": 0, "children_pss": 0}
+    assert cheap.metrics() == {"children_anon": 0}
+
+
+def test_an_exited_process_has_no_rollup():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert read_rollup(child.pid) is None
+    assert read_anon(child.pid) is None
+    assert read_anon(os.getpid()) > 0
+    uss, pss, shared = read_rollup(os.getpid())
+    assert 0 < uss <= pss and shared >= 0
+
+
+def test_without_proc_nothing_is_read_and_it_says_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(children, "_PROC", str(tmp_path / "proc"))
+    reader = ChildrenReader()
+    assert reader.read() is reader.read(rollup=True) is None
+    assert len(reader.notes) == 1 and "not measured" in reader.notes[0]
+
+
+def test_metrics_names_each_role():
+    reading = TreeReading(
+        (ProcessMemory("worker 0", 11, 9, 3, 5, 7), ProcessMemory("sh 12", 12, 8, 1, 2, 4)),
+        absent=("worker 1",),
+        rollup=True,
+    )
+    assert reading.metrics() == {
+        "children_anon": 17,
+        "children_uss": 4,
+        "children_pss": 7,
+        "child_anon:worker 0": 9,
+        "child_uss:worker 0": 3,
+        "child_pss:worker 0": 5,
+        "child_shared:worker 0": 7,
+        "child_anon:sh 12": 8,
+        "child_uss:sh 12": 1,
+        "child_pss:sh 12": 2,
+        "child_shared:sh 12": 4,
+    }
+    assert reading.pids == {"worker 0": 11, "sh 12": 12}
+    cheap = TreeReading((ProcessMemory("worker 0", 11, 9),))
+    assert cheap.metrics() == {"children_anon": 9, "child_anon:worker 0": 9}
+    assert cheap.uss is cheap.pss is None
+
+
+@pytest.mark.parametrize(
+    ("pids", "stretches"),
+    [
+        ([], []),
+        ([None, None], []),
+        ([5, 5, 5], [range(0, 3)]),
+        ([5, 5, 9, 9, 9], [range(0, 2), range(2, 5)]),
+        ([5, None, 5, 7], [range(0, 1), range(2, 3), range(3, 4)]),
+    ],
+)
+def test_lifetimes_split_a_role_at_each_new_process(pids, stretches):
+    assert lifetimes(pids) == stretches
+
+
+@pytest.mark.parametrize(
+    ("uss", "shared", "growth"),
+    [
+        ([10, 20, 30], [50, 40, 30], Growth("copy-on-read", 20, 20)),
+        ([10, 20, 30], [50, 50, 50], Growth("private", 20, 0)),
+        ([10, 20, 30], [50, 48, 45], Growth("private", 20, 5)),
+        ([30, 20, 10], [50, 50, 60], Growth("private", -20, 0)),
+        ([10], [10], Growth("private", 0, 0)),
+    ],
+)
+def test_growth_kind(uss, shared, growth):
+    assert growth_kind(uss, shared) == growth
+
+
+@pytest.mark.parametrize(("uss", "shared"), [([], []), ([1, 2], [1])])
+def test_growth_kind_needs_matching_series(uss, shared):
+    with pytest.raises(TypeError):
+        growth_kind(uss, shared)
