@@ -33,7 +33,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "tft",
         ),
     ),
-    ("readings and the verdict model", ("harness.probes", "harness.store", "harness.verdict")),
+    (
+        "readings and the verdict model",
+        ("harness.children", "harness.probes", "harness.store", "harness.verdict"),
+    ),
     ("timeline", ("harness.timeline",)),
     ("rules", ("harness.rules",)),
     ("attribution", ("harness.attribution",)),
