@@ -8,31 +8,49 @@ documents (without ``rule`` and ``outcome`` on findings) still load.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
 from harness.units import parse_size
 
 SCHEMA_VERSION = 2
 
 
-class Status(StrEnum):
-    """A verdict's or a phase's outcome."""
+class _Ranked(StrEnum):
+    """An enum whose members are declared from the mildest to the most severe."""
+
+    @property
+    def rank(self) -> int:
+        """How severe: 0 for the mildest member, higher for worse."""
+        return list(type(self)).index(self)
+
+    @classmethod
+    def worst(cls, values: Iterable[str], default: Self | None = None) -> Self:
+        """The most severe of ``values`` (plain names or members); ``default`` when empty."""
+        found = max((cls(v) for v in values), key=lambda m: m.rank, default=default)
+        if found is None:
+            raise ValueError(f"{cls.__name__}.worst: no values and no default")
+        return found
+
+
+class Status(_Ranked):
+    """A verdict's or a phase's outcome, mildest first."""
 
     PASS = "PASS"
     FAIL = "FAIL"
     ERROR = "ERROR"
 
 
-class CheckStatus(StrEnum):
-    """One rule applied to one scope: WARN does not fail a verdict, SKIP judged nothing."""
+class CheckStatus(_Ranked):
+    """One rule applied to one scope, mildest first: SKIP judged nothing, WARN does not fail a
+    verdict, ERROR could not judge."""
 
-    PASS = "PASS"
-    FAIL = "FAIL"
-    WARN = "WARN"
     SKIP = "SKIP"
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
     ERROR = "ERROR"
 
 
@@ -49,10 +67,12 @@ class Kind(StrEnum):
     CACHE = "cache"
 
 
-class Severity(StrEnum):
-    P0 = "P0"
-    P1 = "P1"
+class Severity(_Ranked):
+    """How urgent a finding is, mildest first: P0 is the most severe."""
+
     P2 = "P2"
+    P1 = "P1"
+    P0 = "P0"
 
 
 class Outcome(StrEnum):
@@ -410,7 +430,9 @@ class Verdict:
 
     def worst(self) -> Finding | None:
         """The most severe finding (blocking before warnings, P0 before P1, larger first)."""
-        ranked = sorted(self.findings, key=lambda f: (not f.blocking, f.severity, -(f.bytes or 0)))
+        ranked = sorted(
+            self.findings, key=lambda f: (not f.blocking, -f.severity.rank, -(f.bytes or 0))
+        )
         return ranked[0] if ranked else None
 
     def to_dict(self) -> dict[str, Any]:

@@ -279,3 +279,116 @@ def test_keeps_16mb():
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*held by test_loop.HOLD (list, 1 items, 16.0MiB)*"])
+
+
+BROKEN_RULES = """
+import sys
+
+from harness import Finding, register_rule
+
+
+def recurse(ctx, option):
+    return recurse(ctx, option)
+
+
+def bad_check(ctx, option):
+    ctx.check("bad_check", "run", "MAYBE", "not a status")
+    return []
+
+
+register_rule("raises", lambda ctx, option: 1 / 0)
+register_rule("gives_none", lambda ctx, option: None)
+register_rule("gives_text", lambda ctx, option: "leak")
+register_rule("gives_numbers", lambda ctx, option: [1, 2])
+register_rule("no_option", lambda ctx: [])
+register_rule("recurses", recurse)
+register_rule("exits", lambda ctx, option: sys.exit(3))
+register_rule("bad_check", bad_check)
+register_rule("bad_kind", lambda ctx, option: [Finding("bogus", None, None, 1, "x")])
+"""
+BROKEN_NAMES = [
+    "raises",
+    "gives_none",
+    "gives_text",
+    "gives_numbers",
+    "no_option",
+    "recurses",
+    "exits",
+    "bad_check",
+    "bad_kind",
+]
+
+
+@pytest.fixture
+def registered_by_conftest():
+    """The names a pytester conftest registers in this process, unregistered afterwards."""
+    from harness.rules import unregister_rule
+
+    names: list[str] = []
+    yield names
+    for name in names:
+        unregister_rule(name)
+
+
+def test_a_rule_that_cannot_judge_errors_its_test_and_the_session_goes_on(
+    pytester, registered_by_conftest
+):
+    registered_by_conftest += BROKEN_NAMES
+    pytester.makeconftest(BROKEN_RULES)
+    body = "".join(
+        f"""
+
+@pytest.mark.memleak({name}="1MB")
+def test_{name}(memtrace):
+    loop(memtrace)
+"""
+        for name in BROKEN_NAMES
+    )
+    result = run(pytester, body + "\n\ndef test_after():\n    pass\n", "--memreport=out")
+    assert result.ret == 1 and "INTERNALERROR" not in result.stdout.str()
+    result.assert_outcomes(passed=1, failed=len(BROKEN_NAMES))
+    result.stdout.fnmatch_lines(
+        [f"*error: rule '{name}' could not judge: *" for name in BROKEN_NAMES],
+        consecutive=False,
+    )
+    for name in BROKEN_NAMES:
+        saved = pytester.path / "out" / f"{safe_name(f'test_loop.py::test_{name}')}.json"
+        doc = json.loads(saved.read_text())
+        assert doc["status"] == "ERROR"
+        assert any(c["rule"] == name and c["status"] == "ERROR" for c in doc["checks"])
+
+
+def test_a_run_failed_by_a_registered_rule_is_not_a_pass_once_rebuilt_without_it(
+    pytester, registered_by_conftest, capsys
+):
+    from harness.cli import main as leakgate
+    from harness.rules import unregister_rule
+
+    registered_by_conftest.append("always_fails")
+    pytester.makeconftest(
+        """
+from harness import Finding, register_rule
+
+
+@register_rule("always_fails")
+def always_fails(ctx, option):
+    ctx.check("always_fails", "run", "FAIL", "failed on purpose")
+    return [Finding("leak", None, None, 1, "failed on purpose")]
+"""
+    )
+    body = """
+
+@pytest.mark.memleak(always_fails="1MB")
+def test_failed(memtrace):
+    loop(memtrace)
+"""
+    run(pytester, body, "--memreport=out").assert_outcomes(failed=1)
+    unregister_rule("always_fails")  # rebuilt where the conftest is not loaded
+    out = pytester.path / "out"
+    timeline = out / f"{safe_name('test_loop.py::test_failed')}.jsonl"
+    assert leakgate(["report", str(timeline)]) == 1
+    rebuilt = json.loads(timeline.with_suffix(".json").read_text())
+    assert rebuilt["status"] == "ERROR"
+    assert "'always_fails' is read by no registered rule" in rebuilt["error"]
+    assert leakgate(["gate", str(out)]) == 1
+    capsys.readouterr()
