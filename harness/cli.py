@@ -35,7 +35,7 @@ from harness.labels import is_run_end
 from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
 from harness.units import format_mib, format_size, parse_size
-from harness.verdict import Rules, options
+from harness.verdict import Rules, judged_options
 
 PASS, FAIL, BAD_INPUT = 0, 1, 2
 TABLE_ROWS = 20
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--no-json", action="store_true", help="write no JSON verdict")
     report.add_argument("--title", help="report title (default: the test id or file name)")
-    for option in options():
+    for option in judged_options():
         kind = option.metadata["kind"]
         flag = "--" + option.name.replace("_", "-")
         text = option.metadata["help"].replace("%", "%%")
@@ -217,7 +217,7 @@ def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
     """The timeline's stored rules, each overridden by an option given on the command line."""
     try:
         stored = rules_of(header)
-        given = {o.name: getattr(args, o.name) for o in options()}
+        given = {o.name: getattr(args, o.name) for o in judged_options()}
         given = {k: tuple(v) if k == "phase" else v for k, v in given.items() if v is not None}
         written = {k: v for k, v in stored.written.items() if k not in given}
         return dataclasses.replace(stored, **given, written=written)

@@ -65,9 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     keywords = ", ".join(f"{o.name}={o.default!r}" for o in options())
     config.addinivalue_line(
         "markers",
-        f"memleak({keywords}, attribute=False, explain=False, **registered_rules): judge the "
-        "test's memory timeline (leakgate); attribute=True names who holds new tensors at every "
-        "phase end, explain=True also the lines that allocated them",
+        f"memleak({keywords}, **registered_rules): judge the test's memory timeline (leakgate)",
     )
     config.pluginmanager.register(LeakGate(config), PLUGIN_NAME)
 
@@ -148,8 +146,7 @@ class LeakGate:
                 if marker.args:
                     raise ValueError("memleak takes keyword arguments only")
                 for key, value in marker.kwargs.items():
-                    if key not in ("attribute", "explain"):
-                        (custom if is_custom(key) else values)[key] = value
+                    (custom if is_custom(key) else values)[key] = value
             return Rules.from_dict({**values, "custom": custom} if custom else values)
         except ValueError as exc:
             raise pytest.UsageError(f"{item.nodeid}: memleak: {exc}") from None
@@ -159,19 +156,15 @@ class LeakGate:
         from harness.recorder import Recorder
 
         rules = self.rules_for(item)
-        marker = item.get_closest_marker("memleak")
-        asked = marker is not None and bool(marker.kwargs.get("attribute", False))
-        explain = bool(self.config.getoption("memreport_explain", False)) or (
-            marker is not None and bool(marker.kwargs.get("explain", False))
-        )
+        explain = rules.explain or bool(self.config.getoption("memreport_explain", False))
         files = self.files_for(item)
         # Always ready to name holders while they live: at the checkpoint where a phase's growth
         # first crosses its budget, or an OOM. attribute=True also names them at every END.
         attribution = PhaseAttribution(
             growth=rules.size("max_growth"),
             metric=rules.metric,
-            at_end=asked,
-            sites=asked,
+            at_end=rules.attribute,
+            sites=rules.attribute,
             explain=explain,
         )
         meta = {"test": item.nodeid}

@@ -99,9 +99,11 @@ WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE)
 """Kinds that warn without failing a verdict."""
 
 
-def _option(help: str, kind: str = "str", **extra: Any) -> Any:
-    """A :class:`Rules` field's metadata: its help text and how text is read into it."""
-    return {"help": help, "kind": kind, **extra}
+def _option(help: str, kind: str = "str", *, live: bool = False) -> Any:
+    """A :class:`Rules` field's metadata: its help text, how text is read into it (``kind``),
+    and whether it shapes what a live run records rather than what is judged (``live``: a
+    rebuild from a timeline cannot apply it, and it never changes a verdict)."""
+    return {"help": help, "kind": kind, "live": live}
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,25 @@ class Rules:
             "flag",
         ),
     )
+    attribute: bool = field(
+        default=False,
+        compare=False,
+        metadata=_option(
+            "name who holds new tensors at every phase end, not only where a phase first "
+            "grows past max_growth",
+            "flag",
+            live=True,
+        ),
+    )
+    explain: bool = field(
+        default=False,
+        compare=False,
+        metadata=_option(
+            "also note the line that allocated every tensor and Python object (slower)",
+            "flag",
+            live=True,
+        ),
+    )
     custom: Mapping[str, Any] = field(
         default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
     )
@@ -200,14 +221,10 @@ class Rules:
             raise ValueError(
                 f"Rules.project_to: expected a whole number >= 1, got {self.project_to!r}"
             )
-        if not isinstance(self.cache_is_leak, bool):
-            raise ValueError(
-                f"Rules.cache_is_leak: expected True or False, got {self.cache_is_leak!r}"
-            )
-        if not isinstance(self.allow_unjudged, bool):
-            raise ValueError(
-                f"Rules.allow_unjudged: expected True or False, got {self.allow_unjudged!r}"
-            )
+        for name in flag_fields():
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"Rules.{name}: expected True or False, got {value!r}")
         if not isinstance(self.metric, str) or not self.metric:
             raise ValueError(f"Rules.metric: expected a metric name, got {self.metric!r}")
         if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
@@ -265,7 +282,21 @@ def option_names() -> list[str]:
 
 
 def size_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(Rules) if f.metadata.get("kind") == "size")
+    return _of_kind("size")
+
+
+def flag_fields() -> tuple[str, ...]:
+    return _of_kind("flag")
+
+
+def judged_options() -> Iterator[Field[Any]]:
+    """The options that decide a verdict (every option but the ``live`` ones): what a rebuild
+    from a timeline takes and what a report lists."""
+    return (f for f in options() if not f.metadata["live"])
+
+
+def _of_kind(kind: str) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(Rules) if f.metadata.get("kind") == kind)
 
 
 def parse_option(name: str, text: str) -> Any:

@@ -191,6 +191,38 @@ def test_overridden(memtrace):
     result.stdout.fnmatch_lines(["FAIL*test_from_ini", "PASS*test_overridden"])
 
 
+def test_attribute_and_explain_are_rule_options_from_ini_or_marker_and_are_saved(pytester):
+    pytester.makeini("[pytest]\nmemleak_attribute = true\n")
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(max_growth="64MB")
+def test_from_ini(memtrace):
+    loop(memtrace)
+
+
+@pytest.mark.memleak(max_growth="64MB", attribute=False, explain=True)
+def test_overridden(memtrace):
+    loop(memtrace)
+""",
+        "--memreport=out",
+    )
+    result.assert_outcomes(passed=2)
+    docs = {
+        d["test"].rsplit("::", 1)[1]: d["rules"]
+        for d in map(json.loads, (p.read_text() for p in (pytester.path / "out").glob("*.json")))
+    }
+    assert (docs["test_from_ini"]["attribute"], docs["test_from_ini"]["explain"]) == (True, False)
+    assert (docs["test_overridden"]["attribute"], docs["test_overridden"]["explain"]) == (
+        False,
+        True,
+    )
+    pytester.makeini("[pytest]\nmemleak_explain = maybe\n")
+    result = run(pytester, "\ndef test_x(memtrace):\n    pass\n")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*memleak: explain: expected true or false, got 'maybe'*"])
+
+
 def test_bad_marker_arguments_are_a_usage_error(pytester):
     result = run(
         pytester,

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
 from harness.chart import MAX_POINTS, memory_chart
 from harness.report import Run, render_report
-from harness.rules import SCHEMA_VERSION, Evidence, Finding, Verdict, judge
+from harness.rules import SCHEMA_VERSION, Evidence, Finding, Rules, Verdict, judge
 from harness.sample import Sample
+from harness.verdict import judged_options
 
 MB = 2**20
 SECTIONS = [
@@ -190,10 +191,26 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
     assert "[x.jsonl](x.jsonl)" in logs and "[x.json](x.json)" in logs
 
 
+def test_the_rules_row_lists_every_judged_option_and_registered_rule_options():
+    rules = {**RULES, "project_to": 704, "max_projected": "2MB", "cache_is_leak": True}
+    run = run_of(incident(), rules)
+    run = replace(run, verdict=replace(run.verdict, rules=Rules(**rules, custom={"mine": "1MB"})))
+    row = next(r for r in render_report(run).splitlines() if r.startswith("| Rules |"))
+    parts = [part.strip("| ") for part in row.removeprefix("| Rules |").split(" · ")]
+    names = [part.split()[0] for part in parts]
+    assert names == [*(o.name for o in judged_options()), "mine"]
+    for shown in ("project_to 704", "max_projected 2MB (1.9MiB)", "cache_is_leak yes", "mine 1MB"):
+        assert shown in parts
+    assert "attribute" not in names and "explain" not in names
+
+
 def test_thresholds_are_echoed_as_written_beside_their_binary_figure():
     run = run_of(incident(), {**RULES, "max_growth": "30MB", "max_peak": 50 * MB})
     text = render_report(run)
-    assert "max_growth 30MB (28.6MiB) · max_peak 52428800B (50.0MiB) · max_drift off" in text
+    rules = next(r for r in text.splitlines() if r.startswith("| Rules |")).split(" · ")
+    assert {"max_growth 30MB (28.6MiB)", "max_peak 52428800B (50.0MiB)", "max_drift off"} <= {
+        part.strip("| ") for part in rules
+    }
     row = next(r for r in text.splitlines() if r.startswith("| validation epoch 0"))
     assert "| 30MB (28.6MiB) |" in row
     chart = section(text, "Memory Over the Run")

@@ -17,7 +17,7 @@ from harness.report.memory import analysis, chart, profile, status
 from harness.report.ranks import rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
-from harness.verdict import Verdict
+from harness.verdict import Rules, Verdict, judged_options
 
 
 def render_report(run: Run) -> str:
@@ -208,13 +208,25 @@ def verdict_line(verdict: Verdict) -> str:
 
 
 def rules_text(verdict: Verdict) -> str:
-    """The rules in force, as plain text (a table escapes it)."""
+    """The rules in force, as plain text (a table escapes it): every option that decides a
+    verdict, from :class:`Rules`' declaration, then the options of registered rules."""
     rules = verdict.rules
-    parts = [f"phase {', '.join(rules.phase) if rules.phase else 'all'}"]
-    for name in ("max_growth", "max_peak", "max_drift", "teardown"):
-        parts.append(f"{name} {echo_size(rules.shown(name), getattr(rules, name))}")
-    parts += [f"warmup {rules.warmup}", f"metric {rules.metric}"]
+    parts = [f"{o.name} {option_text(rules, o.name, o.metadata['kind'])}" for o in judged_options()]
+    parts += [f"{name} {describe(value)}" for name, value in rules.custom.items()]
     return " · ".join(parts)
+
+
+def option_text(rules: Rules, name: str, kind: str) -> str:
+    """One option's value as the report shows it: a size as written (with its binary figure),
+    ``all`` phases, ``yes``/``no`` for a flag, ``off`` for a rule switched off."""
+    value = getattr(rules, name)
+    if kind == "size":
+        return echo_size(rules.shown(name), value)
+    if kind == "phases":
+        return ", ".join(value) if value else "all"
+    if kind == "flag":
+        return "yes" if value else "no"
+    return "off" if value is None else describe(value)
 
 
 def device(header: Mapping[str, Any]) -> Markdown:
