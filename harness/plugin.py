@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from harness import labels
+from harness.errors import BadInput
 from harness.verdict import options, parse_option
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ class LeakGate:
             marker = item.get_closest_marker("memleak")
             if marker is not None:
                 if marker.args:
-                    raise ValueError("memleak takes keyword arguments only")
+                    raise BadInput("takes keyword arguments only, not positional ones")
                 for key, value in marker.kwargs.items():
                     (custom if is_custom(key) else values)[key] = value
             return Rules.from_dict({**values, "custom": custom} if custom else values)

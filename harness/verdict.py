@@ -13,6 +13,7 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Self
 
+from harness.errors import BadInput
 from harness.units import parse_size
 
 SCHEMA_VERSION = 2
@@ -195,9 +196,13 @@ class Rules:
         if self.phase is not None:
             phases = (self.phase,) if isinstance(self.phase, str) else self.phase
             if not isinstance(phases, Sequence) or not phases:
-                raise ValueError(f"Rules.phase: expected a phase name or names, got {phases!r}")
+                raise BadInput(
+                    f"expected a phase name or names, got {phases!r}", field="Rules.phase"
+                )
             if not all(isinstance(p, str) and p for p in phases):
-                raise ValueError(f"Rules.phase: phase names must be non-empty strings: {phases!r}")
+                raise BadInput(
+                    f"phase names must be non-empty strings: {phases!r}", field="Rules.phase"
+                )
             object.__setattr__(self, "phase", tuple(phases))
         written = dict(self.written)
         for name in size_fields():
@@ -212,23 +217,26 @@ class Rules:
         for name in ("warmup", "warmup_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Rules.{name}: expected a whole number >= 0, got {value!r}")
+                raise BadInput(
+                    f"expected a whole number >= 0, got {value!r}", field=f"Rules.{name}"
+                )
         if self.project_to is not None and (
             isinstance(self.project_to, bool)
             or not isinstance(self.project_to, int)
             or self.project_to < 1
         ):
-            raise ValueError(
-                f"Rules.project_to: expected a whole number >= 1, got {self.project_to!r}"
+            raise BadInput(
+                f"expected a whole number >= 1, got {self.project_to!r}", field="Rules.project_to"
             )
         for name in flag_fields():
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise ValueError(f"Rules.{name}: expected True or False, got {value!r}")
+                raise BadInput(f"expected True or False, got {value!r}", field=f"Rules.{name}")
         if not isinstance(self.metric, str) or not self.metric:
-            raise ValueError(f"Rules.metric: expected a metric name, got {self.metric!r}")
+            raise BadInput(f"expected a metric name, got {self.metric!r}", field="Rules.metric")
         if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
-            raise ValueError(f"Rules.custom: expected a mapping of rule names, got {self.custom!r}")
+            problem = f"expected a mapping of rule names, got {self.custom!r}"
+            raise BadInput(problem, field="Rules.custom")
         object.__setattr__(self, "custom", dict(self.custom))
 
     def selects(self, phase: str | None) -> bool:
@@ -259,17 +267,17 @@ class Rules:
     def from_dict(cls, data: Mapping[str, Any]) -> Rules:
         """Build from a mapping (a marker's keywords, a JSON object); unknown keys are errors."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"rules: expected a mapping, got {type(data).__name__}")
+            raise BadInput(f"expected a mapping, got {type(data).__name__}", field="rules")
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise ValueError(
+            raise BadInput(
                 f"unknown rule(s) {sorted(map(str, unknown))}; known rules: "
                 + ", ".join(option_names())
             )
         try:
             return cls(**data)
         except TypeError as exc:
-            raise ValueError(f"rules: {exc}") from None
+            raise BadInput(str(exc), field="rules") from None
 
 
 def options() -> Iterator[Field[Any]]:
@@ -302,23 +310,24 @@ def _of_kind(kind: str) -> tuple[str, ...]:
 def parse_option(name: str, text: str) -> Any:
     """A rule option given as text (an ini value, a CLI flag) in its field's type.
 
-    Raises ``ValueError`` naming the option for text that does not read as one.
+    Raises :class:`~harness.errors.BadInput` naming the option for text that does not read as
+    one.
     """
     kind = next((f.metadata["kind"] for f in options() if f.name == name), None)
     if kind is None:
-        raise ValueError(f"unknown rule {name!r}; known rules: {', '.join(option_names())}")
+        raise BadInput(f"unknown rule {name!r}; known rules: {', '.join(option_names())}")
     text = text.strip()
     if kind == "count":
         try:
             return int(text)
         except ValueError:
-            raise ValueError(f"{name}: expected a whole number, got {text!r}") from None
+            raise BadInput(f"expected a whole number, got {text!r}", field=name) from None
     if kind == "flag":
         if text.lower() in ("1", "true", "yes", "on"):
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{name}: expected true or false, got {text!r}")
+        raise BadInput(f"expected true or false, got {text!r}", field=name)
     if kind == "phases":
         return tuple(p.strip() for p in text.split(",") if p.strip()) or None
     if kind == "size":
@@ -363,9 +372,8 @@ class Finding:
         try:
             kind = Kind(self.kind)
         except ValueError:
-            raise ValueError(
-                f"Finding.kind: {self.kind!r} is not one of {', '.join(KINDS)}"
-            ) from None
+            problem = f"{self.kind!r} is not one of {', '.join(KINDS)}"
+            raise BadInput(problem, field="Finding.kind") from None
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "severity", SEVERITY[kind])
         object.__setattr__(self, "rule", self.rule or kind.value)
@@ -487,12 +495,12 @@ class Verdict:
             or not isinstance(version, int)
             or not (1 <= version <= SCHEMA_VERSION)
         ):
-            raise ValueError(
+            raise BadInput(
                 f"verdict schema_version {version!r} is not readable (1 to {SCHEMA_VERSION})"
             )
         rules = data.get("rules") or {}
         if not isinstance(rules, Mapping):
-            raise ValueError("rules: expected an object")
+            raise BadInput("expected an object", field="rules")
         rules = {k: v for k, v in rules.items() if version > 1 or k != "written"}
         if isinstance(rules.get("phase"), list):
             rules["phase"] = tuple(rules["phase"])
@@ -509,7 +517,7 @@ class Verdict:
 def _list(data: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     value = data.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-        raise ValueError(f"{key}: expected a list of objects")
+        raise BadInput("expected a list of objects", field=key)
     return value
 
 
@@ -520,8 +528,8 @@ def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
 
 def _build(cls: type, data: Mapping[str, Any]) -> Any:
     if not isinstance(data, Mapping):
-        raise ValueError(f"cannot read {cls.__name__} from {data!r}")
+        raise BadInput(f"cannot read {cls.__name__} from {data!r}")
     try:
         return cls(**_known(cls, data))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"cannot read {cls.__name__}: {exc}") from None
+        raise BadInput(f"cannot read {cls.__name__}: {exc}") from None

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
 from harness.chart import MAX_POINTS, memory_chart
+from harness.errors import BadInput
 from harness.report import Run, render_report
 from harness.rules import SCHEMA_VERSION, Evidence, Finding, Rules, Verdict, judge
 from harness.sample import Sample
@@ -566,6 +567,15 @@ def test_save_run_writes_the_json_document_and_the_report(tmp_path):
     assert doc["worst_growth"] == pytest.approx(34 * MB)
     text = paths["md"].read_text()
     assert "[leaky.jsonl](leaky.jsonl)" in text and "[leaky.json](leaky.json)" in text
+
+
+def test_a_bad_verdict_file_is_bad_input_naming_its_path_and_field(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"schema_version": 2, "status": "PASS", "phases": [{"epoch": 1.5}]}))
+    with pytest.raises(BadInput) as bad:
+        load_run_document(path)
+    assert (bad.value.path, bad.value.field) == (str(path), "phases[0].epoch")
+    assert str(bad.value) == f"{path}: phases[0].epoch: expected a whole number, got 1.5"
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b"])

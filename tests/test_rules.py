@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
+from harness.errors import BadInput
 from harness.rules import (
     SCHEMA_VERSION,
     Finding,
@@ -18,7 +19,7 @@ from harness.rules import (
     unregister_rule,
 )
 from harness.sample import Sample
-from harness.verdict import CheckStatus, Severity, Status
+from harness.verdict import CheckStatus, Severity, Status, parse_option
 
 KB = 1024
 MB = 2**20
@@ -410,6 +411,19 @@ def test_rules_parse_sizes_and_accept_mappings():
 def test_bad_rules_raise_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Rules(**kwargs)
+
+
+def test_bad_rules_carry_the_field_as_an_attribute():
+    with pytest.raises(BadInput) as bad:
+        Rules(max_growth="lots")
+    assert bad.value.field == "Rules.max_growth" and "cannot read 'lots'" in bad.value.problem
+    assert str(bad.value).startswith("Rules.max_growth: cannot read 'lots' as a size")
+    with pytest.raises(BadInput) as bad:
+        parse_option("warmup", "five")
+    assert (bad.value.field, bad.value.problem) == ("warmup", "expected a whole number, got 'five'")
+    with pytest.raises(BadInput) as bad:
+        Verdict.from_dict({"schema_version": 2, "status": "PASS", "findings": 3})
+    assert bad.value.field == "findings"
 
 
 def test_unknown_rules_are_named():
