@@ -205,6 +205,14 @@ def test_the_rules_row_lists_every_judged_option_and_registered_rule_options():
     assert "attribute" not in names and "explain" not in names
 
 
+def test_an_error_the_run_did_not_raise_is_not_reported_as_raised():
+    unread = render_report(run_of(incident(), {**RULES, "custom": {"gone": "1MB"}}))
+    assert "ERROR: `rule option 'gone' is read by no registered rule" in unread
+    assert "the run raised" not in unread
+    raised = Run("incident", HEADER, incident(), judge(incident(), RULES, error="boom"))
+    assert "ERROR: the run raised `boom`" in render_report(raised)
+
+
 def test_thresholds_are_echoed_as_written_beside_their_binary_figure():
     run = run_of(incident(), {**RULES, "max_growth": "30MB", "max_peak": 50 * MB})
     text = render_report(run)

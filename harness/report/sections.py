@@ -17,7 +17,7 @@ from harness.report.memory import analysis, chart, profile, status
 from harness.report.ranks import rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
-from harness.verdict import Rules, Verdict, judged_options
+from harness.verdict import Rules, Status, Verdict, judged_options
 
 
 def render_report(run: Run) -> str:
@@ -194,8 +194,9 @@ def run_line(run: Run) -> Markdown:
 
 
 def verdict_line(verdict: Verdict) -> str:
-    if verdict.status == "ERROR":
-        return f"ERROR: the run raised {code(verdict.error or 'an error')}"
+    if verdict.status == Status.ERROR:
+        raised = any(c.rule == "error" for c in verdict.checks)
+        return f"ERROR: {'the run raised ' * raised}{code(verdict.error or 'an error')}"
     counts: dict[str, int] = {}
     for f in verdict.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
