@@ -4,8 +4,9 @@
 Statuses, kinds, severities and outcomes are string enums, so they compare equal to, and are
 written to JSON as, their plain names; statuses and severities know their order (``rank``,
 ``worst``). Every option a front end offers (marker keyword, ini option, ``leakgate report``
-flag, the report's rules row) is a :class:`Rules` field, read from its metadata. The JSON form is ``SCHEMA_VERSION`` 2; version 1
-documents (without ``rule`` and ``outcome`` on findings) still load.
+flag, the report's rules row) is a :class:`Rules` field, read from its metadata. The JSON form
+is ``SCHEMA_VERSION`` 2; version 1 documents (without ``rule`` and ``outcome`` on findings)
+still load.
 """
 
 from __future__ import annotations
