@@ -363,8 +363,10 @@ def registered_by_conftest():
 
 
 def test_a_rule_that_cannot_judge_errors_its_test_and_the_session_goes_on(
-    pytester, registered_by_conftest
+    pytester, registered_by_conftest, capsys
 ):
+    from harness.cli import main as leakgate
+
     registered_by_conftest += BROKEN_NAMES
     pytester.makeconftest(BROKEN_RULES)
     body = "".join(
@@ -388,6 +390,11 @@ def test_{name}(memtrace):
         doc = json.loads(saved.read_text())
         assert doc["status"] == "ERROR"
         assert any(c["rule"] == name and c["status"] == "ERROR" for c in doc["checks"])
+    assert leakgate(["gate", str(pytester.path / "out")]) == 1
+    assert (
+        f"0 PASS · 0 FAIL · {len(BROKEN_NAMES)} ERROR"
+        in (pytester.path / "out" / "index.md").read_text()
+    )
 
 
 def test_a_run_failed_by_a_registered_rule_is_not_a_pass_once_rebuilt_without_it(
