@@ -32,10 +32,10 @@ from harness.errors import BadInput, LeakgateError, UnwritableReport
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
 from harness.labels import is_run_end
+from harness.options import Rules, judged_options
 from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
 from harness.units import format_mib, format_size, parse_size
-from harness.verdict import Rules, judged_options
 
 PASS, FAIL, BAD_INPUT = 0, 1, 2
 TABLE_ROWS = 20

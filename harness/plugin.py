@@ -28,7 +28,7 @@ import pytest
 
 from harness import labels
 from harness.errors import BadInput
-from harness.verdict import options, parse_option
+from harness.options import options, parse_option
 
 if TYPE_CHECKING:
     from harness.recorder import Recorder

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
 from harness.chart import MAX_POINTS, memory_chart
 from harness.errors import BadInput
+from harness.options import judged_options
 from harness.report import Run, render_report
 from harness.rules import SCHEMA_VERSION, Evidence, Finding, Rules, Verdict, judge
 from harness.sample import Sample
-from harness.verdict import judged_options
 
 MB = 2**20
 SECTIONS = [

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import harness
 from harness.errors import BadInput
+from harness.options import parse_option
 from harness.rules import (
     SCHEMA_VERSION,
     Finding,
@@ -19,7 +20,7 @@ from harness.rules import (
     unregister_rule,
 )
 from harness.sample import Sample
-from harness.verdict import CheckStatus, Severity, Status, parse_option
+from harness.verdict import CheckStatus, Severity, Status
 
 KB = 1024
 MB = 2**20

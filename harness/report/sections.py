@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.markdown import Markdown, code, link_to, strong, table, text
+from harness.options import Rules, judged_options
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
 from harness.report.memory import analysis, chart, profile, status
 from harness.report.ranks import rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
-from harness.verdict import Rules, Status, Verdict, judged_options
+from harness.verdict import Status, Verdict
 
 
 def render_report(run: Run) -> str:

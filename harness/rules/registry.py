@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness.errors import BadInput
-from harness.verdict import Finding, option_names
+from harness.options import option_names
+from harness.verdict import Finding
 
 Scope = Literal["run", "phase"]
 RuleFunction = Callable[..., Iterable[Finding]]
