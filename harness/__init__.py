@@ -53,6 +53,9 @@ if TYPE_CHECKING:
         UnwritableReport as UnwritableReport,
     )
     from harness.finish import finish_run as finish_run
+    from harness.options import (
+        Rules as Rules,
+    )
     from harness.probes import CpuProbe as CpuProbe
     from harness.probes import CudaProbe as CudaProbe
     from harness.probes import Probe as Probe
@@ -95,9 +98,6 @@ if TYPE_CHECKING:
         PhaseStats as PhaseStats,
     )
     from harness.verdict import (
-        Rules as Rules,
-    )
-    from harness.verdict import (
         Status as Status,
     )
     from harness.verdict import (
@@ -115,7 +115,7 @@ _EXPORTS = {
     "register_rule": "harness.rules",
     "Context": "harness.rules",
     "Group": "harness.rules",
-    "Rules": "harness.verdict",
+    "Rules": "harness.options",
     "Verdict": "harness.verdict",
     "Finding": "harness.verdict",
     "Evidence": "harness.verdict",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.errors import BadInput
 from harness.fsio import write_atomic
 from harness.report import (
     Run,
@@ -53,11 +54,11 @@ def save_run(
 
     ``recorder`` (open or closed) gives the header and samples; its timeline is expected at
     ``<directory>/<name>.jsonl``. ``holders`` is the attribution of held memory (dicts with
-    ``path``, ``container``, ``items``, ``bytes``, ``phase``, ``sites``). Raises ``ValueError``
+    ``path``, ``container``, ``items``, ``bytes``, ``phase``, ``sites``). Raises ``BadInput``
     for a name that is not a plain file name.
     """
     if not name or name in (".", "..") or "/" in name or os.sep in name:
-        raise ValueError(f"save_run: name must be a plain file name, got {name!r}")
+        raise BadInput(f"name must be a plain file name, got {name!r}", field="save_run")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = {"json": directory / f"{name}.json", "md": directory / f"{name}.md"}
@@ -132,32 +133,36 @@ def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
 
 
 def load_run_document(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a saved verdict; ``ValueError`` (one line, naming the file and the field) when it
-    is missing, not JSON, not a verdict of a readable schema, or a field that the index, the
+    """Read a saved verdict; :class:`~harness.errors.BadInput` (naming the file and the field)
+    when it is missing, not JSON, not a verdict of a readable schema, or a field that the index, the
     comparison or the gate reads does not have its type (:func:`check_document`)."""
     try:
         text = Path(path).read_bytes()
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise BadInput(f"cannot read ({exc.strerror or exc})", path=path) from None
     try:
         data = json.loads(text)
     except RecursionError:
-        raise ValueError(f"{path}: nested too deeply") from None
+        raise BadInput("nested too deeply", path=path) from None
     except ValueError:
-        raise ValueError(f"{path}: not JSON") from None
+        raise BadInput("not JSON", path=path) from None
     if not isinstance(data, dict) or "schema_version" not in data:
-        raise ValueError(f"{path}: not a leakgate verdict (no schema_version)")
+        raise BadInput("not a leakgate verdict (no schema_version)", path=path)
     try:
         check_document(data)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    try:
         Verdict.from_dict(data)
     except KeyError as exc:
-        raise ValueError(f"{path}: not a leakgate verdict (no {exc})") from None
+        raise BadInput(f"not a leakgate verdict (no {exc})", path=path) from None
     except (ValueError, TypeError, ArithmeticError) as exc:
-        raise ValueError(f"{path}: {_first_line(exc)}") from None
+        raise _in_file(exc, path) from None
     return data
+
+
+def _in_file(exc: Exception, path: str | os.PathLike[str]) -> BadInput:
+    """``exc`` as bad input in the file ``path``, keeping the field it names when it has one."""
+    if isinstance(exc, BadInput):
+        return BadInput(exc.problem, path=path, line=exc.line, field=exc.field)
+    return BadInput(_first_line(exc), path=path)
 
 
 _OPTIONAL_TEXT = ("name", "title", "test", "timeline", "report", "run_id", "metric", "error")
@@ -169,19 +174,20 @@ def check_document(doc: Mapping[str, Any]) -> None:
     the names, ``findings``, ``phases``, ``checks``, ``checkpoints``, ``header`` and
     ``worst_growth``; no nesting deeper than 64 levels, no integer beyond a float's range.
 
-    Raises ``ValueError`` naming the field (``phases[2].phase: expected a string, got a list``).
+    Raises :class:`~harness.errors.BadInput` naming the field (``phases[2].phase: expected a
+    string, got a list``)
     """
     try:
         check_tree(doc)
     except ValueError as exc:
-        raise ValueError(str(exc).lstrip(".")) from None
+        raise BadInput(str(exc).lstrip(".")) from None
     if "status" in doc:
         expect(doc["status"], (str,), "status", "a string")
     for key in _OPTIONAL_TEXT:
         expect(doc.get(key), (str, type(None)), key, "a string")
     report = doc.get("report")
     if isinstance(report, str) and ("\0" in report or any(len(p) > 255 for p in report.split("/"))):
-        raise ValueError(f"report: not a file name: {shown(report)}")
+        raise BadInput(f"not a file name: {shown(report)}", field="report")
     _numbers(doc, ("worst_growth",), "")
     for key in ("header", "run", "rules"):
         expect(doc.get(key), (Mapping, type(None)), key, "an object")
@@ -216,12 +222,12 @@ def check_document(doc: Mapping[str, Any]) -> None:
 
 
 def _objects(doc: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any]]]:
-    """``doc[key]`` (absent or null: none) as a list of objects, or ``ValueError``."""
+    """``doc[key]`` (absent or null: none) as a list of objects, or ``BadInput``."""
     items = doc.get(key)
     if items is None:
         return []
     if not isinstance(items, list):
-        raise ValueError(f"{key}: expected a list, got {shown(items)}")
+        raise BadInput(f"expected a list, got {shown(items)}", field=key)
     for i, item in enumerate(items):
         expect(item, (Mapping,), f"{key}[{i}]", "an object")
     return list(enumerate(items))
@@ -231,14 +237,14 @@ def _numbers(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
     for key in keys:
         value = doc.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"{where}{key}: expected a number, got {shown(value)}")
+            raise BadInput(f"expected a number, got {shown(value)}", field=where + key)
 
 
 def _whole(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
     for key in keys:
         value = doc.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{where}{key}: expected a whole number, got {shown(value)}")
+            raise BadInput(f"expected a whole number, got {shown(value)}", field=where + key)
 
 
 def write_index(directory: str | os.PathLike[str], *, since: float | None = None) -> Path:
@@ -355,9 +361,9 @@ def compare_runs(
     not compared: their levels depend on what ran before (test order, other fixtures).
     """
     if not (tolerance >= 0 and math.isfinite(tolerance)):
-        raise ValueError(f"tolerance must be a finite fraction >= 0, got {tolerance!r}")
+        raise BadInput(f"must be a finite fraction >= 0, got {tolerance!r}", field="tolerance")
     if min_bytes < 0:
-        raise ValueError(f"min_bytes must be >= 0, got {min_bytes!r}")
+        raise BadInput(f"must be >= 0, got {min_bytes!r}", field="min_bytes")
     found: list[tuple[str, str, float, float, float, bool]] = []
     base_phases, new_phases = _phases(base), _phases(new)
     for key, stats in base_phases.items():

@@ -4,8 +4,9 @@ timelines.
 
 Exit codes: 0 pass (no regression), 1 fail or regression, 2 bad input (a missing or unreadable
 file, not JSON, not a timeline or verdict, a field of the wrong type, a schema too new, an
-output that would replace the input): one line on stderr, no traceback. :func:`main` returns
-the code, argparse's included (0 for ``--help``, 2 for a usage error). Every file is written
+output that would replace the input, a file that cannot be written): one line on stderr, no
+traceback. :func:`main` maps leakgate's errors (:mod:`harness.errors`) to that code in one place
+and returns it, argparse's included (0 for ``--help``, 2 for a usage error). Every file is written
 atomically (:mod:`harness.fsio`).
 """
 
@@ -27,21 +28,18 @@ from harness.artifacts import (
     load_run_document,
     write_index,
 )
+from harness.errors import BadInput, LeakgateError, UnwritableReport
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
 from harness.labels import is_run_end
 from harness.merge import gate_problems, merge_timelines
+from harness.options import Rules, judged_options
 from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
 from harness.units import format_mib, format_size, parse_size
-from harness.verdict import Rules, options
 
 PASS, FAIL, BAD_INPUT = 0, 1, 2
 TABLE_ROWS = 20
-
-
-class BadInput(Exception):
-    """Input the command cannot use; its message is the one line printed."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--no-json", action="store_true", help="write no JSON verdict")
     report.add_argument("--title", help="report title (default: the test id or file name)")
-    for option in options():
+    for option in judged_options():
         kind = option.metadata["kind"]
         flag = "--" + option.name.replace("_", "-")
         text = option.metadata["help"].replace("%", "%%")
@@ -165,8 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }[args.command]
     try:
         return command(args)
-    except BadInput as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except UnwritableReport as exc:
+        print(f"error: {exc.path}: cannot write ({exc.reason})", file=sys.stderr)
+        return BAD_INPUT
+    except LeakgateError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return BAD_INPUT
 
 
@@ -175,9 +176,9 @@ def _report(args: argparse.Namespace) -> int:
     try:
         timeline = read_timeline(args.timeline)
     except OSError as exc:
-        raise BadInput(f"{args.timeline}: cannot read ({exc.strerror or exc})") from None
+        raise BadInput(f"cannot read ({exc.strerror or exc})", path=args.timeline) from None
     except ValueError as exc:
-        raise BadInput(_one_line(exc)) from None
+        raise _bad(exc) from None
     rules = _rules(args, timeline.header)
     to_stdout = args.output == "-"
     markdown = None if to_stdout else Path(args.output or args.timeline.with_suffix(".md"))
@@ -198,12 +199,12 @@ def _report(args: argparse.Namespace) -> int:
             title=args.title,
         )
     except (ValueError, TypeError, KeyError) as exc:
-        raise BadInput(f"{args.timeline}: cannot judge its samples ({_one_line(exc)})") from None
+        problem = f"cannot judge its samples ({_one_line(exc)})"
+        raise BadInput(problem, path=args.timeline) from None
     except OSError as exc:
-        raise BadInput(f"{exc.filename or markdown}: cannot write ({exc.strerror})") from None
+        raise _unwritable(exc, markdown) from None
     if finished.write_error is not None:
-        failed = finished.write_error
-        raise BadInput(f"{failed.filename or markdown}: cannot write ({failed.strerror or failed})")
+        raise _unwritable(finished.write_error, markdown)
     if to_stdout:
         sys.stdout.write(render_report(finished.run))
     written = " and ".join(str(p) for p in (markdown, document) if p is not None)
@@ -226,28 +227,28 @@ def _check_outputs(args: argparse.Namespace) -> None:
     document = None if args.no_json else Path(args.json or markdown.with_suffix(".json"))
     for kind, path in (("report", markdown), ("verdict", document)):
         if path is not None and would_replace(path, args.timeline):
-            raise BadInput(f"{path}: is the input timeline; the {kind} must go elsewhere")
+            raise BadInput(f"is the input timeline; the {kind} must go elsewhere", path=path)
     if document is not None and would_replace(markdown, document):
-        raise BadInput(f"{markdown}: the report and the verdict cannot be written to one file")
+        raise BadInput("the report and the verdict cannot be written to one file", path=markdown)
 
 
 def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
     """The timeline's stored rules, each overridden by an option given on the command line."""
     try:
         stored = rules_of(header)
-        given = {o.name: getattr(args, o.name) for o in options()}
+        given = {o.name: getattr(args, o.name) for o in judged_options()}
         given = {k: tuple(v) if k == "phase" else v for k, v in given.items() if v is not None}
         written = {k: v for k, v in stored.written.items() if k not in given}
         return dataclasses.replace(stored, **given, written=written)
     except (ValueError, TypeError) as exc:
-        raise BadInput(f"rules: {_one_line(exc)}") from None
+        raise BadInput(_one_line(exc), field="rules") from None
 
 
 def _compare(args: argparse.Namespace) -> int:
     try:
         base, new = load_run_document(args.base), load_run_document(args.new)
     except ValueError as exc:
-        raise BadInput(_one_line(exc)) from None
+        raise _bad(exc) from None
     comparison = compare_runs(base, new, tolerance=args.tolerance, min_bytes=args.min_bytes)
     for line in comparison_lines(comparison):
         print(line)
@@ -315,11 +316,11 @@ def _change_row(change: Change) -> tuple[str, str, str, str, str, str]:
 
 def _index(args: argparse.Namespace) -> int:
     if not args.directory.is_dir():
-        raise BadInput(f"{args.directory}: not a directory")
+        raise BadInput("not a directory", path=args.directory)
     try:
         path = write_index(args.directory)
     except OSError as exc:
-        raise BadInput(f"{exc.filename or args.directory}: cannot write ({exc.strerror})") from None
+        raise _unwritable(exc, args.directory) from None
     print(f"wrote {path}")
     return PASS
 
@@ -332,7 +333,7 @@ def _gate(args: argparse.Namespace) -> int:
     verdicts = sorted(args.directory.glob("*.json"))
     timelines = sorted(args.directory.glob("*.jsonl"))
     if not verdicts and not timelines:
-        raise BadInput(f"{args.directory}: no verdicts to gate")
+        raise BadInput("no verdicts to gate", path=args.directory)
     docs = {path.name: _load(path) for path in verdicts}
     problems = [line for path in timelines for line in _timeline_problems(path, docs)]
     failed = 0
@@ -383,10 +384,10 @@ def _baseline(folder: Path) -> dict[str, Path]:
     """The baseline's verdicts by file name; bad input unless it is a folder holding some."""
     if not folder.is_dir():
         what = "not a directory" if folder.exists() else "no such directory"
-        raise BadInput(f"{folder}: baseline: {what}")
+        raise BadInput(what, path=folder, field="baseline")
     found = {path.name: path for path in sorted(folder.glob("*.json"))}
     if not found:
-        raise BadInput(f"{folder}: baseline: no verdicts in it")
+        raise BadInput("no verdicts in it", path=folder, field="baseline")
     return found
 
 
@@ -394,7 +395,7 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         return load_run_document(path)
     except ValueError as exc:
-        raise BadInput(_one_line(exc)) from None
+        raise _bad(exc) from None
 
 
 def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]:
@@ -403,11 +404,11 @@ def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]
     try:
         timeline = read_timeline(path)
     except OSError as exc:
-        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise BadInput(f"cannot read ({exc.strerror or exc})", path=path) from None
     except ValueError as exc:
         if path.stat().st_size == 0:
             return [f"incomplete run: {path.name} is empty (the run stopped as it started)"]
-        raise BadInput(_one_line(exc)) from None
+        raise _bad(exc) from None
     problems = []
     verdict = path.with_suffix(".json").name
     doc = docs.get(verdict)
@@ -483,6 +484,18 @@ def _count(text: str) -> int:
 
 def _clip(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:30] + "...")
+
+
+def _bad(exc: ValueError) -> BadInput:
+    """A reader's error as bad input: itself when it already is one (its facts kept)."""
+    return exc if isinstance(exc, BadInput) else BadInput(_one_line(exc))
+
+
+def _unwritable(exc: OSError, fallback: Path | None) -> UnwritableReport:
+    """A failed write as the root's :class:`UnwritableReport`, naming the file it failed on."""
+    if isinstance(exc, UnwritableReport):
+        return exc
+    return UnwritableReport(exc.filename or fallback or "", exc.strerror or str(exc))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -82,7 +82,9 @@ def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> V
     missing = sorted(set(range(world_size)) - {p.rank for p in parts})
     errors = [f"rank {p.rank}: {p.verdict.error}" for p in parts if p.verdict.error]
     raised = [
-        p for p in parts if any(c.rule == "error" and c.status == "ERROR" for c in p.verdict.checks)
+        p
+        for p in parts
+        if any(c.rule == "error" and c.status == CheckStatus.ERROR for c in p.verdict.checks)
     ]
     if missing:
         text = f"rank {', '.join(map(str, missing))} of {world_size} left no timeline"
@@ -100,17 +102,15 @@ def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> V
 def _worst_phases(parts: Sequence[RankRun]) -> tuple[PhaseStats, ...]:
     """Per ``(phase, epoch)``, the statistics of the rank that grew most (its status the worst
     of any rank's), in rank 0's order: what a baseline comparison of the run reads."""
-    order = {"ERROR": 0, "FAIL": 1, "WARN": 2, "PASS": 3, "SKIP": 4}
     chosen: dict[tuple[Any, Any], PhaseStats] = {}
-    worst: dict[tuple[Any, Any], str] = {}
+    worst: dict[tuple[Any, Any], CheckStatus] = {}
     for part in parts:
         for stats in part.verdict.phases:
             key = (stats.phase, stats.epoch)
             kept = chosen.get(key)
             if kept is None or (stats.growth or 0) > (kept.growth or 0):
                 chosen[key] = stats
-            seen = worst.get(key, "SKIP")
-            worst[key] = min(seen, stats.status, key=lambda s: order.get(s, 5))
+            worst[key] = CheckStatus.worst((worst.get(key, CheckStatus.SKIP), stats.status))
     return tuple(replace(stats, status=worst[key]) for key, stats in chosen.items())
 
 

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 import harness.labels as labels
+from harness.errors import BadInput
 from harness.naming import safe_name
-from harness.verdict import options, parse_option
+from harness.options import options, parse_option
 
 if TYPE_CHECKING:
     from harness.recorder import Recorder
@@ -64,9 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     keywords = ", ".join(f"{o.name}={o.default!r}" for o in options())
     config.addinivalue_line(
         "markers",
-        f"memleak({keywords}, attribute=False, explain=False, **registered_rules): judge the "
-        "test's memory timeline (leakgate); attribute=True names who holds new tensors at every "
-        "phase end, explain=True also the lines that allocated them",
+        f"memleak({keywords}, **registered_rules): judge the test's memory timeline (leakgate)",
     )
     config.pluginmanager.register(LeakGate(config), PLUGIN_NAME)
 
@@ -139,10 +138,9 @@ class LeakGate:
             marker = item.get_closest_marker("memleak")
             if marker is not None:
                 if marker.args:
-                    raise ValueError("memleak takes keyword arguments only")
+                    raise BadInput("takes keyword arguments only, not positional ones")
                 for key, value in marker.kwargs.items():
-                    if key not in ("attribute", "explain"):
-                        (custom if is_custom(key) else values)[key] = value
+                    (custom if is_custom(key) else values)[key] = value
             return Rules.from_dict({**values, "custom": custom} if custom else values)
         except ValueError as exc:
             raise pytest.UsageError(f"{item.nodeid}: memleak: {exc}") from None
@@ -152,19 +150,15 @@ class LeakGate:
         from harness.recorder import Recorder
 
         rules = self.rules_for(item)
-        marker = item.get_closest_marker("memleak")
-        asked = marker is not None and bool(marker.kwargs.get("attribute", False))
-        explain = bool(self.config.getoption("memreport_explain", False)) or (
-            marker is not None and bool(marker.kwargs.get("explain", False))
-        )
+        explain = rules.explain or bool(self.config.getoption("memreport_explain", False))
         files = self.files_for(item)
         # Always ready to name holders while they live: at the checkpoint where a phase's growth
         # first crosses its budget, or an OOM. attribute=True also names them at every END.
         attribution = PhaseAttribution(
             growth=rules.size("max_growth"),
             metric=rules.metric,
-            at_end=asked,
-            sites=asked,
+            at_end=rules.attribute,
+            sites=rules.attribute,
             explain=explain,
         )
         meta = {"test": item.nodeid}

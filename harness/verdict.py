@@ -1,38 +1,61 @@
-"""The verdict model: what a timeline must satisfy (:class:`Rules`) and what was found
-(:class:`Verdict` of :class:`Finding` and :class:`Check`), with their JSON form.
+"""The verdict model: what was found (:class:`Verdict` of :class:`Finding` and :class:`Check`)
+against the rules (:class:`~harness.options.Rules`, kept on the verdict), with their JSON form.
 
 Statuses, kinds, severities and outcomes are string enums, so they compare equal to, and are
-written to JSON as, their plain names. The JSON form is ``SCHEMA_VERSION`` 2; version 1
-documents (without ``rule`` and ``outcome`` on findings) still load.
+written to JSON as, their plain names; statuses and severities know their order (``rank``,
+``worst``). Every option a front end offers (marker keyword, ini option, ``leakgate report``
+flag, the report's rules row) is a :class:`Rules` field (:mod:`harness.options`). The JSON form
+is ``SCHEMA_VERSION`` 2; version 1 documents (without ``rule`` and ``outcome`` on findings)
+still load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import Field, asdict, dataclass, field, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
-from harness.units import parse_size
+from harness.errors import BadInput
+from harness.options import Rules as Rules
+from harness.options import size_fields as size_fields
 
 SCHEMA_VERSION = 2
 
 
-class Status(StrEnum):
-    """A verdict's or a phase's outcome."""
+class _Ranked(StrEnum):
+    """An enum whose members are declared from the mildest to the most severe."""
+
+    @property
+    def rank(self) -> int:
+        """How severe: 0 for the mildest member, higher for worse."""
+        return list(type(self)).index(self)
+
+    @classmethod
+    def worst(cls, values: Iterable[str], default: Self | None = None) -> Self:
+        """The most severe of ``values`` (plain names or members); ``default`` when empty."""
+        found = max((cls(v) for v in values), key=lambda m: m.rank, default=default)
+        if found is None:
+            raise ValueError(f"{cls.__name__}.worst: no values and no default")
+        return found
+
+
+class Status(_Ranked):
+    """A verdict's or a phase's outcome, mildest first."""
 
     PASS = "PASS"
     FAIL = "FAIL"
     ERROR = "ERROR"
 
 
-class CheckStatus(StrEnum):
-    """One rule applied to one scope: WARN does not fail a verdict, SKIP judged nothing."""
+class CheckStatus(_Ranked):
+    """One rule applied to one scope, mildest first: SKIP judged nothing, WARN does not fail a
+    verdict, ERROR could not judge."""
 
-    PASS = "PASS"
-    FAIL = "FAIL"
-    WARN = "WARN"
     SKIP = "SKIP"
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
     ERROR = "ERROR"
 
 
@@ -49,10 +72,12 @@ class Kind(StrEnum):
     CACHE = "cache"
 
 
-class Severity(StrEnum):
-    P0 = "P0"
-    P1 = "P1"
+class Severity(_Ranked):
+    """How urgent a finding is, mildest first: P0 is the most severe."""
+
     P2 = "P2"
+    P1 = "P1"
+    P0 = "P0"
 
 
 class Outcome(StrEnum):
@@ -77,202 +102,6 @@ SEVERITY = {
 }
 WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE)
 """Kinds that warn without failing a verdict."""
-
-
-def _option(help: str, kind: str = "str", **extra: Any) -> Any:
-    """A :class:`Rules` field's metadata: its help text and how text is read into it."""
-    return {"help": help, "kind": kind, **extra}
-
-
-@dataclass(frozen=True)
-class Rules:
-    """What a timeline must satisfy. Sizes take bytes or strings such as ``"50MB"``/``"512KiB"``
-    and are stored as ints (``written`` keeps them as given, for messages); ``None`` switches a
-    rule off. ``phase`` takes a name or several (stored as a tuple); ``None`` judges every phase
-    that has per-batch samples. ``custom`` holds the options of registered rules, by name.
-    """
-
-    phase: str | tuple[str, ...] | None = field(
-        default=None,
-        metadata=_option(
-            "phase(s) judged, comma-separated (default: every phase with batches)", "phases"
-        ),
-    )
-    max_growth: int | str | None = field(
-        default=None, metadata=_option("growth allowed in a phase after warm-up, e.g. 50MB", "size")
-    )
-    warmup: int = field(
-        default=5, metadata=_option("batches left out at the start of each phase", "count")
-    )
-    max_peak: int | str | None = field(
-        default=None, metadata=_option("peak allowed above a phase's start", "size")
-    )
-    max_drift: int | str | None = field(
-        default=None, metadata=_option("drift allowed for a checkpoint across epochs", "size")
-    )
-    warmup_epochs: int = field(
-        default=1, metadata=_option("epochs left out of the drift comparison", "count")
-    )
-    teardown: int | str | None = field(
-        default=None, metadata=_option("memory allowed to remain after the run ends", "size")
-    )
-    metric: str = field(default="allocated", metadata=_option("metric judged", "name"))
-    allow_unjudged: bool = field(
-        default=False,
-        metadata=_option(
-            "let a rule that saw nothing to judge pass (default: the verdict is ERROR)", "flag"
-        ),
-    )
-    project_to: int | None = field(
-        default=None,
-        metadata=_option(
-            "batches a phase runs for real: a significant per-batch slope projected over them "
-            "must stay within max_projected (default max_growth)",
-            "count",
-        ),
-    )
-    max_projected: int | str | None = field(
-        default=None,
-        metadata=_option("growth allowed in a phase projected over project_to batches", "size"),
-    )
-    cache_is_leak: bool = field(
-        default=False,
-        metadata=_option(
-            "judge growth that shrinks to nothing epoch over epoch as a leak too (default: a "
-            "bounded cache, a P2 warning)",
-            "flag",
-        ),
-    )
-    custom: Mapping[str, Any] = field(
-        default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
-    )
-    written: Mapping[str, str] = field(
-        default_factory=dict, compare=False, repr=False, metadata={"kind": "internal"}
-    )
-
-    def __post_init__(self) -> None:
-        if self.phase is not None:
-            phases = (self.phase,) if isinstance(self.phase, str) else self.phase
-            if not isinstance(phases, Sequence) or not phases:
-                raise ValueError(f"Rules.phase: expected a phase name or names, got {phases!r}")
-            if not all(isinstance(p, str) and p for p in phases):
-                raise ValueError(f"Rules.phase: phase names must be non-empty strings: {phases!r}")
-            object.__setattr__(self, "phase", tuple(phases))
-        written = dict(self.written)
-        for name in size_fields():
-            value = getattr(self, name)
-            if value is not None:
-                if isinstance(value, str):
-                    written.setdefault(name, " ".join(value.split()))
-                object.__setattr__(self, name, parse_size(value, what=f"Rules.{name}"))
-            else:
-                written.pop(name, None)
-        object.__setattr__(self, "written", written)
-        for name in ("warmup", "warmup_epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Rules.{name}: expected a whole number >= 0, got {value!r}")
-        if self.project_to is not None and (
-            isinstance(self.project_to, bool)
-            or not isinstance(self.project_to, int)
-            or self.project_to < 1
-        ):
-            raise ValueError(
-                f"Rules.project_to: expected a whole number >= 1, got {self.project_to!r}"
-            )
-        if not isinstance(self.cache_is_leak, bool):
-            raise ValueError(
-                f"Rules.cache_is_leak: expected True or False, got {self.cache_is_leak!r}"
-            )
-        if not isinstance(self.allow_unjudged, bool):
-            raise ValueError(
-                f"Rules.allow_unjudged: expected True or False, got {self.allow_unjudged!r}"
-            )
-        if not isinstance(self.metric, str) or not self.metric:
-            raise ValueError(f"Rules.metric: expected a metric name, got {self.metric!r}")
-        if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
-            raise ValueError(f"Rules.custom: expected a mapping of rule names, got {self.custom!r}")
-        object.__setattr__(self, "custom", dict(self.custom))
-
-    def selects(self, phase: str | None) -> bool:
-        """Whether the per-phase rules apply to ``phase``."""
-        return self.phase is None or phase in self.phase
-
-    def size(self, name: str) -> int | None:
-        """A size rule in bytes (``None`` when off)."""
-        value = getattr(self, name)
-        assert value is None or isinstance(value, int)
-        return value
-
-    def shown(self, name: str) -> str:
-        """A size rule as the user wrote it (``"50MB"``), or its bytes when given as an int."""
-        value = getattr(self, name)
-        if value is None:
-            return "off"
-        return self.written.get(name) or f"{value}B"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        data = asdict(self)
-        data["phase"] = list(self.phase) if self.phase is not None else None
-        data["written"] = dict(self.written)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Rules:
-        """Build from a mapping (a marker's keywords, a JSON object); unknown keys are errors."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"rules: expected a mapping, got {type(data).__name__}")
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(
-                f"unknown rule(s) {sorted(map(str, unknown))}; known rules: "
-                + ", ".join(option_names())
-            )
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"rules: {exc}") from None
-
-
-def options() -> Iterator[Field[Any]]:
-    """The :class:`Rules` fields a user sets (marker keywords, ini options, CLI flags)."""
-    return (f for f in fields(Rules) if f.metadata.get("kind") not in ("internal", "mapping"))
-
-
-def option_names() -> list[str]:
-    return [f.name for f in options()]
-
-
-def size_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(Rules) if f.metadata.get("kind") == "size")
-
-
-def parse_option(name: str, text: str) -> Any:
-    """A rule option given as text (an ini value, a CLI flag) in its field's type.
-
-    Raises ``ValueError`` naming the option for text that does not read as one.
-    """
-    kind = next((f.metadata["kind"] for f in options() if f.name == name), None)
-    if kind is None:
-        raise ValueError(f"unknown rule {name!r}; known rules: {', '.join(option_names())}")
-    text = text.strip()
-    if kind == "count":
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"{name}: expected a whole number, got {text!r}") from None
-    if kind == "flag":
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{name}: expected true or false, got {text!r}")
-    if kind == "phases":
-        return tuple(p.strip() for p in text.split(",") if p.strip()) or None
-    if kind == "size":
-        parse_size(text, what=name)
-    return text
 
 
 @dataclass(frozen=True)
@@ -312,9 +141,8 @@ class Finding:
         try:
             kind = Kind(self.kind)
         except ValueError:
-            raise ValueError(
-                f"Finding.kind: {self.kind!r} is not one of {', '.join(KINDS)}"
-            ) from None
+            problem = f"{self.kind!r} is not one of {', '.join(KINDS)}"
+            raise BadInput(problem, field="Finding.kind") from None
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "severity", SEVERITY[kind])
         object.__setattr__(self, "rule", self.rule or kind.value)
@@ -410,7 +238,9 @@ class Verdict:
 
     def worst(self) -> Finding | None:
         """The most severe finding (blocking before warnings, P0 before P1, larger first)."""
-        ranked = sorted(self.findings, key=lambda f: (not f.blocking, f.severity, -(f.bytes or 0)))
+        ranked = sorted(
+            self.findings, key=lambda f: (not f.blocking, -f.severity.rank, -(f.bytes or 0))
+        )
         return ranked[0] if ranked else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -434,12 +264,12 @@ class Verdict:
             or not isinstance(version, int)
             or not (1 <= version <= SCHEMA_VERSION)
         ):
-            raise ValueError(
+            raise BadInput(
                 f"verdict schema_version {version!r} is not readable (1 to {SCHEMA_VERSION})"
             )
         rules = data.get("rules") or {}
         if not isinstance(rules, Mapping):
-            raise ValueError("rules: expected an object")
+            raise BadInput("expected an object", field="rules")
         rules = {k: v for k, v in rules.items() if version > 1 or k != "written"}
         if isinstance(rules.get("phase"), list):
             rules["phase"] = tuple(rules["phase"])
@@ -456,7 +286,7 @@ class Verdict:
 def _list(data: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     value = data.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-        raise ValueError(f"{key}: expected a list of objects")
+        raise BadInput("expected a list of objects", field=key)
     return value
 
 
@@ -467,8 +297,8 @@ def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
 
 def _build(cls: type, data: Mapping[str, Any]) -> Any:
     if not isinstance(data, Mapping):
-        raise ValueError(f"cannot read {cls.__name__} from {data!r}")
+        raise BadInput(f"cannot read {cls.__name__} from {data!r}")
     try:
         return cls(**_known(cls, data))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"cannot read {cls.__name__}: {exc}") from None
+        raise BadInput(f"cannot read {cls.__name__}: {exc}") from None

@@ -9,6 +9,7 @@ import pytest
 from test_report import HEADER, RULES, incident
 
 from harness.cli import main
+from harness.errors import BadInput, UnwritableReport
 from harness.sample import Sample
 from harness.timeline import TimelineWriter
 from harness.units import format_mib, format_size
@@ -376,6 +377,25 @@ def test_bad_input_exits_2_with_one_line_on_stderr(tmp_path, monkeypatch, capsys
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+
+
+def test_errors_raised_below_the_commands_map_to_exit_2_and_one_line(tmp_path, monkeypatch, capsys):
+    base = saved(tmp_path, "base", clean())
+
+    def refused(*args, **kwargs):
+        raise BadInput("expected a list of objects", path="base.json", field="findings")
+
+    monkeypatch.setattr("harness.cli.compare_runs", refused)
+    assert main(["compare", base, base]) == 2
+    assert capsys.readouterr().err == "error: base.json: findings: expected a list of objects\n"
+
+    def full(*args, **kwargs):
+        raise UnwritableReport(tmp_path / "index.md", "No space left on device")
+
+    monkeypatch.setattr("harness.cli.write_index", full)
+    assert main(["index", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'index.md'}: cannot write (No space left on device)\n"
 
 
 @pytest.mark.parametrize("value", ["ten", "-5%", "nan"])

@@ -35,7 +35,13 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "readings and the verdict model",
-        ("harness.children", "harness.probes", "harness.store", "harness.verdict"),
+        (
+            "harness.children",
+            "harness.probes",
+            "harness.store",
+            "harness.options",
+            "harness.verdict",
+        ),
     ),
     ("timeline", ("harness.timeline",)),
     ("rules", ("harness.rules",)),

@@ -191,6 +191,38 @@ def test_overridden(memtrace):
     result.stdout.fnmatch_lines(["FAIL*test_from_ini", "PASS*test_overridden"])
 
 
+def test_attribute_and_explain_are_rule_options_from_ini_or_marker_and_are_saved(pytester):
+    pytester.makeini("[pytest]\nmemleak_attribute = true\n")
+    result = run(
+        pytester,
+        """
+@pytest.mark.memleak(max_growth="64MB")
+def test_from_ini(memtrace):
+    loop(memtrace)
+
+
+@pytest.mark.memleak(max_growth="64MB", attribute=False, explain=True)
+def test_overridden(memtrace):
+    loop(memtrace)
+""",
+        "--memreport=out",
+    )
+    result.assert_outcomes(passed=2)
+    docs = {
+        d["test"].rsplit("::", 1)[1]: d["rules"]
+        for d in map(json.loads, (p.read_text() for p in (pytester.path / "out").glob("*.json")))
+    }
+    assert (docs["test_from_ini"]["attribute"], docs["test_from_ini"]["explain"]) == (True, False)
+    assert (docs["test_overridden"]["attribute"], docs["test_overridden"]["explain"]) == (
+        False,
+        True,
+    )
+    pytester.makeini("[pytest]\nmemleak_explain = maybe\n")
+    result = run(pytester, "\ndef test_x(memtrace):\n    pass\n")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*memleak: explain: expected true or false, got 'maybe'*"])
+
+
 def test_bad_marker_arguments_are_a_usage_error(pytester):
     result = run(
         pytester,
@@ -279,3 +311,123 @@ def test_keeps_16mb():
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*held by test_loop.HOLD (list, 1 items, 16.0MiB)*"])
+
+
+BROKEN_RULES = """
+import sys
+
+from harness import Finding, register_rule
+
+
+def recurse(ctx, option):
+    return recurse(ctx, option)
+
+
+def bad_check(ctx, option):
+    ctx.check("bad_check", "run", "MAYBE", "not a status")
+    return []
+
+
+register_rule("raises", lambda ctx, option: 1 / 0)
+register_rule("gives_none", lambda ctx, option: None)
+register_rule("gives_text", lambda ctx, option: "leak")
+register_rule("gives_numbers", lambda ctx, option: [1, 2])
+register_rule("no_option", lambda ctx: [])
+register_rule("recurses", recurse)
+register_rule("exits", lambda ctx, option: sys.exit(3))
+register_rule("bad_check", bad_check)
+register_rule("bad_kind", lambda ctx, option: [Finding("bogus", None, None, 1, "x")])
+"""
+BROKEN_NAMES = [
+    "raises",
+    "gives_none",
+    "gives_text",
+    "gives_numbers",
+    "no_option",
+    "recurses",
+    "exits",
+    "bad_check",
+    "bad_kind",
+]
+
+
+@pytest.fixture
+def registered_by_conftest():
+    """The names a pytester conftest registers in this process, unregistered afterwards."""
+    from harness.rules import unregister_rule
+
+    names: list[str] = []
+    yield names
+    for name in names:
+        unregister_rule(name)
+
+
+def test_a_rule_that_cannot_judge_errors_its_test_and_the_session_goes_on(
+    pytester, registered_by_conftest, capsys
+):
+    from harness.cli import main as leakgate
+
+    registered_by_conftest += BROKEN_NAMES
+    pytester.makeconftest(BROKEN_RULES)
+    body = "".join(
+        f"""
+
+@pytest.mark.memleak({name}="1MB")
+def test_{name}(memtrace):
+    loop(memtrace)
+"""
+        for name in BROKEN_NAMES
+    )
+    result = run(pytester, body + "\n\ndef test_after():\n    pass\n", "--memreport=out")
+    assert result.ret == 1 and "INTERNALERROR" not in result.stdout.str()
+    result.assert_outcomes(passed=1, failed=len(BROKEN_NAMES))
+    result.stdout.fnmatch_lines(
+        [f"*error: rule '{name}' could not judge: *" for name in BROKEN_NAMES],
+        consecutive=False,
+    )
+    for name in BROKEN_NAMES:
+        saved = pytester.path / "out" / f"{safe_name(f'test_loop.py::test_{name}')}.json"
+        doc = json.loads(saved.read_text())
+        assert doc["status"] == "ERROR"
+        assert any(c["rule"] == name and c["status"] == "ERROR" for c in doc["checks"])
+    assert leakgate(["gate", str(pytester.path / "out")]) == 1
+    assert (
+        f"0 PASS · 0 FAIL · {len(BROKEN_NAMES)} ERROR"
+        in (pytester.path / "out" / "index.md").read_text()
+    )
+
+
+def test_a_run_failed_by_a_registered_rule_is_not_a_pass_once_rebuilt_without_it(
+    pytester, registered_by_conftest, capsys
+):
+    from harness.cli import main as leakgate
+    from harness.rules import unregister_rule
+
+    registered_by_conftest.append("always_fails")
+    pytester.makeconftest(
+        """
+from harness import Finding, register_rule
+
+
+@register_rule("always_fails")
+def always_fails(ctx, option):
+    ctx.check("always_fails", "run", "FAIL", "failed on purpose")
+    return [Finding("leak", None, None, 1, "failed on purpose")]
+"""
+    )
+    body = """
+
+@pytest.mark.memleak(always_fails="1MB")
+def test_failed(memtrace):
+    loop(memtrace)
+"""
+    run(pytester, body, "--memreport=out").assert_outcomes(failed=1)
+    unregister_rule("always_fails")  # rebuilt where the conftest is not loaded
+    out = pytester.path / "out"
+    timeline = out / f"{safe_name('test_loop.py::test_failed')}.jsonl"
+    assert leakgate(["report", str(timeline)]) == 1
+    rebuilt = json.loads(timeline.with_suffix(".json").read_text())
+    assert rebuilt["status"] == "ERROR"
+    assert "'always_fails' is read by no registered rule" in rebuilt["error"]
+    assert leakgate(["gate", str(out)]) == 1
+    capsys.readouterr()

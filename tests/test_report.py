@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
 from harness.chart import MAX_POINTS, memory_chart
+from harness.errors import BadInput
+from harness.options import judged_options
 from harness.report import Run, render_report
-from harness.rules import SCHEMA_VERSION, Evidence, Finding, Verdict, judge
+from harness.rules import SCHEMA_VERSION, Evidence, Finding, Rules, Verdict, judge
 from harness.sample import Sample
 
 MB = 2**20
@@ -190,10 +192,34 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
     assert "[x.jsonl](x.jsonl)" in logs and "[x.json](x.json)" in logs
 
 
+def test_the_rules_row_lists_every_judged_option_and_registered_rule_options():
+    rules = {**RULES, "project_to": 704, "max_projected": "2MB", "cache_is_leak": True}
+    run = run_of(incident(), rules)
+    run = replace(run, verdict=replace(run.verdict, rules=Rules(**rules, custom={"mine": "1MB"})))
+    row = next(r for r in render_report(run).splitlines() if r.startswith("| Rules |"))
+    parts = [part.strip("| ") for part in row.removeprefix("| Rules |").split(" · ")]
+    names = [part.split()[0] for part in parts]
+    assert names == [*(o.name for o in judged_options()), "mine"]
+    for shown in ("project_to 704", "max_projected 2MB (1.9MiB)", "cache_is_leak yes", "mine 1MB"):
+        assert shown in parts
+    assert "attribute" not in names and "explain" not in names
+
+
+def test_an_error_the_run_did_not_raise_is_not_reported_as_raised():
+    unread = render_report(run_of(incident(), {**RULES, "custom": {"gone": "1MB"}}))
+    assert "ERROR: `rule option 'gone' is read by no registered rule" in unread
+    assert "the run raised" not in unread
+    raised = Run("incident", HEADER, incident(), judge(incident(), RULES, error="boom"))
+    assert "ERROR: the run raised `boom`" in render_report(raised)
+
+
 def test_thresholds_are_echoed_as_written_beside_their_binary_figure():
     run = run_of(incident(), {**RULES, "max_growth": "30MB", "max_peak": 50 * MB})
     text = render_report(run)
-    assert "max_growth 30MB (28.6MiB) · max_peak 52428800B (50.0MiB) · max_drift off" in text
+    rules = next(r for r in text.splitlines() if r.startswith("| Rules |")).split(" · ")
+    assert {"max_growth 30MB (28.6MiB)", "max_peak 52428800B (50.0MiB)", "max_drift off"} <= {
+        part.strip("| ") for part in rules
+    }
     row = next(r for r in text.splitlines() if r.startswith("| validation epoch 0"))
     assert "| 30MB (28.6MiB) |" in row
     chart = section(text, "Memory Over the Run")
@@ -549,6 +575,15 @@ def test_save_run_writes_the_json_document_and_the_report(tmp_path):
     assert doc["worst_growth"] == pytest.approx(34 * MB)
     text = paths["md"].read_text()
     assert "[leaky.jsonl](leaky.jsonl)" in text and "[leaky.json](leaky.json)" in text
+
+
+def test_a_bad_verdict_file_is_bad_input_naming_its_path_and_field(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"schema_version": 2, "status": "PASS", "phases": [{"epoch": 1.5}]}))
+    with pytest.raises(BadInput) as bad:
+        load_run_document(path)
+    assert (bad.value.path, bad.value.field) == (str(path), "phases[0].epoch")
+    assert str(bad.value) == f"{path}: phases[0].epoch: expected a whole number, got 1.5"
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b"])

@@ -1,4 +1,5 @@
 import json
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -7,8 +8,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness.rules import SCHEMA_VERSION, Finding, Rules, Verdict, judge
+from harness.errors import BadInput
+from harness.options import parse_option
+from harness.rules import (
+    SCHEMA_VERSION,
+    Finding,
+    Rules,
+    Verdict,
+    judge,
+    register_rule,
+    unregister_rule,
+)
 from harness.sample import Sample
+from harness.verdict import CheckStatus, Severity, Status
 
 KB = 1024
 MB = 2**20
@@ -402,9 +414,92 @@ def test_bad_rules_raise_clear_errors(kwargs, match):
         Rules(**kwargs)
 
 
+def test_bad_rules_carry_the_field_as_an_attribute():
+    with pytest.raises(BadInput) as bad:
+        Rules(max_growth="lots")
+    assert bad.value.field == "Rules.max_growth" and "cannot read 'lots'" in bad.value.problem
+    assert str(bad.value).startswith("Rules.max_growth: cannot read 'lots' as a size")
+    with pytest.raises(BadInput) as bad:
+        parse_option("warmup", "five")
+    assert (bad.value.field, bad.value.problem) == ("warmup", "expected a whole number, got 'five'")
+    with pytest.raises(BadInput) as bad:
+        Verdict.from_dict({"schema_version": 2, "status": "PASS", "findings": 3})
+    assert bad.value.field == "findings"
+
+
 def test_unknown_rules_are_named():
     with pytest.raises(ValueError, match="max_grwoth"):
         judge([], {"max_grwoth": "5MB"})
+
+
+# -- registered rules that cannot judge -----------------------------------------------------------
+
+
+def _recurse(ctx, option):
+    return _recurse(ctx, option)
+
+
+def _bad_check(ctx, option):
+    ctx.check("broken", "run", "MAYBE", "not a status")
+    return []
+
+
+BROKEN_RULES = {
+    "raises": (lambda ctx, option: 1 / 0, "ZeroDivisionError"),
+    "returns None": (lambda ctx, option: None, "returned NoneType"),
+    "returns a list of numbers": (lambda ctx, option: [1, 2], "returned a int among"),
+    "returns a string": (lambda ctx, option: "leak", "returned str"),
+    "wrong signature": (lambda ctx: [], "TypeError"),
+    "recurses": (_recurse, "RecursionError"),
+    "exits": (lambda ctx, option: sys.exit(3), "SystemExit: 3"),
+    "bad check status": (_bad_check, "'MAYBE' is not a valid CheckStatus"),
+    "bad finding kind": (
+        lambda ctx, option: [Finding("bogus", None, None, 1, "x")],
+        "Finding.kind: 'bogus'",
+    ),
+}
+
+
+@pytest.fixture
+def broken_rule():
+    yield "broken"
+    unregister_rule("broken")
+
+
+@pytest.mark.parametrize("scope", ["run", "phase"])
+@pytest.mark.parametrize("case", sorted(BROKEN_RULES))
+def test_a_rule_that_cannot_judge_is_an_error_naming_it_and_the_rest_is_judged(
+    broken_rule, case, scope
+):
+    function, error = BROKEN_RULES[case]
+    if scope == "phase":
+        run_rule = function
+        function = lambda ctx, group, option: run_rule(ctx, option)  # noqa: E731
+    register_rule(broken_rule, function, scope=scope)
+    rules = Rules(max_growth="1MB", warmup=0, custom={broken_rule: "1MB"})
+    verdict = judge(loop(noisy(64 * KB, n=40)), rules)
+    assert verdict.status == "ERROR"
+    assert "rule 'broken' could not judge: " in verdict.error and error in verdict.error
+    assert [c.status for c in verdict.checks if c.rule == "broken"][-1] == "ERROR"
+    assert kinds(verdict) == ["leak"]
+
+
+def test_a_rule_option_no_registered_rule_reads_is_an_error_naming_it():
+    verdict = judge(loop(noisy(n=40)), Rules(max_growth="1MB", custom={"back_to_start": "1MB"}))
+    assert verdict.status == "ERROR"
+    assert "'back_to_start' is read by no registered rule" in verdict.error
+    (check,) = [c for c in verdict.checks if c.rule == "back_to_start"]
+    assert check.status == "ERROR"
+
+
+def test_statuses_and_severities_know_their_order():
+    assert Status.worst(["PASS", "ERROR", "FAIL"]) == Status.ERROR
+    assert CheckStatus.worst([], CheckStatus.PASS) == CheckStatus.PASS
+    assert CheckStatus.worst(["SKIP", "PASS"]) == CheckStatus.PASS
+    assert CheckStatus.worst(["PASS", "WARN", "SKIP"]) == CheckStatus.WARN
+    assert Severity.P0.rank > Severity.P1.rank > Severity.P2.rank
+    with pytest.raises(ValueError):
+        Status.worst([])
 
 
 # -- the verdict as JSON --------------------------------------------------------------------------

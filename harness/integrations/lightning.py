@@ -63,7 +63,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 import harness.labels as labels
-from harness.errors import MemoryCheckFailed
+from harness.errors import BadInput, MemoryCheckFailed
 from harness.finish import Finished, finish_run
 from harness.recorder import DeviceOutOfMemory, Recorder
 from harness.verdict import Rules
@@ -102,7 +102,7 @@ class LeakGateCallback(Callback):
     ``name``, and each rank of a distributed run ``-rank<N>``. ``raise_on_fail``: raise
     :class:`MemoryCheckFailed` from ``on_fit_end`` (or the stage's teardown) when the verdict
     is not PASS, which stops the script. ``attribute``, ``capacity``: as for ``Recorder``,
-    for the recorder the callback makes.
+    for the recorder the callback makes (``attribute`` is on too when the rules' is).
 
     After a judged run, :attr:`finished` holds it; :attr:`recorder` is the last recorder used.
     """
@@ -123,17 +123,19 @@ class LeakGateCallback(Callback):
         if rules is not None and not isinstance(rules, Rules):
             rules = Rules.from_dict(rules)
         if recorder is not None and (timeline is not None or attribute or capacity is not None):
-            raise ValueError(
+            raise BadInput(
                 "timeline, attribute and capacity configure the recorder the callback makes; "
-                "set them on the recorder given instead"
+                "set them on the recorder given instead",
+                field="recorder",
             )
         self.judges = recorder is None or rules is not None
         if raise_on_fail and not self.judges:
-            raise ValueError(
-                "raise_on_fail needs a verdict: give rules, or let the callback make its recorder"
+            raise BadInput(
+                "needs a verdict: give rules, or let the callback make its recorder",
+                field="raise_on_fail",
             )
         if not name or Path(name).name != name:
-            raise ValueError(f"name: expected a file name without folders, got {name!r}")
+            raise BadInput(f"expected a file name without folders, got {name!r}", field="name")
         self.rules = rules
         self.directory = Path(directory) if directory is not None else None
         self.timeline = Path(timeline) if timeline is not None else None
@@ -244,7 +246,7 @@ class LeakGateCallback(Callback):
                 "rank": trainer.global_rank,
                 "world_size": trainer.world_size,
             },
-            attribute=self.attribute,
+            attribute=self.attribute or self._rules(stage).attribute,
             rules=self._rules(stage),
         )
 

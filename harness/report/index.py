@@ -14,17 +14,13 @@ from typing import Any
 
 from harness.markdown import code, link_to, plain, strong, table, text
 from harness.units import format_size
-from harness.verdict import Finding, Kind
-
-STATUS_ORDER = {"ERROR": 0, "FAIL": 1, "PASS": 2}
+from harness.verdict import Finding, Kind, Status
 
 
 def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> list[str]:
     """The lines of ``index.md`` for ``entries`` (a verdict JSON's path and its document);
     ``unreadable`` counts the JSON files that were not verdicts."""
-    entries = sorted(
-        entries, key=lambda e: (STATUS_ORDER.get(str(e[1].get("status")), 0), run_name(*e))
-    )
+    entries = sorted(entries, key=lambda e: (-status_rank(e[1].get("status")), run_name(*e)))
     counts = {s: sum(doc.get("status") == s for _, doc in entries) for s in ("FAIL", "ERROR")}
     passed = sum(doc.get("status") == "PASS" for _, doc in entries)
     worst = {path: worst_finding(doc) for path, doc in entries}
@@ -77,9 +73,18 @@ def worst_finding(doc: Mapping[str, Any]) -> Finding | None:
     return min(findings(doc), key=rank, default=None)
 
 
-def rank(finding: Finding) -> tuple[bool, str, int]:
+def rank(finding: Finding) -> tuple[bool, int, int]:
     """:meth:`Verdict.worst`'s order: blocking first, then P0 before P1, then larger."""
-    return (not finding.blocking, finding.severity, -(size(finding) or 0))
+    return (not finding.blocking, -finding.severity.rank, -(size(finding) or 0))
+
+
+def status_rank(status: Any) -> int:
+    """How severe a document's status is (:attr:`Status.rank`); one that is not a status
+    ranks as ERROR."""
+    try:
+        return Status(status).rank
+    except ValueError:
+        return Status.ERROR.rank
 
 
 def finding_text(finding: Finding) -> str:

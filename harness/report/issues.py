@@ -152,9 +152,9 @@ def order(kind: str) -> int:
     return ROOT_CAUSE_ORDER.index(kind) if kind in ROOT_CAUSE_ORDER else len(ROOT_CAUSE_ORDER)
 
 
-def rank(finding: Finding) -> tuple[str, int]:
+def rank(finding: Finding) -> tuple[int, int]:
     """Issues in order of severity, then cause before symptom."""
-    return finding.severity, order(finding.kind)
+    return -finding.severity.rank, order(finding.kind)
 
 
 def holders_for(run: Run, finding: Finding) -> list[Mapping[str, Any]]:

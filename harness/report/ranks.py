@@ -27,7 +27,7 @@ from harness.report.memory import (
 from harness.report.run import Run, as_int, checkpoint_name
 from harness.sample import Sample
 from harness.units import format_mib
-from harness.verdict import Verdict
+from harness.verdict import CheckStatus, Verdict
 
 if TYPE_CHECKING:
     from harness.attribution import Share
@@ -256,7 +256,7 @@ def _sample_at(
 def _statuses(shown: Sequence[RankRun], rows: Sequence[AnalysisRow | None]) -> str:
     """``PASS``, or the failing ranks: ``**FAIL** (rank 0)``."""
     found = [row.status.strip("*") if row is not None else "n/a" for row in rows]
-    for worst in ("ERROR", "FAIL", "WARN"):
+    for worst in [s for s in reversed(CheckStatus) if s.rank >= CheckStatus.WARN.rank]:
         ranks = [str(r.rank) for r, s in zip(shown, found, strict=True) if s == worst]
         if ranks:
             return Markdown(f"{status(worst)} (rank {', '.join(ranks)})")

@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.markdown import Markdown, code, link_to, strong, table, text
+from harness.options import Rules, judged_options
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
 from harness.report.memory import status
 from harness.report.ranks import analysis, chart, profile, rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
-from harness.verdict import Verdict
+from harness.verdict import Status, Verdict
 
 
 def render_report(run: Run) -> str:
@@ -194,8 +195,9 @@ def run_line(run: Run) -> Markdown:
 
 
 def verdict_line(verdict: Verdict) -> str:
-    if verdict.status == "ERROR":
-        return f"ERROR: the run raised {code(verdict.error or 'an error')}"
+    if verdict.status == Status.ERROR:
+        raised = any(c.rule == "error" for c in verdict.checks)
+        return f"ERROR: {'the run raised ' * raised}{code(verdict.error or 'an error')}"
     counts: dict[str, int] = {}
     for f in verdict.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
@@ -208,13 +210,25 @@ def verdict_line(verdict: Verdict) -> str:
 
 
 def rules_text(verdict: Verdict) -> str:
-    """The rules in force, as plain text (a table escapes it)."""
+    """The rules in force, as plain text (a table escapes it): every option that decides a
+    verdict, from :class:`Rules`' declaration, then the options of registered rules."""
     rules = verdict.rules
-    parts = [f"phase {', '.join(rules.phase) if rules.phase else 'all'}"]
-    for name in ("max_growth", "max_peak", "max_drift", "teardown"):
-        parts.append(f"{name} {echo_size(rules.shown(name), getattr(rules, name))}")
-    parts += [f"warmup {rules.warmup}", f"metric {rules.metric}"]
+    parts = [f"{o.name} {option_text(rules, o.name, o.metadata['kind'])}" for o in judged_options()]
+    parts += [f"{name} {describe(value)}" for name, value in rules.custom.items()]
     return " · ".join(parts)
+
+
+def option_text(rules: Rules, name: str, kind: str) -> str:
+    """One option's value as the report shows it: a size as written (with its binary figure),
+    ``all`` phases, ``yes``/``no`` for a flag, ``off`` for a rule switched off."""
+    value = getattr(rules, name)
+    if kind == "size":
+        return echo_size(rules.shown(name), value)
+    if kind == "phases":
+        return ", ".join(value) if value else "all"
+    if kind == "flag":
+        return "yes" if value else "no"
+    return "off" if value is None else describe(value)
 
 
 def device(header: Mapping[str, Any]) -> Markdown:

@@ -7,9 +7,11 @@ Every rule is registered by name (:mod:`harness.rules.registry`); the built-in o
 (:class:`~harness.rules.context.Context`). Per phase, the worst group's finding of each rule is
 reported; every group's numbers and checks are kept.
 
-Status (:func:`decide`, which a merged distributed run shares): ERROR when ``error`` is given
-and is not an OOM, else FAIL when any blocking finding exists, else ERROR when a rule judged
-nothing, else PASS.
+A registered rule that raises, exits or returns something other than findings could not judge,
+and an option in ``Rules.custom`` that no registered rule reads was never judged: either is an
+ERROR check naming it. Status (:func:`decide`, which a merged distributed run shares): ERROR when
+``error`` is given and is not an OOM, or a rule could not judge, else FAIL when any blocking
+finding exists, else ERROR when a rule judged nothing, else PASS.
 """
 
 from __future__ import annotations
@@ -89,11 +91,12 @@ def judge(
     for phase in rules.phase or ():
         if all(g.phase != phase for g in ctx.groups):
             ctx.check("phase", phase, "SKIP", f"no checkpoints in phase {phase!r}; seen: {seen}")
+    broken = _unread_options(ctx)
     phase_rules = [r for r in registered() if r.scope == "phase"]
     by_phase: dict[str | None, list[list[Finding]]] = {}
     for group in ctx.groups:
         if rules.selects(group.phase):
-            found, stats = _judge_group(ctx, group, phase_rules)
+            found, stats = _judge_group(ctx, group, phase_rules, broken)
             phases.append(stats)
             by_phase.setdefault(group.phase, []).append(found)
     for results in by_phase.values():
@@ -102,9 +105,11 @@ def judge(
         if rule.scope == "run":
             enabled, option = rule.enabled_with(rules)
             if enabled:
-                findings += _named(rule, rule.function(ctx, option))
+                findings += _apply(ctx, rule, "run", broken, ctx, option)
     findings, phases = saturation.bounded(ctx, findings, phases)
     message = _judge_error(ctx, findings, error)
+    if message is None and broken:
+        message = "; ".join(dict.fromkeys(broken))
     unjudged = None if rules.allow_unjudged else _unjudged(ctx, findings, seen)
     if unjudged is not None:
         ctx.check("evidence", "run", CheckStatus.ERROR, unjudged)
@@ -127,9 +132,37 @@ def decide(
     return Status.PASS, None
 
 
-def _named(rule: Rule, found: Iterable[Finding]) -> list[Finding]:
-    """A rule's findings carry its name."""
+def _apply(ctx: Context, rule: Rule, scope: str, broken: list[str], *args: Any) -> list[Finding]:
+    """Run one rule on ``scope``: its findings, carrying its name. A rule that raises, exits or
+    returns anything but findings judged nothing: an ERROR check on ``scope`` and a line in
+    ``broken`` say so, and the run goes on."""
+    try:
+        found = rule.function(*args)
+        if isinstance(found, (str, bytes, Mapping)) or not isinstance(found, Iterable):
+            raise TypeError(f"returned {type(found).__name__}, not a list of findings")
+        found = list(found)
+        for item in found:
+            if not isinstance(item, Finding):
+                raise TypeError(f"returned a {type(item).__name__} among its findings")
+    except (Exception, SystemExit) as exc:
+        why = f"rule {rule.name!r} could not judge: {describe_error(exc)}"
+        ctx.check(rule.name, scope, CheckStatus.ERROR, why)
+        broken.append(why)
+        return []
     return [f if f.rule == rule.name else replace(f, rule=rule.name) for f in found]
+
+
+def _unread_options(ctx: Context) -> list[str]:
+    """Options in ``Rules.custom`` that no registered rule reads (a rule registered by a
+    conftest that is not loaded now, a misspelt name): each an ERROR check naming it."""
+    reads = {r.name for r in registered() if r.option == "custom"}
+    unread = []
+    for name in ctx.rules.custom:
+        if name not in reads:
+            why = f"rule option {name!r} is read by no registered rule, so it was not judged"
+            ctx.check(name, "run", CheckStatus.ERROR, why)
+            unread.append(why)
+    return unread
 
 
 def _unjudged(ctx: Context, findings: list[Finding], seen: str) -> str | None:
@@ -154,7 +187,9 @@ def _unjudged(ctx: Context, findings: list[Finding], seen: str) -> str | None:
     return "; ".join(reasons) or None
 
 
-def _judge_group(ctx: Context, group: Group, rules: list[Rule]) -> tuple[list[Finding], PhaseStats]:
+def _judge_group(
+    ctx: Context, group: Group, rules: list[Rule], broken: list[str]
+) -> tuple[list[Finding], PhaseStats]:
     before = len(ctx.checks)
     found: list[Finding] = []
     if group.metric is None or not group.series:
@@ -163,9 +198,8 @@ def _judge_group(ctx: Context, group: Group, rules: list[Rule]) -> tuple[list[Fi
         for rule in rules:
             enabled, option = rule.enabled_with(ctx.rules)
             if enabled:
-                found += _named(rule, rule.function(ctx, group, option))
-    statuses = {c.status for c in ctx.checks[before:]}
-    status = next((s for s in ("FAIL", "WARN", "PASS", "SKIP") if s in statuses), "PASS")
+                found += _apply(ctx, rule, group.scope, broken, ctx, group, option)
+    status = CheckStatus.worst((c.status for c in ctx.checks[before:]), CheckStatus.PASS)
     fit, peak = group.fit, group.peak
     metric = group.metric
     stats = PhaseStats(

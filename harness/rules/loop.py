@@ -79,7 +79,6 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
             message,
             t.slope,
             tuple(evidence),
-            rule="max_growth",
             outcome=outcome,
         )
     ]

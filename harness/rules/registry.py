@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.verdict import Finding, option_names
+from harness.errors import BadInput
+from harness.options import option_names
+from harness.verdict import Finding
 
 Scope = Literal["run", "phase"]
 RuleFunction = Callable[..., Iterable[Finding]]
@@ -55,8 +57,9 @@ def register_rule(
 
     User rules keep the default ``option="custom"``: they run when a marker keyword, a
     ``Rules(custom={name: value})`` or a timeline's stored rules give them a value. Raises
-    ``ValueError`` for a name already taken by a built-in rule or a ``Rules`` option, and
-    ``TypeError`` for a function that is not callable or a scope that is not run/phase.
+    :class:`~harness.errors.BadInput` for a name already taken by a built-in rule or a
+    ``Rules`` option, and ``TypeError`` for a function that is not callable or a scope that is
+    not run/phase.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise TypeError(f"register_rule: name must be an identifier, got {name!r}")
@@ -70,7 +73,7 @@ def register_rule(
         if option == "custom" and (
             name in option_names() or (taken is not None and taken.option != "custom")
         ):
-            raise ValueError(f"register_rule: {name!r} is a built-in rule or option")
+            raise BadInput(f"{name!r} is a built-in rule or option", field="register_rule")
         _REGISTRY[name] = Rule(name, fn, scope, option)
         return fn
 

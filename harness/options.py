@@ -1,0 +1,248 @@
+"""What a timeline must satisfy: :class:`Rules`, and the metadata of its fields that every
+front end reads (marker keywords, ``memleak_*`` ini options, ``leakgate report`` flags, the
+report's rules row), so a new option is one field here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import Any
+
+from harness.errors import BadInput
+from harness.units import parse_size
+
+
+def _option(help: str, kind: str = "str", *, live: bool = False) -> Any:
+    """A :class:`Rules` field's metadata: its help text, how text is read into it (``kind``),
+    and whether it shapes what a live run records rather than what is judged (``live``: a
+    rebuild from a timeline cannot apply it, and it never changes a verdict)."""
+    return {"help": help, "kind": kind, "live": live}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a timeline must satisfy. Sizes take bytes or strings such as ``"50MB"``/``"512KiB"``
+    and are stored as ints (``written`` keeps them as given, for messages); ``None`` switches a
+    rule off. ``phase`` takes a name or several (stored as a tuple); ``None`` judges every phase
+    that has per-batch samples. ``custom`` holds the options of registered rules, by name.
+    """
+
+    phase: str | tuple[str, ...] | None = field(
+        default=None,
+        metadata=_option(
+            "phase(s) judged, comma-separated (default: every phase with batches)", "phases"
+        ),
+    )
+    max_growth: int | str | None = field(
+        default=None, metadata=_option("growth allowed in a phase after warm-up, e.g. 50MB", "size")
+    )
+    warmup: int = field(
+        default=5, metadata=_option("batches left out at the start of each phase", "count")
+    )
+    max_peak: int | str | None = field(
+        default=None, metadata=_option("peak allowed above a phase's start", "size")
+    )
+    max_drift: int | str | None = field(
+        default=None, metadata=_option("drift allowed for a checkpoint across epochs", "size")
+    )
+    warmup_epochs: int = field(
+        default=1, metadata=_option("epochs left out of the drift comparison", "count")
+    )
+    teardown: int | str | None = field(
+        default=None, metadata=_option("memory allowed to remain after the run ends", "size")
+    )
+    metric: str = field(default="allocated", metadata=_option("metric judged", "name"))
+    allow_unjudged: bool = field(
+        default=False,
+        metadata=_option(
+            "let a rule that saw nothing to judge pass (default: the verdict is ERROR)", "flag"
+        ),
+    )
+    project_to: int | None = field(
+        default=None,
+        metadata=_option(
+            "batches a phase runs for real: a significant per-batch slope projected over them "
+            "must stay within max_projected (default max_growth)",
+            "count",
+        ),
+    )
+    max_projected: int | str | None = field(
+        default=None,
+        metadata=_option("growth allowed in a phase projected over project_to batches", "size"),
+    )
+    cache_is_leak: bool = field(
+        default=False,
+        metadata=_option(
+            "judge growth that shrinks to nothing epoch over epoch as a leak too (default: a "
+            "bounded cache, a P2 warning)",
+            "flag",
+        ),
+    )
+    attribute: bool = field(
+        default=False,
+        compare=False,
+        metadata=_option(
+            "name who holds new tensors at every phase end, not only where a phase first "
+            "grows past max_growth",
+            "flag",
+            live=True,
+        ),
+    )
+    explain: bool = field(
+        default=False,
+        compare=False,
+        metadata=_option(
+            "also note the line that allocated every tensor and Python object (slower)",
+            "flag",
+            live=True,
+        ),
+    )
+    custom: Mapping[str, Any] = field(
+        default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
+    )
+    written: Mapping[str, str] = field(
+        default_factory=dict, compare=False, repr=False, metadata={"kind": "internal"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.phase is not None:
+            phases = (self.phase,) if isinstance(self.phase, str) else self.phase
+            if not isinstance(phases, Sequence) or not phases:
+                raise BadInput(
+                    f"expected a phase name or names, got {phases!r}", field="Rules.phase"
+                )
+            if not all(isinstance(p, str) and p for p in phases):
+                raise BadInput(
+                    f"phase names must be non-empty strings: {phases!r}", field="Rules.phase"
+                )
+            object.__setattr__(self, "phase", tuple(phases))
+        written = dict(self.written)
+        for name in size_fields():
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, str):
+                    written.setdefault(name, " ".join(value.split()))
+                object.__setattr__(self, name, parse_size(value, what=f"Rules.{name}"))
+            else:
+                written.pop(name, None)
+        object.__setattr__(self, "written", written)
+        for name in ("warmup", "warmup_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise BadInput(
+                    f"expected a whole number >= 0, got {value!r}", field=f"Rules.{name}"
+                )
+        if self.project_to is not None and (
+            isinstance(self.project_to, bool)
+            or not isinstance(self.project_to, int)
+            or self.project_to < 1
+        ):
+            raise BadInput(
+                f"expected a whole number >= 1, got {self.project_to!r}", field="Rules.project_to"
+            )
+        for name in flag_fields():
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise BadInput(f"expected True or False, got {value!r}", field=f"Rules.{name}")
+        if not isinstance(self.metric, str) or not self.metric:
+            raise BadInput(f"expected a metric name, got {self.metric!r}", field="Rules.metric")
+        if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
+            problem = f"expected a mapping of rule names, got {self.custom!r}"
+            raise BadInput(problem, field="Rules.custom")
+        object.__setattr__(self, "custom", dict(self.custom))
+
+    def selects(self, phase: str | None) -> bool:
+        """Whether the per-phase rules apply to ``phase``."""
+        return self.phase is None or phase in self.phase
+
+    def size(self, name: str) -> int | None:
+        """A size rule in bytes (``None`` when off)."""
+        value = getattr(self, name)
+        assert value is None or isinstance(value, int)
+        return value
+
+    def shown(self, name: str) -> str:
+        """A size rule as the user wrote it (``"50MB"``), or its bytes when given as an int."""
+        value = getattr(self, name)
+        if value is None:
+            return "off"
+        return self.written.get(name) or f"{value}B"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        data = asdict(self)
+        data["phase"] = list(self.phase) if self.phase is not None else None
+        data["written"] = dict(self.written)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rules:
+        """Build from a mapping (a marker's keywords, a JSON object); unknown keys are errors."""
+        if not isinstance(data, Mapping):
+            raise BadInput(f"expected a mapping, got {type(data).__name__}", field="rules")
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise BadInput(
+                f"unknown rule(s) {sorted(map(str, unknown))}; known rules: "
+                + ", ".join(option_names())
+            )
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise BadInput(str(exc), field="rules") from None
+
+
+def options() -> Iterator[Field[Any]]:
+    """The :class:`Rules` fields a user sets (marker keywords, ini options, CLI flags)."""
+    return (f for f in fields(Rules) if f.metadata.get("kind") not in ("internal", "mapping"))
+
+
+def option_names() -> list[str]:
+    return [f.name for f in options()]
+
+
+def size_fields() -> tuple[str, ...]:
+    return _of_kind("size")
+
+
+def flag_fields() -> tuple[str, ...]:
+    return _of_kind("flag")
+
+
+def judged_options() -> Iterator[Field[Any]]:
+    """The options that decide a verdict (every option but the ``live`` ones): what a rebuild
+    from a timeline takes and what a report lists."""
+    return (f for f in options() if not f.metadata["live"])
+
+
+def _of_kind(kind: str) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(Rules) if f.metadata.get("kind") == kind)
+
+
+def parse_option(name: str, text: str) -> Any:
+    """A rule option given as text (an ini value, a CLI flag) in its field's type.
+
+    Raises :class:`~harness.errors.BadInput` naming the option for text that does not read as
+    one.
+    """
+    kind = next((f.metadata["kind"] for f in options() if f.name == name), None)
+    if kind is None:
+        raise BadInput(f"unknown rule {name!r}; known rules: {', '.join(option_names())}")
+    text = text.strip()
+    if kind == "count":
+        try:
+            return int(text)
+        except ValueError:
+            raise BadInput(f"expected a whole number, got {text!r}", field=name) from None
+    if kind == "flag":
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise BadInput(f"expected true or false, got {text!r}", field=name)
+    if kind == "phases":
+        return tuple(p.strip() for p in text.split(",") if p.strip()) or None
+    if kind == "size":
+        parse_size(text, what=name)
+    return text
