@@ -529,12 +529,12 @@ def _add_batch(store: SampleStore, batch: Any) -> bool:
         return False
     readings = {}
     struct = columns["metrics"]
-    for i, field in enumerate(struct.type):
+    for i, member in enumerate(struct.type):
         column = struct.field(i)
         values = column.fill_null(NONE).to_numpy(zero_copy_only=False)
         if int((values == NONE).sum()) != column.null_count:
             return False
-        readings[field.name] = values
+        readings[member.name] = values
     notes = {}
     if columns["note"].null_count < n:
         note = columns["note"]
