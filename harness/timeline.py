@@ -19,8 +19,9 @@ be told from a finished one's. When the name asked for, ``<name>.jsonl``, is tak
 - by a symbolic link, a folder, or anything but a regular file: ``FileExistsError`` naming the
   path, and nothing is written (a link is never followed).
 
-:func:`read_timeline` checks every line it returns: a header that is an object, and samples
-whose fields have their types (``ValueError`` naming the file, the line and the field).
+:func:`read_timeline` checks every line it returns: a header that is an object of a format
+version it reads, and samples whose fields have their types (:class:`~harness.errors.BadInput`
+naming the file, the line and the field).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.errors import BadInput
 from harness.fsio import create_exclusive, file_mode
 from harness.sample import Sample
 from harness.store import NONE, SampleStore
@@ -52,11 +54,15 @@ FORMAT = 2
 """Version of the timeline format, written in the header as ``leakgate_timeline``. Version 2
 adds the end record (``{"leakgate_end": {"error": ...}}``, written once the run is judged);
 version 1 timelines still read."""
+READS = (1, 2)
+"""The format versions :func:`read_timeline` reads; any other is refused."""
 
 MAX_DEPTH = 64
 """How deeply a header's values may nest (a run's config is a few levels deep)."""
 MAX_BYTES = 2**63
-"""The largest magnitude a reading, a size rule, an epoch or a batch number may have."""
+"""The largest magnitude a reading, a size rule, an epoch or a batch number may have; whole
+numbers kept in the store's int64 columns stay below it, and above ``-2**63`` (the store's
+mark for none)."""
 _RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 _ID_CHARS = 12
 _ATTEMPTS = 3
@@ -295,9 +301,9 @@ class Timeline:
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     """Read a timeline; a last line cut short by a killed writer is skipped and counted.
 
-    Raises ``ValueError`` (one line: the file, the line, the field) when the file has no
-    header, a line before the last is damaged, or a line's fields do not have their types;
-    ``OSError`` when it cannot be read.
+    Raises :class:`~harness.errors.BadInput` (one line: the file, the line, the field) when
+    the file has no header, a format version it does not read, a line before the last is
+    damaged, or a line's fields do not have their types; ``OSError`` when it cannot be read.
 
     From :data:`COLUMNS_FROM` bytes on, the sample lines are parsed in blocks by pyarrow's JSON
     reader, against the schema the writer writes, straight into a
@@ -322,37 +328,44 @@ def read_lines(path: str | os.PathLike[str]) -> Timeline:
         try:
             records.append((number, json.loads(line)))
         except RecursionError:
-            raise ValueError(f"{path}:{number}: nested too deeply") from None
+            raise BadInput("nested too deeply", path=path, line=number) from None
         except ValueError:
             if number < len(lines):
-                raise ValueError(f"{path}:{number}: not a JSON line") from None
+                raise BadInput("not a JSON line", path=path, line=number) from None
             torn = 1
     if (
         not records
         or not isinstance(records[0][1], dict)
         or "leakgate_timeline" not in records[0][1]
     ):
-        raise ValueError(f"{path}: not a leakgate timeline (no header line)")
+        raise BadInput("not a leakgate timeline (no header line)", path=path)
     (_, header), *rest = records
     try:
         check_header(header)
-    except ValueError as exc:
-        raise ValueError(f"{path}:1: header{exc}") from None
+    except BadInput as exc:
+        raise _located(exc, path, 1, "header") from None
     samples = []
     end = None
     for number, record in rest:
         if end is not None:
-            raise ValueError(f"{path}:{number}: a line after the end record")
+            raise BadInput("a line after the end record", path=path, line=number)
         if isinstance(record, dict) and "leakgate_end" in record:
             end = record["leakgate_end"]
             if not isinstance(end, dict) or not isinstance(end.get("error"), (str, type(None))):
-                raise ValueError(f"{path}:{number}: end record: expected {{'error': text or null}}")
+                raise BadInput(
+                    "expected {'error': text or null}", path=path, line=number, field="end record"
+                )
             continue
         try:
             samples.append(sample_of(record))
-        except ValueError as exc:
-            raise ValueError(f"{path}:{number}: sample{exc}") from None
+        except BadInput as exc:
+            raise _located(exc, path, number, "sample") from None
     return Timeline(header, samples, torn, end)
+
+
+def _located(exc: BadInput, path: str | os.PathLike[str], line: int, what: str) -> BadInput:
+    """``exc`` (about a field of one record) placed at ``path``'s ``line``."""
+    return BadInput(exc.problem, path=path, line=line, field=what + (exc.field or ""))
 
 
 _BLOCK = 1 << 18
@@ -409,7 +422,7 @@ def _read_columns(path: str | os.PathLike[str]) -> Timeline | None:
             return None
         try:
             check_header(header)
-        except ValueError:
+        except BadInput:
             return None
         stop, end, torn = _tail(fd, start, size)
         if stop is None:
@@ -560,7 +573,15 @@ def check_header(header: Mapping[str, Any]) -> None:
     """Check what is read from a header: nesting, numbers JSON cannot round-trip, and the
     types of ``meta``, ``config``, ``rules``, ``run_id``, ``started`` and ``capacity``.
 
-    Raises ``ValueError`` whose message starts with the field's path (``.meta.rules``)."""
+    Raises :class:`~harness.errors.BadInput` whose ``field`` is the field's path
+    (``.meta.rules``)."""
+    version = header.get("leakgate_timeline")
+    if type(version) is not int or version not in READS:
+        known = " and ".join(map(str, READS))
+        raise BadInput(
+            f"a timeline format this version does not read ({shown(version)}; it reads {known})",
+            field=".leakgate_timeline",
+        )
     check_tree(header)
     for key in ("meta", "config", "rules"):
         expect(header.get(key), (Mapping, type(None)), f".{key}", "an object")
@@ -572,7 +593,7 @@ def check_header(header: Mapping[str, Any]) -> None:
     for key in ("started", "capacity"):
         value = header.get(key)
         if value is not None and (finite_number(value) is None or abs(value) > MAX_BYTES):
-            raise ValueError(f".{key}: expected a finite number, got {shown(value)}")
+            raise BadInput(f"expected a finite number, got {shown(value)}", field=f".{key}")
     stored = [(".rules", header.get("rules"))]
     if isinstance(meta, Mapping):
         stored.append((".meta.rules", meta.get("rules")))
@@ -588,38 +609,47 @@ def check_header(header: Mapping[str, Any]) -> None:
 def sample_of(record: Any) -> Sample:
     """A sample from one timeline line, its fields checked.
 
-    Raises ``ValueError`` whose message starts with the field (``.metrics.rss``)."""
+    Raises :class:`~harness.errors.BadInput` whose ``field`` is the field (``.metrics.rss``)."""
     if not isinstance(record, dict):
-        raise ValueError(f": expected an object, got {shown(record)}")
+        raise BadInput(f"expected an object, got {shown(record)}")
     label = record.get("label")
     if not isinstance(label, str):
-        raise ValueError(f".label: expected a string, got {shown(label)}")
+        raise BadInput(f"expected a string, got {shown(label)}", field=".label")
     expect(record.get("phase"), (str, type(None)), ".phase", "a string")
     expect(record.get("note"), (str, type(None)), ".note", "a string")
     expect(record.get("collected", False), (bool,), ".collected", "true or false")
     for key in ("epoch", "batch"):
         value = record.get(key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_BYTES
-        ):
-            raise ValueError(f".{key}: expected a whole number, got {shown(value)}")
+        if value is not None and not is_int64(value):
+            bound = " above -2**63 and below 2**63" if type(value) is int else ""
+            raise BadInput(f"expected a whole number{bound}, got {shown(value)}", field=f".{key}")
     if "time" in record and finite_number(record["time"]) is None:
-        raise ValueError(f".time: expected a finite number, got {shown(record['time'])}")
+        raise BadInput(f"expected a finite number, got {shown(record['time'])}", field=".time")
     metrics = record.get("metrics")
     expect(metrics, (dict, type(None)), ".metrics", "an object")
     for name, value in (metrics or {}).items():
-        if value is not None and (finite_number(value) is None or abs(value) > MAX_BYTES):
-            raise ValueError(f".metrics.{name}: expected bytes or null, got {shown(value)}")
+        if value is not None and (
+            finite_number(value) is None
+            or abs(value) > MAX_BYTES
+            or (isinstance(value, int) and not is_int64(value))
+        ):
+            raise BadInput(f"expected bytes or null, got {shown(value)}", field=f".metrics.{name}")
     return Sample.from_dict(record)
+
+
+def is_int64(value: Any) -> bool:
+    """Whether ``value`` is a whole number an int64 column holds as itself: not a bool, above
+    ``-2**63`` (the store's :data:`~harness.store.NONE`) and below ``2**63``."""
+    return type(value) is int and NONE < value < MAX_BYTES
 
 
 def _check_size(value: Any, where: str) -> None:
     try:
         size = parse_size(value, what=where)
     except (ValueError, ArithmeticError):
-        raise ValueError(f"{where}: not a size: {shown(value)}") from None
+        raise BadInput(f"not a size: {shown(value)}", field=where) from None
     if size > MAX_BYTES:
-        raise ValueError(f"{where}: {shown(value)} is more than 2**63 bytes")
+        raise BadInput(f"{shown(value)} is more than 2**63 bytes", field=where)
 
 
 def check_tree(root: Any) -> None:
@@ -632,10 +662,10 @@ def check_tree(root: Any) -> None:
             try:
                 float(value)
             except OverflowError:
-                raise ValueError(f"{_path(steps)}: an integer beyond a float's range") from None
+                raise BadInput("an integer beyond a float's range", field=_path(steps)) from None
         elif isinstance(value, (dict, list)):
             if len(steps) >= MAX_DEPTH:
-                raise ValueError(f"{_path(steps)}: nested more than {MAX_DEPTH} levels deep")
+                raise BadInput(f"nested more than {MAX_DEPTH} levels deep", field=_path(steps))
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 step = f".{key}" if isinstance(value, dict) else f"[{key}]"
@@ -648,7 +678,7 @@ def _path(steps: tuple[str, ...]) -> str:
 
 def expect(value: Any, types: tuple[type, ...], where: str, wanted: str) -> None:
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise ValueError(f"{where}: expected {wanted}, got {shown(value)}")
+        raise BadInput(f"expected {wanted}, got {shown(value)}", field=where)
 
 
 def finite_number(value: Any) -> float | None:
