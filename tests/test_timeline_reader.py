@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import timeline
+from harness import timeline, timeline_columns
 from harness.cli import main
 from harness.errors import BadInput
 from harness.sample import Sample
@@ -36,8 +36,8 @@ def test_columns_read_every_line_length_around_a_block_boundary(labels):
     """Lengthening the first sample line by 0 to SCAN - 1 bytes moves every later line end
     over every offset of a scan block, a boundary's 16 bytes of overlap included."""
     with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
-        patch.setattr(timeline, "COLUMNS_FROM", 0)
-        patch.setattr(timeline, "SCAN_BLOCK", SCAN)
+        patch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+        patch.setattr(timeline_columns, "SCAN_BLOCK", SCAN)
         path = Path(folder) / "run.jsonl"
         for pad in range(SCAN):
             path.write_bytes(_lines(labels, pad))
@@ -51,8 +51,8 @@ def test_columns_read_every_line_length_around_a_block_boundary(labels):
 
 @pytest.mark.parametrize("where", [1, 3])
 def test_an_empty_line_goes_to_the_line_reader(tmp_path, monkeypatch, where):
-    monkeypatch.setattr(timeline, "COLUMNS_FROM", 0)
-    monkeypatch.setattr(timeline, "SCAN_BLOCK", SCAN)
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+    monkeypatch.setattr(timeline_columns, "SCAN_BLOCK", SCAN)
     lines = _lines(["a" * 40] * 6, 0).split(b"\n")
     lines.insert(where, b"")
     path = tmp_path / "run.jsonl"
@@ -84,7 +84,7 @@ def test_an_epoch_or_batch_beyond_int64_is_bad_input(
     tmp_path, monkeypatch, capsys, columns, field, value
 ):
     """2**63 and beyond do not fit the store's columns; -2**63 is the store's mark for none."""
-    monkeypatch.setattr(timeline, "COLUMNS_FROM", 0 if columns else 1 << 40)
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0 if columns else 1 << 40)
     path = _timeline(tmp_path / "run.jsonl", {"leakgate_timeline": 2}, {field: value})
     with pytest.raises(BadInput) as raised:
         timeline.read_timeline(path)
