@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.errors import BadInput
+
 KINDS = ("text", "int", "float", "bool", "note")
 METRICS = "metrics"
 """The field that holds the probe's readings by metric name, in bytes."""
@@ -64,7 +66,7 @@ class Sample:
         """Inverse of :meth:`to_dict`; unknown keys are ignored so newer timelines still load."""
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         if not isinstance(known.get("label"), str):
-            raise ValueError(f"sample without a label: {dict(data)!r}")
+            raise BadInput(f"without a label: {dict(data)!r}", field="sample")
         known[METRICS] = dict(known.get(METRICS) or {})
         return cls(**known)
 

@@ -293,11 +293,11 @@ class Context(CheckLog):
     # -- helpers for rules --------------------------------------------------------------------
 
     def values(self, positions: Sequence[int], metric: str) -> tuple[list[int], list[int]]:
-        """Batch indices and readings of ``metric`` at ``positions``."""
-        return (
-            [self.samples[i].batch or 0 for i in positions],
-            [self.samples[i].get(metric) or 0 for i in positions],
-        )
+        """Batch indices (None as 0) and readings of ``metric`` (absent as 0) at ``positions``,
+        read from the columns."""
+        at = np.asarray(positions, dtype=np.intp)
+        batch = self.columns.batch[at]
+        return np.where(batch == NONE, 0, batch).tolist(), self.columns.exact(at, metric)
 
     def value(self, i: int, metric: str) -> int:
         """The reading of ``metric`` at position ``i`` (0 when absent: callers check first)."""
@@ -463,6 +463,16 @@ class Columns:
                 values = np.array([v or 0 for v in read], dtype=np.float64).reshape(-1)
             found = self._metrics[metric] = (values, present)
         return found
+
+    def exact(self, positions: np.ndarray, metric: str) -> list[int]:
+        """Readings of ``metric`` at ``positions`` as they were taken (0 where absent)."""
+        if self._store is None:
+            return [self._samples[i].get(metric) or 0 for i in positions.tolist()]
+        stored = self._store.metric(metric)
+        if stored is None:
+            return [0] * len(positions)
+        found = stored[positions]
+        return np.where(found == NONE, 0, found).tolist()
 
     def values(self, metric: str) -> np.ndarray:
         """Readings of ``metric`` as floats, 0 where absent."""
