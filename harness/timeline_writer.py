@@ -72,14 +72,6 @@ def _text(value: str) -> str:
 Encoder = Callable[[Any], str | None]
 
 
-def _optional(encode: Encoder) -> Encoder:
-    return lambda value: "null" if value is None else encode(value)
-
-
-def _name(value: Any) -> str | None:
-    return _text(value) if type(value) is str else None
-
-
 def _whole(value: Any) -> str | None:
     return str(value) if type(value) is int else None
 
@@ -106,38 +98,44 @@ def _readings(metrics: Any) -> str | None:
 
 
 _KINDS: dict[str, Encoder] = {
-    "text": _name,
-    "int": _optional(_whole),
+    "text": lambda value: _text(value) if type(value) is str else None,
+    "int": _whole,
     "float": _finite,
     "bool": _flag,
-    "note": _optional(_note),
+    "note": _note,
 }
 """Each kind of field's JSON text, or None for a value not of the types built here."""
+_NULLABLE = {"text", "int", "note"}
+"""The kinds whose fields may be None (a text field only when it is not required)."""
+
+Plan = list[tuple[str, str, Encoder, bool]]
 
 
-def _encoders(fields: tuple[Field, ...]) -> list[tuple[str, str, Encoder]]:
-    """Each key of a sample line: its name, its JSON text with the colon, and its encoder."""
+def _encoders(fields: tuple[Field, ...]) -> Plan:
+    """Each key of a sample line: its name, its JSON text with the colon, its encoder, and
+    whether it may be null."""
     kinds = {f.name: f for f in fields}
-    plan: list[tuple[str, str, Encoder]] = []
+    plan: Plan = []
     for name in line_order(fields):
         if name == METRICS:
-            plan.append((name, f'"{name}":', _readings))
+            plan.append((name, f'"{name}":', _readings, False))
             continue
         f = kinds[name]
-        encode = _KINDS[f.kind]
-        if f.kind == "text" and not f.required:
-            encode = _optional(encode)
-        plan.append((name, f'"{name}":', encode))
+        plan.append((name, f'"{name}":', _KINDS[f.kind], f.kind in _NULLABLE and not f.required))
     return plan
 
 
-def _sample_line(plan: list[tuple[str, str, Encoder]], sample: Sample) -> bytes | None:
+def _sample_line(plan: Plan, sample: Sample) -> bytes | None:
     """The line :func:`_encode` writes for ``sample``, or None when a field is not of the
     types built here (None, str, int, a finite float, a bool)."""
     values = sample.__dict__
     parts = []
-    for name, key, encode in plan:
-        text = encode(values.get(name))
+    for name, key, encode, nullable in plan:
+        value = values.get(name)
+        if value is None and nullable:
+            parts.append(key + "null")
+            continue
+        text = encode(value)
         if text is None:
             return None
         parts.append(key + text)
