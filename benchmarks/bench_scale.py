@@ -12,7 +12,8 @@ memory (``ru_maxrss`` of the child) kept:
 - ``columns``: ``read_timeline`` then ``Context`` alone: the statistics pass over columns.
 
 The store's bytes per checkpoint (``SampleStore.nbytes() / len``) are kept for each size read
-in columns (files under ``harness.timeline.COLUMNS_FROM``, 4 MiB, are read line by line).
+in columns (files under ``harness.timeline_columns.COLUMNS_FROM``, 4 MiB, are read line by
+line).
 
     pytest benchmarks/bench_scale.py
 """
