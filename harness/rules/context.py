@@ -22,7 +22,7 @@ import numpy as np
 
 from harness import labels
 from harness import sample as schema
-from harness.sample import Field, Sample
+from harness.sample import Sample
 from harness.stats import Trend, edge_window, robust_delta, trend
 from harness.store import NONE, SampleStore
 from harness.units import format_size
@@ -356,7 +356,8 @@ class Columns:
         self._samples = samples
         self._store = samples if isinstance(samples, SampleStore) else None
         self._metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._fields = {f.name: f for f in (self._store or _Fields()).fields}
+        fields = schema.FIELDS if self._store is None else self._store.fields
+        self._fields = {f.name: f for f in fields}
         self._arrays: dict[str, np.ndarray] = {}
         self.sparse: dict[str, dict[int, str]] = {}
         self.strings: list[str | None] = [None]
@@ -481,14 +482,6 @@ class Columns:
     def present(self, metric: str) -> np.ndarray:
         """Where ``metric`` was read."""
         return self._column(metric)[1]
-
-
-class _Fields:
-    """The fields a list of samples is read by: those declared now."""
-
-    @property
-    def fields(self) -> tuple[Field, ...]:
-        return schema.FIELDS
 
 
 class _Labelled(NamedTuple):
