@@ -36,8 +36,9 @@ mark for none)."""
 class Timeline:
     """A timeline as read back: ``torn`` counts skipped incomplete last lines (0 or 1); ``end``
     is the end record (``error``: what the run raised), None when the run did not write one.
-    ``samples`` is a :class:`~harness.store.SampleStore` when read from a file. ``reader`` says
-    which reader read it: ``"columns"`` or ``"lines"`` (see :func:`read_timeline`)."""
+    ``reader`` says which reader read it (see :func:`~harness.timeline.read_timeline`):
+    ``"columns"``, whose ``samples`` are a :class:`~harness.store.SampleStore`, or ``"lines"``,
+    whose ``samples`` are a list."""
 
     header: dict[str, Any]
     samples: Sequence[Sample]
