@@ -12,7 +12,8 @@ memory (``ru_maxrss`` of the child) kept:
 - ``columns``: ``read_timeline`` then ``Context`` alone: the statistics pass over columns.
 
 The store's bytes per checkpoint (``SampleStore.nbytes() / len``) are kept for each size read
-in columns (files under ``harness.timeline.COLUMNS_FROM``, 4 MiB, are read line by line).
+in columns (files under ``harness.timeline_columns.COLUMNS_FROM``, 4 MiB, are read line by
+line).
 
     pytest benchmarks/bench_scale.py
 """
@@ -56,9 +57,12 @@ STEPS = {
 }
 
 
-def write_timeline(path: Path, checkpoints: int) -> int:
-    """A timeline of about ``checkpoints`` samples; returns how many were written."""
-    rnd = random.Random(checkpoints)
+def write_timeline(path: Path, checkpoints: int, seed: int | None = None) -> int:
+    """A timeline of about ``checkpoints`` samples; returns how many were written. ``seed``
+    draws the readings (by default ``checkpoints``) and, when given, moves the start time by
+    a seventh of that many seconds: the times' text lengths, and so where lines end, change
+    with it (seed 2 at 1M puts a line end 16 bytes before a 2 MiB block boundary)."""
+    rnd = random.Random(checkpoints if seed is None else seed)
     header = {
         "leakgate_timeline": 2,
         "probe": "cpu",
@@ -66,7 +70,7 @@ def write_timeline(path: Path, checkpoints: int) -> int:
         "metrics": ["allocated", "rss", "peak"],
         "rules": {"phase": ["training", "validation"], "max_growth": "256KB", "warmup": 5},
     }
-    now, count = 1.7e9, 0
+    now, count = 1.7e9 + (seed or 0) / 7, 0
     with path.open("w") as out:
         out.write(json.dumps(header) + "\n")
 

@@ -218,14 +218,16 @@ class Recorder:
                 notes.append(overflow)
             note = "; ".join(notes)
         sample = make_sample(
-            label,
-            self._phase if phase is None else phase,
-            self._epoch if epoch is None else epoch,
-            batch,
-            time.time(),
-            metrics,
-            collect,
-            note or None,
+            {
+                "label": label,
+                "phase": self._phase if phase is None else phase,
+                "epoch": self._epoch if epoch is None else epoch,
+                "batch": batch,
+                "time": time.time(),
+                "metrics": metrics,
+                "collected": collect,
+                "note": note or None,
+            }
         )
         self.samples.append(sample)
         if self._timeline is not None:

@@ -1,10 +1,35 @@
-"""One reading of device memory at a named checkpoint."""
+"""One reading of device memory at a named checkpoint, and the one declaration of its fields.
+
+:class:`Sample` is the schema: each fixed field is declared once, with its kind and meaning in
+the field's metadata (:func:`column`), and :data:`FIELDS` reads them back. The store's
+columns, the timeline's writer, both of its readers and the rules' columns are built from
+:data:`FIELDS` by kind, so that a new per-sample field is one line below. ``metrics`` (the
+probe's readings, open-ended by name) stays a mapping beside them.
+
+Kinds: ``text`` (interned strings, None allowed unless the field is required), ``int`` (a
+whole number in int64, None allowed), ``float`` (a finite float), ``bool`` and ``note``
+(text that most samples lack, kept sparse).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from harness.errors import BadInput
+
+KINDS = ("text", "int", "float", "bool", "note")
+METRICS = "metrics"
+"""The field that holds the probe's readings by metric name, in bytes."""
+
+
+def column(kind: str, meaning: str) -> dict[str, str]:
+    """A field's metadata: its ``kind`` (one of :data:`KINDS`) and what it means."""
+    if kind not in KINDS:
+        raise TypeError(f"kind must be one of {KINDS}, not {kind!r}")
+    return {"kind": kind, "meaning": meaning}
 
 
 @dataclass(frozen=True)
@@ -17,14 +42,14 @@ class Sample:
     use), ``rss`` and ``peak``. ``note`` carries an event's text, such as an OOM message.
     """
 
-    label: str
-    phase: str | None = None
-    epoch: int | None = None
-    batch: int | None = None
-    time: float = 0.0
+    label: str = field(metadata=column("text", "the checkpoint's name"))
+    phase: str | None = field(default=None, metadata=column("text", "the loop it belongs to"))
+    epoch: int | None = field(default=None, metadata=column("int", "epoch number"))
+    batch: int | None = field(default=None, metadata=column("int", "batch number in its loop"))
+    time: float = field(default=0.0, metadata=column("float", "seconds since the Unix epoch"))
     metrics: Mapping[str, int | None] = field(default_factory=dict)
-    collected: bool = False
-    note: str | None = None
+    collected: bool = field(default=False, metadata=column("bool", "gc ran before the reading"))
+    note: str | None = field(default=None, metadata=column("note", "an event's text"))
 
     def get(self, metric: str) -> int | None:
         """Bytes of ``metric``, or ``None`` when it was not measured."""
@@ -33,7 +58,7 @@ class Sample:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (one timeline line)."""
         data = asdict(self)
-        data["metrics"] = dict(self.metrics)
+        data[METRICS] = dict(self.metrics)
         return data
 
     @classmethod
@@ -41,6 +66,46 @@ class Sample:
         """Inverse of :meth:`to_dict`; unknown keys are ignored so newer timelines still load."""
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         if not isinstance(known.get("label"), str):
-            raise ValueError(f"sample without a label: {dict(data)!r}")
-        known["metrics"] = dict(known.get("metrics") or {})
+            raise BadInput(f"without a label: {dict(data)!r}", field="sample")
+        known[METRICS] = dict(known.get(METRICS) or {})
         return cls(**known)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One fixed field of a sample: its ``name``, ``kind``, meaning, default, and whether a
+    sample must have it (``required``: no default)."""
+
+    name: str
+    kind: str
+    meaning: str
+    default: Any
+    required: bool
+
+
+def fields_of(record: type) -> tuple[Field, ...]:
+    """The fixed fields a dataclass declares with :func:`column` metadata, in order."""
+    found = []
+    for f in dataclasses.fields(record):
+        if "kind" not in f.metadata:
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if f.default is dataclasses.MISSING else f.default
+        found.append(Field(f.name, f.metadata["kind"], f.metadata["meaning"], default, required))
+    return tuple(found)
+
+
+FIELDS = fields_of(Sample)
+"""A sample's fixed fields (all but ``metrics``), in declaration order. The store, the
+timeline and the rules' columns read it when they are built, not when imported."""
+
+
+def line_order(fields: tuple[Field, ...]) -> list[str]:
+    """The keys of a timeline line: the fields, with ``metrics`` where :class:`Sample` has it
+    (after ``time``) or else last."""
+    names = [f.name for f in fields]
+    declared = [f.name for f in dataclasses.fields(Sample)]
+    at = declared.index(METRICS)
+    before = set(declared[:at])
+    split = next((i for i, name in enumerate(names) if name not in before), len(names))
+    return [*names[:split], METRICS, *names[split:]]

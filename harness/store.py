@@ -1,7 +1,8 @@
 """A recorder's samples kept as columns of numbers: a few tens of bytes per checkpoint.
 
-Labels and phases are interned (a table of distinct strings, an index per sample), numbers
-live in ``array`` columns, notes in a sparse dict. The store reads as a sequence of
+The columns follow :data:`harness.sample.FIELDS`: text fields (labels, phases) are interned
+(a table of distinct strings, an index per sample), numbers live in ``array`` columns, notes
+in a sparse dict. The store reads as a sequence of
 :class:`~harness.sample.Sample`, built on access (iteration builds them a chunk at a time), and
 knows its own size (:meth:`nbytes`), so the recorder can leave its own storage out of
 host-memory readings. Statistics read whole columns as numpy arrays (:meth:`codes`,
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 
-from harness.sample import Sample
+import harness.sample as schema
+from harness.sample import METRICS, Field, Sample, line_order
 
 _NONE = -(2**63)
 """The integer column value that stands for None."""
@@ -31,24 +33,43 @@ _new = object.__new__
 _set = object.__setattr__
 
 
+_TYPECODES = {"text": "I", "int": "q", "float": "d", "bool": "b"}
+"""The ``array`` typecode of each kind of field kept in a column: text as an index into the
+string table, whole numbers as int64 with :data:`NONE` for None."""
+
+
 class SampleStore(Sequence[Sample]):
-    """Samples in columns; ``append``, ``clear``, ``len``, indexing and slicing."""
+    """Samples in columns, one per field of :data:`~harness.sample.FIELDS` (``note`` fields
+    sparse, by position) and one per metric; ``append``, ``clear``, ``len``, indexing and
+    slicing."""
 
     def __init__(self) -> None:
+        self._fields = schema.FIELDS
         self._strings: list[str | None] = [None]
         self._index: dict[str | None, int] = {None: 0}
         self.clear()
 
     def clear(self) -> None:
         """Forget every sample (the string table stays)."""
-        self._label = array("I")
-        self._phase = array("I")
-        self._epoch = array("q")
-        self._batch = array("q")
-        self._time = array("d")
-        self._collected = array("b")
+        self._columns: dict[str, array] = {
+            f.name: array(_TYPECODES[f.kind]) for f in self._fields if f.kind != "note"
+        }
+        self._sparse: dict[str, dict[int, str]] = {
+            f.name: {} for f in self._fields if f.kind == "note"
+        }
+        self._texts = [f.name for f in self._fields if f.kind == "text"]
+        self._numbers = [f.name for f in self._fields if f.kind in ("int", "float", "bool")]
+        self._first = self._columns[self._fields[0].name]
+        self._order = line_order(self._fields)
+        strings = self._strings
+        kinds: dict[str, Callable[[Any], Any]] = {
+            "text": strings.__getitem__,
+            "int": _value,
+            "float": float,
+            "bool": bool,
+        }
+        self._readers = {f.name: kinds[f.kind] for f in self._fields if f.kind != "note"}
         self._metrics: dict[str, array[int]] = {}
-        self._notes: dict[int, str] = {}
         self._all: list[array] = []
         # nbytes() is cached while no column can have grown: every column appended in
         # lockstep (so all share one capacity, in items), no more rows than that capacity, no
@@ -66,32 +87,33 @@ class SampleStore(Sequence[Sample]):
         return found
 
     def append(self, sample: Sample) -> None:
-        n = len(self._label)
-        index = self._index
-        label, phase = index.get(sample.label), index.get(sample.phase)
-        self._label.append(self._intern(sample.label) if label is None else label)
-        self._phase.append(self._intern(sample.phase) if phase is None else phase)
-        epoch, batch = sample.epoch, sample.batch
-        self._epoch.append(_NONE if epoch is None else epoch)
-        self._batch.append(_NONE if batch is None else batch)
-        self._time.append(sample.time)
-        self._collected.append(sample.collected)
-        columns = self._metrics
+        n = len(self._first)
+        values = sample.__dict__
+        columns, index = self._columns, self._index
+        for name in self._texts:
+            text = values[name]
+            code = index.get(text)
+            columns[name].append(self._intern(text) if code is None else code)
+        for name in self._numbers:
+            value = values[name]
+            columns[name].append(_NONE if value is None else value)
+        for name, notes in self._sparse.items():
+            if values[name] is not None:
+                notes[n] = values[name]
+        metrics = self._metrics
         for name, value in sample.metrics.items():
-            column = columns.get(name)
+            column = metrics.get(name)
             if column is None:
-                column = columns[name] = array("q", [_NONE]) * n
+                column = metrics[name] = array("q", [_NONE]) * n
                 self._lockstep = self._lockstep and not n
             column.append(_NONE if value is None else value)
-        if len(sample.metrics) != len(columns):
-            for column in columns.values():
+        if len(sample.metrics) != len(metrics):
+            for column in metrics.values():
                 if len(column) == n:
                     column.append(_NONE)
-        if sample.note is not None:
-            self._notes[n] = sample.note
 
     def __len__(self) -> int:
-        return len(self._label)
+        return len(self._first)
 
     @overload
     def __getitem__(self, index: int) -> Sample: ...
@@ -99,7 +121,7 @@ class SampleStore(Sequence[Sample]):
     def __getitem__(self, index: slice) -> list[Sample]: ...
     def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
         if isinstance(index, slice):
-            return [self._sample(i) for i in range(*index.indices(len(self)))]
+            return self._rows(*index.indices(len(self)))
         n = len(self)
         if not -n <= index < n:
             raise IndexError("sample index out of range")
@@ -115,50 +137,49 @@ class SampleStore(Sequence[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         n = len(self)
         for start in range(0, n, _CHUNK):
-            yield from self._rows(start, min(n, start + _CHUNK))
+            yield from self._rows(start, min(n, start + _CHUNK), 1)
 
     def _sample(self, i: int) -> Sample:
-        return make_sample(
-            self._strings[self._label[i]],
-            self._strings[self._phase[i]],
-            _value(self._epoch[i]),
-            _value(self._batch[i]),
-            self._time[i],
-            _metrics(self._metrics, i),
-            bool(self._collected[i]),
-            self._notes.get(i),
-        )
+        values: dict[str, Any] = {}
+        for name in self._order:
+            if name == METRICS:
+                values[name] = {m: _value(column[i]) for m, column in self._metrics.items()}
+            elif name in self._sparse:
+                values[name] = self._sparse[name].get(i)
+            else:
+                values[name] = self._readers[name](self._columns[name][i])
+        return make_sample(values)
 
-    def _rows(self, a: int, b: int) -> list[Sample]:
-        """Samples ``a`` to ``b - 1``, each column read in one slice."""
-        strings, notes = self._strings, self._notes
+    def _rows(self, a: int, b: int, step: int) -> list[Sample]:
+        """Samples ``a``, ``a + step``, ... before ``b``, each column read in one slice."""
+        rows = range(a, b, step)
+        fields: list[tuple[str, list[Any]]] = []
+        strings = self._strings
+        for f in self._fields:
+            if f.kind == "note":
+                notes = self._sparse[f.name]
+                fields.append(
+                    (f.name, [notes.get(i) for i in rows] if notes else [None] * len(rows))
+                )
+                continue
+            got = self._columns[f.name][a:b:step]
+            if f.kind == "text":
+                fields.append((f.name, [strings[code] for code in got]))
+            elif f.kind == "int":
+                fields.append((f.name, [None if v == _NONE else v for v in got]))
+            elif f.kind == "bool":
+                fields.append((f.name, [bool(v) for v in got]))
+            else:
+                fields.append((f.name, got.tolist()))
         names = list(self._metrics)
-        values = [[None if v == _NONE else v for v in c[a:b]] for c in self._metrics.values()]
+        values = [[None if v == _NONE else v for v in c[a:b:step]] for c in self._metrics.values()]
         metrics = [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
-        if not names:
-            metrics = [{} for _ in range(a, b)]
+        fields.append((METRICS, metrics if names else [{} for _ in rows]))
+        by_name = dict(fields)
+        keys = self._order
+        columns = [by_name[key] for key in keys]
         return [
-            make_sample(
-                strings[label],
-                strings[phase],
-                None if epoch == _NONE else epoch,
-                None if batch == _NONE else batch,
-                time,
-                readings,
-                bool(collected),
-                notes.get(i) if notes else None,
-            )
-            for i, label, phase, epoch, batch, time, readings, collected in zip(
-                range(a, b),
-                self._label[a:b],
-                self._phase[a:b],
-                self._epoch[a:b],
-                self._batch[a:b],
-                self._time[a:b],
-                metrics,
-                self._collected[a:b],
-                strict=True,
-            )
+            make_sample(dict(zip(keys, row, strict=True))) for row in zip(*columns, strict=True)
         ]
 
     # -- columns ------------------------------------------------------------------------------
@@ -172,6 +193,11 @@ class SampleStore(Sequence[Sample]):
         return store
 
     @property
+    def fields(self) -> tuple[Field, ...]:
+        """The fixed fields this store keeps (:data:`~harness.sample.FIELDS` when made)."""
+        return self._fields
+
+    @property
     def strings(self) -> list[str | None]:
         """The table :meth:`codes` index (entry 0 is None)."""
         return self._strings
@@ -181,24 +207,25 @@ class SampleStore(Sequence[Sample]):
         return self._index.get(text)
 
     def codes(self, field: str) -> np.ndarray:
-        """``label`` or ``phase`` of every sample as indices into :attr:`strings` (a copy)."""
-        column = self._label if field == "label" else self._phase
-        return np.frombuffer(column, dtype=np.uint32).copy()
+        """A ``text`` field of every sample as indices into :attr:`strings` (a copy)."""
+        return np.frombuffer(self._columns[field], dtype=np.uint32).copy()
 
     def numbers(self, field: str) -> np.ndarray:
-        """``epoch``, ``batch`` (int64, :data:`NONE` for None), ``time`` (float64) or
-        ``collected`` (bool) of every sample, a copy."""
-        if field == "time":
-            return np.frombuffer(self._time, dtype=np.float64).copy()
-        if field == "collected":
-            return np.frombuffer(self._collected, dtype=np.int8).astype(bool)
-        column = self._epoch if field == "epoch" else self._batch
-        return np.frombuffer(column, dtype=np.int64).copy()
+        """An ``int`` (int64, :data:`NONE` for None), ``float`` (float64) or ``bool`` field of
+        every sample, a copy."""
+        column = self._columns[field]
+        if column.typecode == "b":
+            return np.frombuffer(column, dtype=np.int8).astype(bool)
+        return np.frombuffer(column, dtype=_DTYPES[column.typecode]).copy()
+
+    def sparse(self, field: str) -> Mapping[int, str]:
+        """A ``note`` field's values, by position (most samples have none)."""
+        return self._sparse[field]
 
     @property
     def notes(self) -> Mapping[int, str]:
         """Each sample's note, by position (most samples have none)."""
-        return self._notes
+        return self._sparse["note"]
 
     @property
     def metric_names(self) -> list[str]:
@@ -212,100 +239,66 @@ class SampleStore(Sequence[Sample]):
 
     def extend_columns(
         self,
-        label: Sequence[str | None],
-        label_codes: np.ndarray,
-        phase: Sequence[str | None],
-        phase_codes: np.ndarray,
-        epoch: np.ndarray,
-        batch: np.ndarray,
-        time: np.ndarray,
-        collected: np.ndarray,
+        count: int,
+        fields: Mapping[str, Any],
         metrics: Mapping[str, np.ndarray],
-        notes: Mapping[int, str],
     ) -> None:
-        """Append samples given as columns: ``label[label_codes]`` are the labels (likewise
-        phases), ``epoch``, ``batch`` and metrics int64 with :data:`NONE` for None, ``notes``
-        by position among the new samples."""
+        """Append ``count`` samples given as columns, by field name: a ``text`` field as
+        ``(table, codes)`` (its values are ``table[codes]``), ``int`` fields and metrics as
+        int64 with :data:`NONE` for None, ``float`` and ``bool`` fields as arrays, ``note``
+        fields as ``{position among the new samples: text}``."""
         n = len(self)
-        added = len(label_codes)
-        for own, table, codes in (
-            (self._label, label, label_codes),
-            (self._phase, phase, phase_codes),
-        ):
-            local = np.array([self._intern(text) for text in table], dtype=np.uint32)
-            own.frombytes(local[np.asarray(codes, dtype=np.intp)].tobytes() if added else b"")
-        self._epoch.frombytes(np.asarray(epoch, dtype=np.int64).tobytes())
-        self._batch.frombytes(np.asarray(batch, dtype=np.int64).tobytes())
-        self._time.frombytes(np.asarray(time, dtype=np.float64).tobytes())
-        self._collected.frombytes(np.asarray(collected, dtype=np.int8).tobytes())
+        for f in self._fields:
+            given = fields[f.name]
+            if f.kind == "note":
+                self._sparse[f.name].update((n + i, text) for i, text in given.items())
+            elif f.kind == "text":
+                table, codes = given
+                local = np.array([self._intern(text) for text in table], dtype=np.uint32)
+                chosen = local[np.asarray(codes, dtype=np.intp)] if count else local[:0]
+                self._columns[f.name].frombytes(chosen.tobytes())
+            else:
+                column = self._columns[f.name]
+                dtype = np.int8 if column.typecode == "b" else _DTYPES[column.typecode]
+                column.frombytes(np.asarray(given, dtype=dtype).tobytes())
         for name in metrics.keys() - self._metrics.keys():
             self._metrics[name] = array("q", [_NONE]) * n
             self._lockstep = self._lockstep and not n
         for name, column in self._metrics.items():
-            given = metrics.get(name)
-            if given is None:
-                column.extend(array("q", [_NONE]) * added)
+            readings = metrics.get(name)
+            if readings is None:
+                column.extend(array("q", [_NONE]) * count)
             else:
-                column.frombytes(np.asarray(given, dtype=np.int64).tobytes())
-        for i, note in notes.items():
-            self._notes[n + i] = note
+                column.frombytes(np.asarray(readings, dtype=np.int64).tobytes())
 
     def nbytes(self) -> int:
         """Bytes the columns hold now (their allocated capacity)."""
-        if self._lockstep and len(self._label) <= self._room and len(self._notes) == self._noted:
+        noted = sum(map(len, self._sparse.values()))
+        if self._lockstep and len(self) <= self._room and noted == self._noted:
             return self._size
-        self._size = sum(map(sys.getsizeof, self._columns())) + sys.getsizeof(self._notes)
-        self._room = (sys.getsizeof(self._label) - _EMPTY) // self._label.itemsize
-        self._noted = len(self._notes)
+        self._size = sum(map(sys.getsizeof, self._arrays()))
+        self._size += sum(map(sys.getsizeof, self._sparse.values()))
+        self._room = (sys.getsizeof(self._first) - _EMPTY) // self._first.itemsize
+        self._noted = noted
         return self._size
 
-    def _columns(self) -> list[array]:
-        if len(self._all) != 6 + len(self._metrics):
-            self._all = [
-                self._label,
-                self._phase,
-                self._epoch,
-                self._batch,
-                self._time,
-                self._collected,
-                *self._metrics.values(),
-            ]
+    def _arrays(self) -> list[array]:
+        if len(self._all) != len(self._columns) + len(self._metrics):
+            self._all = [*self._columns.values(), *self._metrics.values()]
         return self._all
 
 
-def make_sample(
-    label: str | None,
-    phase: str | None,
-    epoch: int | None,
-    batch: int | None,
-    time: float,
-    metrics: dict[str, int | None],
-    collected: bool,
-    note: str | None,
-) -> Sample:
-    """A :class:`Sample` without the frozen dataclass's per-field ``__setattr__`` calls (its
-    fields are not checked: the recorder and the store give them their types)."""
-    sample = _new(Sample)
-    _set(
-        sample,
-        "__dict__",
-        {
-            "label": label,
-            "phase": phase,
-            "epoch": epoch,
-            "batch": batch,
-            "time": time,
-            "metrics": metrics,
-            "collected": collected,
-            "note": note,
-        },
-    )
-    return sample
+_DTYPES = {"q": np.int64, "d": np.float64, "I": np.uint32}
 
 
 def _value(stored: int) -> int | None:
     return None if stored == _NONE else stored
 
 
-def _metrics(columns: Mapping[str, array[int]], i: int) -> dict[str, int | None]:
-    return {name: _value(column[i]) for name, column in columns.items()}
+def make_sample(values: dict[str, Any]) -> Sample:
+    """A :class:`Sample` holding ``values`` (every field, by name, and ``metrics``), without the
+    frozen dataclass's per-field ``__setattr__`` calls (its fields are not checked: the
+    recorder, the store and the readers give them their types)."""
+    sample = _new(Sample)
+    _set(sample, "__dict__", values)
+    return sample

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from harness import stats, timeline
+from harness import stats, timeline, timeline_columns
 from harness.rules.context import Context, Positions
 from harness.sample import Sample
 from harness.store import SampleStore
@@ -57,7 +57,7 @@ def test_store_costs_under_64_bytes_per_checkpoint_at_scale():
 
 @pytest.fixture(autouse=True)
 def _columns_for_small_files(monkeypatch):
-    monkeypatch.setattr(timeline, "COLUMNS_FROM", 0)
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
 
 
 def test_timeline_read_in_columns_equals_the_line_reader(tmp_path, monkeypatch):
@@ -66,7 +66,7 @@ def test_timeline_read_in_columns_equals_the_line_reader(tmp_path, monkeypatch):
     _write(path, samples)
     fast = timeline.read_timeline(path)
     assert isinstance(fast.samples, SampleStore)
-    monkeypatch.setattr(timeline, "_read_columns", lambda path: None)
+    monkeypatch.setattr(timeline_columns, "read_columns", lambda path: None)
     slow = timeline.read_timeline(path)
     assert list(fast.samples) == list(slow.samples) == samples
     assert (fast.header, fast.end, fast.torn) == (slow.header, slow.end, slow.torn)
@@ -141,9 +141,8 @@ def test_store_nbytes_is_every_columns_capacity_after_each_append(late_metric):
             readings["extra"] = i
         note = "n" if i % 97 == 0 else None
         store.append(Sample("B" if i % 3 else "C", "p", 0, i, 0.0, readings, False, note))
-        columns = [store._label, store._phase, store._epoch, store._batch, store._time]
-        columns += [store._collected, *store._metrics.values()]
-        full = sum(map(sys.getsizeof, columns)) + sys.getsizeof(store._notes)
+        columns = [*store._columns.values(), *store._metrics.values()]
+        full = sum(map(sys.getsizeof, columns)) + sum(map(sys.getsizeof, store._sparse.values()))
         if store.nbytes() != full:
             wrong.append(i)
     assert wrong == []

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from itertools import pairwise
 from typing import NamedTuple, overload
 
 import numpy as np
 
 import harness.labels as labels
+import harness.sample as schema
 from harness.sample import Sample
 from harness.stats import Trend, edge_window, robust_delta, trend
 from harness.store import NONE, SampleStore
@@ -293,11 +293,11 @@ class Context(CheckLog):
     # -- helpers for rules --------------------------------------------------------------------
 
     def values(self, positions: Sequence[int], metric: str) -> tuple[list[int], list[int]]:
-        """Batch indices and readings of ``metric`` at ``positions``."""
-        return (
-            [self.samples[i].batch or 0 for i in positions],
-            [self.samples[i].get(metric) or 0 for i in positions],
-        )
+        """Batch indices (None as 0) and readings of ``metric`` (absent as 0) at ``positions``,
+        read from the columns."""
+        at = np.asarray(positions, dtype=np.intp)
+        batch = self.columns.batch[at]
+        return np.where(batch == NONE, 0, batch).tolist(), self.columns.exact(at, metric)
 
     def value(self, i: int, metric: str) -> int:
         """The reading of ``metric`` at position ``i`` (0 when absent: callers check first)."""
@@ -344,44 +344,78 @@ def rate(slope: float) -> str:
 
 
 class Columns:
-    """What the statistics pass and the report read of every sample, as arrays: label and
-    phase codes (into ``strings``), epoch and batch (int64, :data:`~harness.store.NONE` for
-    None), whether it was collected, is an OOM event, a failed check or a per-batch reading of
-    a loop, and each metric's readings as floats with a mask of where it was read."""
+    """What the statistics pass and the report read of every sample, as arrays: one per field
+    of :data:`~harness.sample.FIELDS`, read as an attribute by its name (a ``text`` field as
+    codes into ``strings``; an ``int`` field as int64 with :data:`~harness.store.NONE` for None;
+    ``float`` and ``bool`` fields as they are; a ``note`` field as ``{position: text}``, the
+    ``note`` field as ``notes``), whether a sample is an OOM event, a failed check or a
+    per-batch reading of a loop, and each metric's readings as floats with a mask of where it
+    was read."""
 
     def __init__(self, samples: Sequence[Sample]) -> None:
         self._samples = samples
         self._store = samples if isinstance(samples, SampleStore) else None
         self._metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        notes: dict[int, str]
+        fields = schema.FIELDS if self._store is None else self._store.fields
+        self._fields = {f.name: f for f in fields}
+        self._arrays: dict[str, np.ndarray] = {}
+        self.sparse: dict[str, dict[int, str]] = {}
+        self.strings: list[str | None] = [None]
         if self._store is not None:
-            store = self._store
-            self.strings = list(store.strings)
-            self.label, self.phase = store.codes("label"), store.codes("phase")
-            self.epoch, self.batch = store.numbers("epoch"), store.numbers("batch")
-            self.collected = store.numbers("collected")
-            notes = dict(store.notes)
-        else:
-            index: dict[str | None, int] = {None: 0}
-            self.strings = [None]
+            self.strings = list(self._store.strings)
+        index: dict[str | None, int] = {None: 0}
 
-            def code(text: str | None) -> int:
-                found = index.get(text)
-                if found is None:
-                    found = index[text] = len(self.strings)
-                    self.strings.append(text)
-                return found
+        def code(text: str | None) -> int:
+            found = index.get(text)
+            if found is None:
+                found = index[text] = len(self.strings)
+                self.strings.append(text)
+            return found
 
-            self.label = np.array([code(s.label) for s in samples], dtype=np.intp)
-            self.phase = np.array([code(s.phase) for s in samples], dtype=np.intp)
-            self.epoch = _int_column([s.epoch for s in samples])
-            self.batch = _int_column([s.batch for s in samples])
-            self.collected = np.array([s.collected for s in samples], dtype=bool).reshape(-1)
-            notes = {i: s.note for i, s in enumerate(samples) if s.note is not None}
-        self.notes = notes
-        self.oom = self._labelled(labels.is_oom, notes)
-        self.check_failed = self._labelled(labels.is_check_failed, notes)
+        for f in self._fields.values():
+            if f.kind == "float":
+                continue  # read when asked for (see __getattr__)
+            if self._store is not None:
+                store = self._store
+                if f.kind == "note":
+                    self.sparse[f.name] = dict(store.sparse(f.name))
+                elif f.kind == "text":
+                    self._arrays[f.name] = store.codes(f.name)
+                else:
+                    self._arrays[f.name] = store.numbers(f.name)
+                continue
+            read = [getattr(s, f.name) for s in samples]
+            if f.kind == "note":
+                self.sparse[f.name] = {i: v for i, v in enumerate(read) if v is not None}
+            elif f.kind == "text":
+                self._arrays[f.name] = np.array([code(v) for v in read], dtype=np.intp)
+            elif f.kind == "int":
+                self._arrays[f.name] = _int_column(read)
+            else:
+                self._arrays[f.name] = np.array(read, dtype=bool).reshape(-1)
+        self.notes = self.sparse["note"]
+        self.oom = self._labelled(labels.is_oom, self.notes)
+        self.check_failed = self._labelled(labels.is_check_failed, self.notes)
         self.looped = (self.batch != NONE) & ~(self.oom | self.check_failed)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        """The array of field ``name``; a ``float`` field (``time``) is read on first use."""
+        arrays = self.__dict__.get("_arrays")
+        if arrays is None:
+            raise AttributeError(name)
+        found = arrays.get(name)
+        if found is None:
+            f = self.__dict__["_fields"].get(name)
+            if f is None or f.kind != "float":
+                raise AttributeError(name)
+            if self._store is not None:
+                found = self._store.numbers(name)
+            else:
+                read = [getattr(s, name) for s in self._samples]
+                floats = [v if isinstance(v, (int, float)) else np.nan for v in read]
+                found = np.array(floats, dtype=np.float64).reshape(-1)
+            arrays[name] = found
+        return found
 
     def _labelled(
         self, predicate: Callable[[labels.Labelled], bool], notes: dict[int, str]
@@ -411,14 +445,6 @@ class Columns:
     def distinct_labels(self) -> set[str | None]:
         return {self.strings[code] for code in np.unique(self.label).tolist()}
 
-    @cached_property
-    def time(self) -> np.ndarray:
-        """Each sample's time (float64)."""
-        if self._store is not None:
-            return self._store.numbers("time")
-        times = [s.time if isinstance(s.time, (int, float)) else np.nan for s in self._samples]
-        return np.array(times, dtype=np.float64).reshape(-1)
-
     def _column(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         found = self._metrics.get(metric)
         if found is None:
@@ -438,6 +464,16 @@ class Columns:
                 values = np.array([v or 0 for v in read], dtype=np.float64).reshape(-1)
             found = self._metrics[metric] = (values, present)
         return found
+
+    def exact(self, positions: np.ndarray, metric: str) -> list[int]:
+        """Readings of ``metric`` at ``positions`` as they were taken (0 where absent)."""
+        if self._store is None:
+            return [self._samples[i].get(metric) or 0 for i in positions.tolist()]
+        stored = self._store.metric(metric)
+        if stored is None:
+            return [0] * len(positions)
+        found = stored[positions]
+        return np.where(found == NONE, 0, found).tolist()
 
     def values(self, metric: str) -> np.ndarray:
         """Readings of ``metric`` as floats, 0 where absent."""

@@ -1,0 +1,194 @@
+"""What a timeline may hold: its format versions and bounds, the :class:`Timeline` read back,
+and the checks of a header and of a sample line (each field by its kind in
+:data:`harness.sample.FIELDS`). Every check raises :class:`~harness.errors.BadInput` whose
+``field`` says where; the readers add the file and the line."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import harness.sample as schema
+from harness.errors import BadInput
+from harness.sample import METRICS, Field, Sample, line_order
+from harness.store import NONE, make_sample
+from harness.units import parse_size
+from harness.verdict import size_fields
+
+FORMAT = 2
+"""Version of the timeline format, written in the header as ``leakgate_timeline``. Version 2
+adds the end record (``{"leakgate_end": {"error": ...}}``, written once the run is judged);
+version 1 timelines still read."""
+READS = (1, 2)
+"""The format versions :func:`~harness.timeline.read_timeline` reads; any other is refused."""
+
+MAX_DEPTH = 64
+"""How deeply a header's values may nest (a run's config is a few levels deep)."""
+MAX_BYTES = 2**63
+"""The largest magnitude a reading, a size rule, an epoch or a batch number may have; whole
+numbers kept in the store's int64 columns stay below it, and above ``-2**63`` (the store's
+mark for none)."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A timeline as read back: ``torn`` counts skipped incomplete last lines (0 or 1); ``end``
+    is the end record (``error``: what the run raised), None when the run did not write one.
+    ``reader`` says which reader read it (see :func:`~harness.timeline.read_timeline`):
+    ``"columns"``, whose ``samples`` are a :class:`~harness.store.SampleStore`, or ``"lines"``,
+    whose ``samples`` are a list."""
+
+    header: dict[str, Any]
+    samples: Sequence[Sample]
+    torn: int = 0
+    end: dict[str, Any] | None = None
+    reader: str = field(default="lines", compare=False)
+
+    @property
+    def error(self) -> str | None:
+        """What the run raised, as its end record says."""
+        return self.end.get("error") if self.end is not None else None
+
+
+def check_header(header: Mapping[str, Any]) -> None:
+    """Check what is read from a header: nesting, numbers JSON cannot round-trip, and the
+    types of ``meta``, ``config``, ``rules``, ``run_id``, ``started`` and ``capacity``.
+
+    Raises :class:`~harness.errors.BadInput` whose ``field`` is the field's path
+    (``.meta.rules``)."""
+    version = header.get("leakgate_timeline")
+    if type(version) is not int or version not in READS:
+        known = " and ".join(map(str, READS))
+        raise BadInput(
+            f"a timeline format this version does not read ({shown(version)}; it reads {known})",
+            field=".leakgate_timeline",
+        )
+    check_tree(header)
+    for key in ("meta", "config", "rules"):
+        expect(header.get(key), (Mapping, type(None)), f".{key}", "an object")
+    meta = header.get("meta")
+    if isinstance(meta, Mapping):
+        expect(meta.get("rules"), (Mapping, type(None)), ".meta.rules", "an object")
+        expect(meta.get("test"), (str, type(None)), ".meta.test", "a string")
+    expect(header.get("run_id"), (str, type(None)), ".run_id", "a string")
+    for key in ("started", "capacity"):
+        value = header.get(key)
+        if value is not None and (finite_number(value) is None or abs(value) > MAX_BYTES):
+            raise BadInput(f"expected a finite number, got {shown(value)}", field=f".{key}")
+    stored = [(".rules", header.get("rules"))]
+    if isinstance(meta, Mapping):
+        stored.append((".meta.rules", meta.get("rules")))
+    for where, rules in stored:
+        if not isinstance(rules, Mapping):
+            continue
+        for name in size_fields():
+            value = rules.get(name)
+            if value is not None:
+                _check_size(value, f"{where}.{name}")
+
+
+def sample_of(record: Any) -> Sample:
+    """A sample from one timeline line, each field of :data:`~harness.sample.FIELDS` checked
+    as its kind says (a field the line lacks takes its default).
+
+    Raises :class:`~harness.errors.BadInput` whose ``field`` is the field (``.metrics.rss``)."""
+    if not isinstance(record, dict):
+        raise BadInput(f"expected an object, got {shown(record)}")
+    values = {}
+    for f in schema.FIELDS:
+        value = record.get(f.name, f.default)
+        _check_field(f, value)
+        values[f.name] = value
+    metrics = record.get(METRICS)
+    expect(metrics, (dict, type(None)), f".{METRICS}", "an object")
+    for name, value in (metrics or {}).items():
+        if value is not None and (
+            finite_number(value) is None
+            or abs(value) > MAX_BYTES
+            or (isinstance(value, int) and not is_int64(value))
+        ):
+            raise BadInput(f"expected bytes or null, got {shown(value)}", field=f".metrics.{name}")
+    values[METRICS] = dict(metrics or {})
+    return make_sample({name: values[name] for name in line_order(schema.FIELDS)})
+
+
+def _check_field(f: Field, value: Any) -> None:
+    """Refuse ``value`` for field ``f`` unless it has the field's kind."""
+    where = f".{f.name}"
+    if f.kind == "int":
+        if value is not None and not is_int64(value):
+            bound = " above -2**63 and below 2**63" if type(value) is int else ""
+            raise BadInput(f"expected a whole number{bound}, got {shown(value)}", field=where)
+    elif f.kind == "float":
+        if finite_number(value) is None:
+            raise BadInput(f"expected a finite number, got {shown(value)}", field=where)
+    elif f.kind == "bool":
+        expect(value, (bool,), where, "true or false")
+    else:
+        expect(value, (str,) if f.required else (str, type(None)), where, "a string")
+
+
+def is_int64(value: Any) -> bool:
+    """Whether ``value`` is a whole number an int64 column holds as itself: not a bool, above
+    ``-2**63`` (the store's :data:`~harness.store.NONE`) and below ``2**63``."""
+    return type(value) is int and NONE < value < MAX_BYTES
+
+
+def _check_size(value: Any, where: str) -> None:
+    try:
+        size = parse_size(value, what=where)
+    except (ValueError, ArithmeticError):
+        raise BadInput(f"not a size: {shown(value)}", field=where) from None
+    if size > MAX_BYTES:
+        raise BadInput(f"{shown(value)} is more than 2**63 bytes", field=where)
+
+
+def check_tree(root: Any) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers beyond a float's range; the
+    error names where (its first four steps)."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        value, steps = stack.pop()
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                raise BadInput("an integer beyond a float's range", field=_path(steps)) from None
+        elif isinstance(value, (dict, list)):
+            if len(steps) >= MAX_DEPTH:
+                raise BadInput(f"nested more than {MAX_DEPTH} levels deep", field=_path(steps))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                step = f".{key}" if isinstance(value, dict) else f"[{key}]"
+                stack.append((item, (*steps, step)))
+
+
+def _path(steps: tuple[str, ...]) -> str:
+    return "".join(steps[:4]) + ("..." if len(steps) > 4 else "")
+
+
+def expect(value: Any, types: tuple[type, ...], where: str, wanted: str) -> None:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise BadInput(f"expected {wanted}, got {shown(value)}", field=where)
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float; None for anything else (bools, text, inf, huge ints)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown(value: Any) -> str:
+    """A value for a one-line message: its type, and its text when short."""
+    kind = {dict: "an object", list: "a list", type(None): "null"}.get(type(value))
+    if kind is not None:
+        return kind
+    text = repr(value)
+    return text if len(text) <= 40 else f"{type(value).__name__} {text[:30]}..."

@@ -1,0 +1,302 @@
+"""Writing the JSONL timeline: one header line, then one line per sample, each written whole
+(its keys and their encoding follow :data:`harness.sample.FIELDS`).
+
+Each line goes to the file in one unbuffered write, so a process killed mid-run (even by
+SIGKILL) leaves complete lines that all parse, plus at most one torn last line, which
+:func:`~harness.timeline.read_timeline` skips and counts.
+
+Whose file it is. A writer creates its timeline as a new file (``O_CREAT | O_EXCL |
+O_NOFOLLOW``) and holds an exclusive ``flock`` on it until it closes, so a live run's file can
+be told from a finished one's. When the name asked for, ``<name>.jsonl``, is taken:
+
+- by a timeline no live writer holds (an earlier run of the same test, finished or killed):
+  a new file, header written, is renamed over it, as a rerun replaces that run's report and
+  verdict. The earlier file's bytes are never appended to or truncated;
+- by a timeline a live writer holds (a second session running the same test into the same
+  folder), or by an empty file (a writer between creating and locking it): the new timeline
+  is ``<name>.<run id>.jsonl`` (the first 12 characters of the header's ``run_id``), also
+  created exclusively. :attr:`TimelineWriter.path` says which name was used; the run's report
+  and verdict should take its stem, so that the two runs keep their own files;
+- by a symbolic link, a folder, or anything but a regular file: ``FileExistsError`` naming the
+  path, and nothing is written (a link is never followed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import re
+import stat
+import tempfile
+import uuid
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import harness.sample as schema
+from harness.fsio import create_exclusive, file_mode
+from harness.sample import METRICS, Field, Sample, line_order
+from harness.timeline_checks import FORMAT
+
+_RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+_ID_CHARS = 12
+_ATTEMPTS = 3
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
+def _encode(record: Mapping[str, Any]) -> bytes:
+    """One line; values JSON cannot hold (paths, dtypes in a config) are written as text."""
+    return (_ENCODER.encode(record) + "\n").encode()
+
+
+_TEXTS: dict[str, str] = {}
+"""JSON text of the names written so far (labels, phases, metric names)."""
+_MAX_TEXTS = 4096
+
+
+def _text(value: str) -> str:
+    found = _TEXTS.get(value)
+    if found is None:
+        found = _ENCODER.encode(value)
+        if len(_TEXTS) < _MAX_TEXTS:
+            _TEXTS[value] = found
+    return found
+
+
+Encoder = Callable[[Any], str | None]
+
+
+def _whole(value: Any) -> str | None:
+    return str(value) if type(value) is int else None
+
+
+def _finite(value: Any) -> str | None:
+    return float.__repr__(value) if type(value) is float and math.isfinite(value) else None
+
+
+def _flag(value: Any) -> str | None:
+    return ("true" if value else "false") if type(value) is bool else None
+
+
+def _note(value: Any) -> str | None:
+    return _ENCODER.encode(value) if type(value) is str else None
+
+
+def _readings(metrics: Any) -> str | None:
+    readings = []
+    for name, value in metrics.items():
+        if type(name) is not str or (value is not None and type(value) is not int):
+            return None
+        readings.append(f"{_text(name)}:{'null' if value is None else value}")
+    return f"{{{','.join(readings)}}}"
+
+
+_KINDS: dict[str, Encoder] = {
+    "text": lambda value: _text(value) if type(value) is str else None,
+    "int": _whole,
+    "float": _finite,
+    "bool": _flag,
+    "note": _note,
+}
+"""Each kind of field's JSON text, or None for a value not of the types built here."""
+_NULLABLE = {"text", "int", "note"}
+"""The kinds whose fields may be None (a text field only when it is not required)."""
+
+Plan = list[tuple[str, str, Encoder, bool]]
+
+
+def _encoders(fields: tuple[Field, ...]) -> Plan:
+    """Each key of a sample line: its name, its JSON text with the colon, its encoder, and
+    whether it may be null."""
+    kinds = {f.name: f for f in fields}
+    plan: Plan = []
+    for name in line_order(fields):
+        if name == METRICS:
+            plan.append((name, f'"{name}":', _readings, False))
+            continue
+        f = kinds[name]
+        plan.append((name, f'"{name}":', _KINDS[f.kind], f.kind in _NULLABLE and not f.required))
+    return plan
+
+
+def _sample_line(plan: Plan, sample: Sample) -> bytes | None:
+    """The line :func:`_encode` writes for ``sample``, or None when a field is not of the
+    types built here (None, str, int, a finite float, a bool)."""
+    values = sample.__dict__
+    parts = []
+    for name, key, encode, nullable in plan:
+        value = values.get(name)
+        if value is None and nullable:
+            parts.append(key + "null")
+            continue
+        text = encode(value)
+        if text is None:
+            return None
+        parts.append(key + text)
+    return f"{{{','.join(parts)}}}\n".encode()
+
+
+class TimelineWriter:
+    """Streams a timeline to ``path`` (or, when a live run holds that name, to the name
+    :attr:`path` gives: see the module's notes); the header is written on construction.
+
+    Raises ``OSError`` naming the path when it cannot be written; no file is left behind then.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], header: Mapping[str, Any]) -> None:
+        wanted = Path(path)
+        line = _encode({"leakgate_timeline": FORMAT, **header})
+        try:
+            try:
+                wanted.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise OSError(error.errno, error.strerror, str(path)) from None
+            self.path, fd = _claim(wanted, line, _run_id(header))
+        except OSError as error:
+            text = f"cannot write the timeline ({error.strerror or error})"
+            if error.errno is None:
+                raise OSError(f"{text}: {error.filename or path}") from None
+            raise OSError(error.errno, text, error.filename or str(path)) from None
+        self._fd = fd
+        self._plan = _encoders(schema.FIELDS)
+        self._close = weakref.finalize(self, os.close, fd)  # closed when dropped, like a file
+
+    def _write(self, line: bytes) -> None:
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as error:
+            raise OSError(
+                error.errno, f"cannot write the timeline ({error.strerror})", str(self.path)
+            ) from None
+
+    def write(self, sample: Sample) -> None:
+        """Append one sample line, equal to ``sample.to_dict()`` encoded. Built by hand when
+        every number is an int (a float for ``time``), with each label's JSON text kept:
+        the encoder's generic path costs several times more per checkpoint."""
+        line = _sample_line(self._plan, sample)
+        if line is None:
+            line = _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
+        self._write(line)
+
+    def end(self, error: str | None) -> None:
+        """Write the end record: the run finished (``error``: what it raised, if anything)."""
+        self._write(_encode({"leakgate_end": {"error": error}}))
+
+    def close(self) -> None:
+        """Close the file, which ends this writer's hold on its name."""
+        self._close()
+
+
+def _run_id(header: Mapping[str, Any]) -> str:
+    """The part of the header's run id a second name takes (a fresh one when it has none)."""
+    given = header.get("run_id")
+    if isinstance(given, str) and _RUN_ID.fullmatch(given):
+        return given[:_ID_CHARS]
+    return uuid.uuid4().hex[:_ID_CHARS]
+
+
+def _claim(wanted: Path, line: bytes, run_id: str) -> tuple[Path, int]:
+    """Create the timeline, header written and locked: at ``wanted`` when it is free or holds
+    a finished run's timeline, else at the run id's name. Returns the path and descriptor."""
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = create_exclusive(wanted)
+        except FileExistsError:
+            taken = _take_over(wanted, line)
+            if taken == "held":
+                break
+            if isinstance(taken, int):
+                return wanted, taken
+            continue  # the name changed hands while we looked: look again
+        _begin(fd, line, wanted)
+        return wanted, fd
+    other = wanted.with_name(f"{wanted.stem}.{run_id}{wanted.suffix}")
+    fd = create_exclusive(other)
+    _begin(fd, line, other)
+    return other, fd
+
+
+def _begin(fd: int, line: bytes, path: Path) -> None:
+    """Lock a new timeline and write its header; on failure close it and remove ``path``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        view = memoryview(line)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            if _same_entry(path, os.fstat(fd)):
+                os.unlink(path)
+        os.close(fd)
+        raise OSError(error.errno, error.strerror, str(path)) from None
+
+
+def _take_over(wanted: Path, line: bytes) -> int | str:
+    """Replace a finished run's timeline at ``wanted``; return the new file's descriptor,
+    ``"held"`` when a live writer owns the name, or ``"moved"`` when it changed meanwhile."""
+    try:
+        old = os.open(wanted, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "moved"
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FileExistsError(
+                errno.EEXIST, "a symbolic link is in the way", str(wanted)
+            ) from None
+        raise OSError(error.errno, error.strerror, str(wanted)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(old).st_mode):
+            raise FileExistsError(errno.EEXIST, "something not a file is in the way", str(wanted))
+        try:
+            fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "held"
+        info = os.fstat(old)
+        if info.st_size == 0:
+            return "held"
+        if not _same_entry(wanted, info):
+            return "moved"
+        try:
+            fd, temporary = tempfile.mkstemp(
+                dir=wanted.parent, prefix=f".{wanted.name[:200]}.", suffix=".tmp"
+            )
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        try:
+            os.fchmod(fd, file_mode())
+        except OSError as error:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        try:
+            _begin(fd, line, Path(temporary))
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        try:
+            os.replace(temporary, wanted)
+        except OSError as error:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise OSError(error.errno, error.strerror, str(wanted)) from None
+        return fd
+    finally:
+        os.close(old)
+
+
+def _same_entry(path: Path, info: os.stat_result) -> bool:
+    """Whether ``path`` (not followed) is the file ``info`` describes."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)

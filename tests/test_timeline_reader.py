@@ -1,0 +1,134 @@
+"""Which reader reads a timeline: the columnar reader takes every well-formed file."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import timeline, timeline_columns
+from harness.cli import main
+from harness.errors import BadInput
+from harness.sample import Sample
+
+SCAN = 64
+"""The scan block the tests shrink to, so that small files cross many block boundaries."""
+
+
+def _lines(labels: list[str], pad: int) -> bytes:
+    header = {"leakgate_timeline": timeline.FORMAT, "metrics": ["rss"]}
+    samples = [
+        Sample(label, "training", 0, i, float(i), {"rss": 1000 + i})
+        for i, label in enumerate(["p" * (pad + 1), *labels])
+    ]
+    lines = [json.dumps(header), *(json.dumps(s.to_dict()) for s in samples)]
+    lines.append(json.dumps({"leakgate_end": {"error": None}}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.text("ab", min_size=1, max_size=SCAN), min_size=2, max_size=12))
+def test_columns_read_every_line_length_around_a_block_boundary(labels):
+    """Lengthening the first sample line by 0 to SCAN - 1 bytes moves every later line end
+    over every offset of a scan block, a boundary's 16 bytes of overlap included."""
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
+        patch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+        patch.setattr(timeline_columns, "SCAN_BLOCK", SCAN)
+        path = Path(folder) / "run.jsonl"
+        for pad in range(SCAN):
+            path.write_bytes(_lines(labels, pad))
+            read = timeline.read_timeline(path)
+            assert read.reader == "columns", pad
+            by_lines = timeline.read_lines(path)
+            assert by_lines.reader == "lines"
+            assert list(read.samples) == list(by_lines.samples)
+            assert (read.header, read.end, read.torn) == (by_lines.header, by_lines.end, 0)
+
+
+@pytest.mark.parametrize("where", [1, 3])
+def test_an_empty_line_goes_to_the_line_reader(tmp_path, monkeypatch, where):
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+    monkeypatch.setattr(timeline_columns, "SCAN_BLOCK", SCAN)
+    lines = _lines(["a" * 40] * 6, 0).split(b"\n")
+    lines.insert(where, b"")
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ValueError, match=rf"run.jsonl:{where + 1}: not a JSON line"):
+        timeline.read_timeline(path)
+
+
+def _timeline(path: Path, header: dict, sample: dict) -> Path:
+    line = {"label": "TRAIN_BATCH", "phase": "training", "epoch": 0, "batch": 1, "time": 1.0}
+    line["metrics"] = {"rss": 1000}
+    path.write_text(json.dumps(header) + "\n" + json.dumps({**line, **sample}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("columns", [True, False], ids=["columns", "lines"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("epoch", 2**63),
+        ("batch", 2**63),
+        ("batch", 2**64 + 1),
+        ("epoch", -(2**63)),
+        ("batch", -(2**63)),
+        ("batch", -(2**63) - 1),
+    ],
+)
+def test_an_epoch_or_batch_beyond_int64_is_bad_input(
+    tmp_path, monkeypatch, capsys, columns, field, value
+):
+    """2**63 and beyond do not fit the store's columns; -2**63 is the store's mark for none."""
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0 if columns else 1 << 40)
+    path = _timeline(tmp_path / "run.jsonl", {"leakgate_timeline": 2}, {field: value})
+    with pytest.raises(BadInput) as raised:
+        timeline.read_timeline(path)
+    assert (raised.value.path, raised.value.line, raised.value.field) == (
+        str(path),
+        2,
+        f"sample.{field}",
+    )
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"run.jsonl:2: sample.{field}: expected a whole" in err
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63)])
+def test_a_reading_beyond_int64_is_bad_input(tmp_path, value):
+    path = _timeline(tmp_path / "run.jsonl", {"leakgate_timeline": 2}, {"metrics": {"rss": value}})
+    with pytest.raises(BadInput) as raised:
+        timeline.read_timeline(path)
+    assert (raised.value.line, raised.value.field) == (2, "sample.metrics.rss")
+
+
+def test_the_largest_whole_numbers_still_read(tmp_path):
+    path = _timeline(
+        tmp_path / "run.jsonl",
+        {"leakgate_timeline": 2},
+        {"epoch": 2**63 - 1, "batch": -(2**63) + 1},
+    )
+    (sample,) = timeline.read_timeline(path).samples
+    assert (sample.epoch, sample.batch) == (2**63 - 1, -(2**63) + 1)
+
+
+@pytest.mark.parametrize("version", [3, 0, "2", 2.0, True, None, [2]])
+def test_an_unknown_format_version_is_refused(tmp_path, capsys, version):
+    path = _timeline(tmp_path / "run.jsonl", {"leakgate_timeline": version}, {})
+    with pytest.raises(BadInput) as raised:
+        timeline.read_timeline(path)
+    assert (raised.value.line, raised.value.field) == (1, "header.leakgate_timeline")
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "leakgate_timeline" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_every_format_version_read_still_loads(tmp_path, version):
+    path = _timeline(tmp_path / "run.jsonl", {"leakgate_timeline": version}, {})
+    assert [s.label for s in timeline.read_timeline(path).samples] == ["TRAIN_BATCH"]
