@@ -5,14 +5,27 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from tft import faults
 from tft.model import TFTConfig
 from tft.paths import write_problem
 
 
+class UsageError(ValueError):
+    """An option argparse refuses (unknown, missing its value, not a number): one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` where argparse would print its usage
+    and exit, so that the command answers bad input with one line, as for every other check."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tft.train", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m tft.train", description=__doc__.splitlines()[0])
     p.add_argument("--parquet-file", type=Path, help="bars to train on (default: synthetic file)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument(
@@ -35,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch intra-op threads (default 1: a batch-1 step gains nothing from more, measured "
         "7.9 vs 8.6 ms, and loses badly when other processes share the cores)",
+    )
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="DataLoader worker processes that make the batches (default 0: this process does)",
+    )
+    p.add_argument(
+        "--persistent-workers",
+        action="store_true",
+        help="keep the workers from epoch to epoch (needs --num-workers)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(

@@ -9,7 +9,9 @@ import torch
 
 @dataclass
 class TrainConfig:
-    """How to train. ``validation_batch_size`` defaults to ``batch_size``."""
+    """How to train. ``validation_batch_size`` defaults to ``batch_size``. ``num_workers``
+    DataLoader worker processes make the batches (0: the training process makes them), and
+    ``persistent_workers`` keeps them from epoch to epoch."""
 
     batch_size: int = 1
     validation_batch_size: int | None = None
@@ -23,6 +25,8 @@ class TrainConfig:
     qat_cooldown: float = 0.3
     checkpoint_dir: str | None = None
     oom_retries: int = 3
+    num_workers: int = 0
+    persistent_workers: bool = False
 
     def __post_init__(self) -> None:
         if self.validation_batch_size is None:
@@ -36,7 +40,26 @@ class TrainConfig:
             raise ValueError(f"oom_retries must be >= 0, got {self.oom_retries!r}")
         if not (0 <= self.qat_warmup <= 1 and 0 <= self.qat_cooldown <= 1):
             raise ValueError("qat_warmup and qat_cooldown are fractions of the steps, in [0, 1]")
+        check_workers(self.num_workers, self.persistent_workers)
         resolve_device(self.device)
+
+
+MAX_WORKERS = 64
+"""The most DataLoader workers a run may start: each is a process, and more would not feed one
+trainer any faster."""
+
+
+def check_workers(num_workers: object, persistent: object) -> None:
+    """``TypeError`` for a count that is not an int or a flag that is not a bool; ``ValueError``
+    for a count outside 0..:data:`MAX_WORKERS`, or persistent workers without any."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise TypeError(f"num_workers must be an int, got {num_workers!r}")
+    if not isinstance(persistent, bool):
+        raise TypeError(f"persistent_workers must be a bool, got {persistent!r}")
+    if not 0 <= num_workers <= MAX_WORKERS:
+        raise ValueError(f"num_workers must be from 0 to {MAX_WORKERS}, got {num_workers}")
+    if persistent and num_workers == 0:
+        raise ValueError("persistent_workers needs num_workers >= 1")
 
 
 def resolve_device(name: str) -> torch.device:

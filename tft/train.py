@@ -77,7 +77,11 @@ the numbers behind them."""
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except arguments.UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     level = args.log_level.upper()
     if os.environ.get("RANK", "0").strip() not in ("", "0"):
         level = max(level, "WARNING", key=logging.getLevelName)
@@ -98,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             qat=args.qat,
             checkpoint_dir=str(args.checkpoint_dir) if args.checkpoint_dir else None,
+            num_workers=args.num_workers,
+            persistent_workers=args.persistent_workers,
         )
         config = faults.configure(config, args.inject_fault)
         config = rank_config(config)
@@ -168,13 +174,14 @@ def train(
     if args.resume:
         trainer.load_checkpoint(Path(config.checkpoint_dir or ".") / "last.pt")
     log.info(
-        "%d training / %d validation windows, batch %d / validation batch %d, device %s%s%s",
+        "%d training / %d validation windows, batch %d / validation batch %d, device %s%s%s%s",
         len(split.train),
         len(split.val),
         config.batch_size,
         config.validation_batch_size,
         trainer.device,
         f", {trainer.world_size} ranks (DDP)" if trainer.world_size > 1 else "",
+        f", {config.num_workers} DataLoader workers" if config.num_workers else "",
         f", faults: {', '.join(args.inject_fault)}" if args.inject_fault else "",
     )
     started = time.perf_counter()

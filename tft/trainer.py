@@ -28,7 +28,7 @@ import gc
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,12 +36,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import default_collate
 
 from tft import ddp
 from tft.checkpoint import CheckpointError, read_checkpoint
 from tft.config import TrainConfig, resolve_device
 from tft.ddp import shard, world
+from tft.loading import Loader
 from tft.model import TemporalFusionTransformer, pinball, quantile_loss
 from tft.qat import prepare_qat, qat_schedule
 from tft.scoring import Accumulator, Batch, Windows, baseline_q_risk
@@ -97,9 +97,11 @@ class _State:
 class Trainer:
     """Fit a TFT on window datasets; the trainer owns the optimizer and nothing else of the model.
 
-    Subclasses may override :meth:`train_step`, :meth:`training_loss`, :meth:`step_schedule`,
-    :meth:`validate_step`, :meth:`validation_mode`, :meth:`release_optimizer` and
-    :meth:`restore_optimizer`; the loop, back-off and checkpoints stay here.
+    Subclasses may override :meth:`dataset`, :meth:`train_step`, :meth:`training_loss`,
+    :meth:`step_schedule`, :meth:`validate_step`, :meth:`validation_mode`,
+    :meth:`release_optimizer` and :meth:`restore_optimizer`; the loop, back-off and checkpoints
+    stay here. With ``config.num_workers``, DataLoader workers make the batches
+    (:mod:`tft.loading`).
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class Trainer:
         )
         self._offloaded: list[dict[str, tuple[torch.device | None, Any]]] | None = None
         self._steps_per_epoch = 0
+        self._loaders: dict[str, tuple[Windows, Loader]] = {}
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -149,6 +152,7 @@ class Trainer:
             self.emit("SESSION_END", "session")
         finally:
             torch.set_flush_denormal(False)
+            self._loaders.clear()  # persistent workers stop with their loaders
         return self.history
 
     def emit(self, label: str, phase: str, batch: int | None = None, **extra: Any) -> None:
@@ -156,6 +160,10 @@ class Trainer:
         epoch = None if phase == "session" else self.state.epoch
         for callback in self.callbacks:
             callback(label, phase=phase, epoch=epoch, batch=batch, **extra)
+
+    def dataset(self, data: Windows) -> Windows:
+        """The dataset a phase's batches are read from: ``data`` itself."""
+        return data
 
     def train_step(self, batch: Batch) -> torch.Tensor:
         """One optimisation step; returns the detached loss."""
@@ -366,15 +374,20 @@ class Trainer:
     ) -> None:
         """Run ``step(batch, index, rows)`` over ``order`` in batches (``rows``: the batch's
         positions in ``order``), halving the batch size on out-of-memory; distributed, every
-        rank backs off when any rank ran out."""
+        rank backs off when any rank ran out, and the batches start again from the first that
+        did not run at the smaller size."""
         size_field = "batch_size" if phase == "training" else "validation_batch_size"
         start, index = 0, 0
+        batches: Iterator[Batch] | None = None
         while start < len(order):
             size = getattr(self.state, size_field)
             failure = None
             batch: Batch | None = None
             try:
-                batch = self._collate(data, order[start : start + size])
+                if batches is None:
+                    seed = self.config.seed * 1000 + self.state.epoch
+                    batches = self._loader(phase, data).batches(order[start:], size, seed)
+                batch = next(batches)
                 step(batch, index, range(start, min(start + size, len(order))))
             except torch.OutOfMemoryError as exc:
                 failure = (
@@ -385,9 +398,20 @@ class Trainer:
             if not failed:
                 start, index = start + size, index + 1
                 continue
+            batches = None
             if failure is None:
                 failure = f"rank {', '.join(map(str, failed))} ran out of memory"
             self._back_off(phase, index, size_field, failure, here=self.rank in failed)
+
+    def _loader(self, phase: str, data: Windows) -> Loader:
+        """The phase's loader of ``data``, kept while the phase reads the same dataset (so that
+        persistent workers live from epoch to epoch) and until the fit ends."""
+        kept = self._loaders.get(phase)
+        if kept is None or kept[0] is not data:
+            workers, persistent = self.config.num_workers, self.config.persistent_workers
+            loader = Loader(self.dataset(data), self.device, workers, persistent=persistent)
+            kept = self._loaders[phase] = (data, loader)
+        return kept[1]
 
     def _back_off(
         self, phase: str, index: int, size_field: str, failure: str, *, here: bool = True
@@ -414,7 +438,3 @@ class Trainer:
             size_field,
             size // 2,
         )
-
-    def _collate(self, data: Windows, indices: Sequence[int]) -> Batch:
-        batch = default_collate([data[i] for i in indices])
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
