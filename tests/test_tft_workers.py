@@ -3,6 +3,9 @@ training process makes, made in worker processes, persistent or not, and the ``w
 fault growing every worker's private memory."""
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from tft.data import Split, load, synth
 from tft.loading import Loader
 from tft.trainer import TrainConfig, Trainer
 
+ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 MiB = 2**20
 
@@ -217,3 +221,26 @@ def test_the_command_trains_with_workers_and_the_worker_cache_fault(bars, caplog
     argv = ["--parquet-file", str(bars), "--epochs", "1", "--hidden-size", "8"]
     assert train_cli.main([*argv, "--num-workers", "2", "--inject-fault", "worker-cache"]) == 0
     assert any("2 DataLoader workers, faults: worker-cache" in r.message for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_ranks_with_workers_train_as_ranks_without(bars):
+    """Under ``torchrun`` each rank's workers make that rank's share of the windows: two gloo
+    ranks score the same with and without workers."""
+
+    def scores(workers: int) -> list[str]:
+        argv = ["--parquet-file", str(bars), "--epochs", "1", "--hidden-size", "8"]
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        done = subprocess.run(
+            [*launch, "--nproc-per-node", "2", "-m", "tft.train", *argv, "--num-workers", workers],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**env, "OMP_NUM_THREADS": "1"},
+        )
+        assert done.returncode == 0, done.stderr
+        return re.findall(r"train loss \S+, val loss \S+, q-risk \[[^]]*\]", done.stderr)
+
+    alone = scores("0")
+    assert len(alone) == 1 and scores("2") == alone

@@ -4,8 +4,10 @@ Without ``--parquet-file`` the default synthetic file (704 training and 176 vali
 is generated into the cache folder. ``--inject-fault NAME`` trains a known faulty variant
 (:mod:`tft.faults`). ``--memreport DIR`` traces memory at the trainer's checkpoints, judges the
 timeline with :data:`MEMORY_RULES` and writes ``DIR/<run>.jsonl``, ``.json`` and ``.md``;
-``--capacity`` emulates a smaller device (and traces the run too). Exit codes: 0 done (with a
-passing verdict when traced), 1 out of memory or a failing verdict, 2 bad input.
+``--capacity`` emulates a smaller device (and traces the run too). ``--num-workers N`` has N
+DataLoader worker processes make the batches (:mod:`tft.loading`; default 0, the incident's
+set-up: the training process makes them). Exit codes: 0 done (with a passing verdict when
+traced), 1 out of memory or a failing verdict, 2 bad input (one line).
 
 Under ``torchrun`` (``WORLD_SIZE`` set) every rank joins the default process group (NCCL with
 one rank per visible GPU, ``cuda:LOCAL_RANK``; gloo on the CPU) and the trainer runs DDP. A
