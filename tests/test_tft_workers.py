@@ -188,34 +188,6 @@ def test_config_refuses_bad_worker_settings(fields, error):
 # -- python -m tft.train --num-workers ----------------------------------------------------------
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    def started(*args, **kwargs):
-        raise AssertionError("work started on bad input")
-
-    for name in ("load", "train", "traced", "warm_up"):
-        monkeypatch.setattr(train_cli, name, started)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--num-workers", "-1"], "num_workers must be from 0 to 64, got -1"),
-        (["--num-workers", "100000000"], "num_workers must be from 0 to 64, got 100000000"),
-        (["--num-workers", "1.5"], "argument --num-workers: invalid int value: '1.5'"),
-        (["--num-workers", "two"], "argument --num-workers: invalid int value: 'two'"),
-        (["--num-workers"], "argument --num-workers: expected one argument"),
-        (["--persistent-workers"], "persistent_workers needs num_workers >= 1"),
-        (["--inject-fault", "worker-cache"], "needs num_workers >= 1 (--num-workers)"),
-        (["--inject-fault", "worker-cache", "--num-workers", "0"], "needs num_workers >= 1"),
-    ],
-)
-def test_bad_worker_options_exit_2_with_one_line(argv, message, bars, capsys, no_work):
-    assert train_cli.main(["--parquet-file", str(bars), *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
-
-
 def test_the_command_trains_with_workers_and_the_worker_cache_fault(bars, caplog):
     caplog.set_level("INFO", logger="tft.train")
     argv = ["--parquet-file", str(bars), "--epochs", "1", "--hidden-size", "8"]
