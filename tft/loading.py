@@ -14,14 +14,22 @@ numbers. Persistent workers start once per :class:`Loader` and re-read the plan 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from tft.scoring import Batch, Windows
+__all__ = ["Batch", "Loader", "Plan", "Windows"]
 
-__all__ = ["Loader", "Plan"]
+Batch = dict[str, torch.Tensor]
+
+
+class Windows(Protocol):
+    """What the trainer reads windows from: a sized, indexable dataset of batch dicts."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Batch: ...
 
 
 class Plan:

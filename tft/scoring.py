@@ -5,22 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from tft.loading import Windows
 from tft.model import pinball
-
-Batch = dict[str, torch.Tensor]
-
-
-class Windows(Protocol):
-    """What the trainer reads windows from: a sized, indexable dataset of batch dicts."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Batch: ...
 
 
 @dataclass

@@ -44,10 +44,11 @@ from tft.checks import watch
 from tft.config import TrainConfig, resolve_device
 from tft.data import DataError, Split, default_parquet, load
 from tft.launch import leave, process_group, quiet_flight_recorder, rank_config
+from tft.loading import Batch
 from tft.model import TemporalFusionTransformer, TFTConfig
 from tft.progress import Progress
 from tft.qat import export_int8
-from tft.scoring import Accumulator, Batch, baseline_q_risk
+from tft.scoring import Accumulator, baseline_q_risk
 from tft.trainer import Callback, Trainer
 
 __all__ = ["MEMORY_RULES", "batch_shapes", "build_parser", "leave", "main", "warm_up"]

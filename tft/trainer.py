@@ -41,10 +41,10 @@ from tft import ddp
 from tft.checkpoint import CheckpointError, read_checkpoint
 from tft.config import TrainConfig, resolve_device
 from tft.ddp import shard, world
-from tft.loading import Loader
+from tft.loading import Batch, Loader, Windows
 from tft.model import TemporalFusionTransformer, pinball, quantile_loss
 from tft.qat import prepare_qat, qat_schedule
-from tft.scoring import Accumulator, Batch, Windows, baseline_q_risk
+from tft.scoring import Accumulator, baseline_q_risk
 
 __all__ = [
     "Accumulator",
