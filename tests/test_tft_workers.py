@@ -140,9 +140,10 @@ def test_a_fit_with_workers_is_the_fit_without(persistent):
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("fault", [[], ["worker-cache"]])
 def test_worker_cache_grows_every_workers_private_memory(split, fault, persistent):
-    """The 140 windows 32 times over, in batches of 32: each worker makes 2240 windows. The
-    fault keeps them all (measured: 4.7 to 5.5 MiB per worker, about 2.4 KiB a window), the
-    clean dataset none (measured: 0.24 to 0.36 MiB, a worker's start-up still settling)."""
+    """The 70 training windows 32 times over, in batches of 32: each worker makes 1120 windows.
+    The fault keeps them all (measured: 4.7 to 5.5 MiB per worker, about 4.7 KiB a window: four
+    tensors and their dict), the clean dataset none (measured: 0.24 to 0.36 MiB, a worker's
+    start-up still settling)."""
     config = TrainConfig(num_workers=2, persistent_workers=persistent)
     trainer = faults.build_trainer(make_model(), config, faults=fault)
     loader = Loader(trainer.dataset(split.train), CPU, 2, persistent=persistent)
