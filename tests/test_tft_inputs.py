@@ -77,6 +77,27 @@ def test_memreport_in_a_read_only_folder_is_refused(bars, tmp_path, capsys, no_w
         locked.chmod(0o700)
 
 
+# --- python -m tft.train --num-workers ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-workers", "-1"], "num_workers must be from 0 to 64, got -1"),
+        (["--num-workers", "100000000"], "num_workers must be from 0 to 64, got 100000000"),
+        (["--num-workers", "1.5"], "argument --num-workers: invalid int value: '1.5'"),
+        (["--num-workers", "two"], "argument --num-workers: invalid int value: 'two'"),
+        (["--num-workers"], "argument --num-workers: expected one argument"),
+        (["--persistent-workers"], "persistent_workers needs num_workers >= 1"),
+        (["--inject-fault", "worker-cache"], "needs num_workers >= 1 (--num-workers)"),
+        (["--inject-fault", "worker-cache", "--num-workers", "0"], "needs num_workers >= 1"),
+    ],
+)
+def test_bad_worker_options_exit_2_with_one_line(argv, message, bars, capsys, no_work):
+    assert train_cli.main(["--parquet-file", str(bars), *argv]) == 2
+    assert message in one_line(capsys)
+
+
 # --- python -m tft.train --resume -------------------------------------------------------------
 
 

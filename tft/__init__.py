@@ -20,7 +20,7 @@ _EXPORTS: dict[str, str] = {
     "TemporalFusionTransformer": "tft.model",
     "quantile_loss": "tft.model",
     "q_risk": "tft.model",
-    "TrainConfig": "tft.trainer",
+    "TrainConfig": "tft.config",
     "Trainer": "tft.trainer",
     "TrainingOOM": "tft.trainer",
 }

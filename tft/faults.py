@@ -10,8 +10,9 @@ or ``python -m tft.train --inject-fault NAME``. The production code paths never 
 ``param-store-ref`` keeps parameters in a class-level store on purpose: :func:`reset` empties it.
 
 :data:`FAULTS` are the one-process faults; :data:`DISTRIBUTED_FAULTS` leak under DDP (run them
-with ``torchrun``: in one process they still leak, on the only rank there is). Every function
-here takes a name from either.
+with ``torchrun``: in one process they still leak, on the only rank there is);
+:data:`WORKER_FAULTS` leak inside DataLoader workers and need ``num_workers >= 1``. Every
+function here takes a name from any of them.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import Dataset
 
 from tft.model import Interpretation, TemporalFusionTransformer
-from tft.trainer import Batch, Callback, TrainConfig, Trainer
+from tft.trainer import Batch, Callback, TrainConfig, Trainer, Windows
 
 
 class ValAttentionCache(Trainer):
@@ -168,14 +170,41 @@ class MetricSyncKeep(Trainer):
         return prediction
 
 
+class KeptWindows(Dataset[Batch]):
+    """Windows that keep a copy of every window they produce, in the process that produces it."""
+
+    def __init__(self, data: Windows) -> None:
+        self.data = data
+        self.kept: list[Batch] = []
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Batch:
+        window = {k: v.clone() for k, v in self.data[index].items()}
+        self.kept.append(window)
+        return window
+
+
+class WorkerCache(Trainer):
+    """The dataset keeps every window it produces: each DataLoader worker grows with every
+    batch it makes (and, with persistent workers, from epoch to epoch), while the training
+    process stays flat."""
+
+    def dataset(self, data: Windows) -> Windows:
+        return KeptWindows(data)
+
+
 @dataclass(frozen=True)
 class Fault:
-    """A named bug: a trainer subclass carrying it, or the config fields it sets."""
+    """A named bug: a trainer subclass carrying it, or the config fields it sets; a fault that
+    lives in DataLoader workers ``needs_workers``."""
 
     name: str
     summary: str
     trainer: type[Trainer] | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    needs_workers: bool = False
 
 
 FAULTS: dict[str, Fault] = {
@@ -238,8 +267,19 @@ DISTRIBUTED_FAULTS: dict[str, Fault] = {
         ),
     )
 }
-CATALOGUE: dict[str, Fault] = {**FAULTS, **DISTRIBUTED_FAULTS}
-"""Every fault by name: the one-process ones and the distributed ones."""
+WORKER_FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "worker-cache",
+            "the dataset keeps every window it makes inside the DataLoader workers",
+            WorkerCache,
+            needs_workers=True,
+        ),
+    )
+}
+CATALOGUE: dict[str, Fault] = {**FAULTS, **DISTRIBUTED_FAULTS, **WORKER_FAULTS}
+"""Every fault by name: the one-process ones, the distributed ones and the workers' ones."""
 
 
 def get(names: Iterable[str]) -> list[Fault]:
@@ -262,8 +302,14 @@ def trainer_class(names: Iterable[str]) -> type[Trainer]:
 
 
 def configure(config: TrainConfig, names: Iterable[str]) -> TrainConfig:
-    """``config`` with the fields the named faults set."""
+    """``config`` with the fields the named faults set; a ValueError when a fault that lives in
+    DataLoader workers is asked for without any."""
     for fault in get(names):
+        if fault.needs_workers and config.num_workers < 1:
+            raise ValueError(
+                f"fault {fault.name!r} lives in DataLoader workers: it needs num_workers >= 1 "
+                "(--num-workers)"
+            )
         config = replace(config, **fault.config)
     return config
 
@@ -287,9 +333,11 @@ __all__ = [
     "CATALOGUE",
     "DISTRIBUTED_FAULTS",
     "FAULTS",
+    "WORKER_FAULTS",
     "Fault",
     "HookPerEpoch",
     "KeepOptimizer",
+    "KeptWindows",
     "LossAccumulate",
     "MetricSyncKeep",
     "ParamStoreRef",
@@ -297,6 +345,7 @@ __all__ = [
     "QatLrStale",
     "Rank0Gather",
     "ValAttentionCache",
+    "WorkerCache",
     "build_trainer",
     "configure",
     "gather",

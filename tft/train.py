@@ -4,8 +4,10 @@ Without ``--parquet-file`` the default synthetic file (704 training and 176 vali
 is generated into the cache folder. ``--inject-fault NAME`` trains a known faulty variant
 (:mod:`tft.faults`). ``--memreport DIR`` traces memory at the trainer's checkpoints, judges the
 timeline with :data:`MEMORY_RULES` and writes ``DIR/<run>.jsonl``, ``.json`` and ``.md``;
-``--capacity`` emulates a smaller device (and traces the run too). Exit codes: 0 done (with a
-passing verdict when traced), 1 out of memory or a failing verdict, 2 bad input.
+``--capacity`` emulates a smaller device (and traces the run too). ``--num-workers N`` has N
+DataLoader worker processes make the batches (:mod:`tft.loading`; default 0, the incident's
+set-up: the training process makes them). Exit codes: 0 done (with a passing verdict when
+traced), 1 out of memory or a failing verdict, 2 bad input (one line).
 
 Under ``torchrun`` (``WORLD_SIZE`` set) every rank joins the default process group (NCCL with
 one rank per visible GPU, ``cuda:LOCAL_RANK``; gloo on the CPU) and the trainer runs DDP. A
@@ -24,37 +26,32 @@ import gc
 import logging
 import math
 import os
-import resource
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO, TypedDict
+from typing import TypedDict
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import Dataset, default_collate
 
-from tft import faults
+from tft import arguments, faults
+from tft.arguments import build_parser
 from tft.checkpoint import CheckpointError
 from tft.checks import watch
+from tft.config import TrainConfig, resolve_device
 from tft.data import DataError, Split, default_parquet, load
+from tft.launch import leave, process_group, quiet_flight_recorder, rank_config
+from tft.loading import Batch
 from tft.model import TemporalFusionTransformer, TFTConfig
-from tft.paths import write_problem
+from tft.progress import Progress
 from tft.qat import export_int8
-from tft.trainer import (
-    Batch,
-    Callback,
-    EpochStats,
-    TrainConfig,
-    Trainer,
-    _Accumulator,
-    baseline_q_risk,
-    resolve_device,
-)
+from tft.scoring import Accumulator, baseline_q_risk
+from tft.trainer import Callback, Trainer
+
+__all__ = ["MEMORY_RULES", "batch_shapes", "build_parser", "leave", "main", "warm_up"]
 
 log = logging.getLogger("tft.train")
 
@@ -81,111 +78,13 @@ MEMORY_RULES: MemoryRules = {
 the numbers behind them."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tft.train", description=__doc__.splitlines()[0])
-    p.add_argument("--parquet-file", type=Path, help="bars to train on (default: synthetic file)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument(
-        "--validation-batch-size",
-        type=int,
-        default=None,
-        help="defaults to --batch-size, as in TrainConfig",
-    )
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden-size", type=int, default=TFTConfig.hidden_size)
-    p.add_argument("--qat", action="store_true", help="quantisation-aware training, INT8 export")
-    p.add_argument("--checkpoint-dir", type=Path, help="save every epoch here (and resume from)")
-    p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/last.pt")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads (default 1: a batch-1 step gains nothing from more, measured "
-        "7.9 vs 8.6 ms, and loses badly when other processes share the cores)",
-    )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument(
-        "--inject-fault",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="train a known faulty variant, repeatable ('list' describes them): "
-        + ", ".join(faults.CATALOGUE),
-    )
-    p.add_argument(
-        "--memreport",
-        type=Path,
-        metavar="DIR",
-        help="trace memory, judge it and write DIR/<run>.jsonl, <run>.json and <run>.md",
-    )
-    p.add_argument(
-        "--capacity", metavar="SIZE", help="emulate a device of SIZE (e.g. 600MB); traces the run"
-    )
-    return p
-
-
-class Progress:
-    """A per-epoch progress line on a terminal (quartile log lines otherwise), and a summary
-    line at the end of each epoch."""
-
-    def __init__(self, trainer: Trainer, n_train: int, n_val: int, stream: TextIO) -> None:
-        self.trainer, self.stream = trainer, stream
-        world = trainer.world_size
-        self.totals = {
-            "training": math.ceil(n_train / world),
-            "validation": math.ceil(n_val / world),
-        }
-        self.tty = stream.isatty()
-        self.last_quarter = -1
-
-    def __call__(self, label: str, *, phase: str, epoch: int, batch: int | None, **_: Any) -> None:
-        if label == "EPOCH_END":
-            stats = self.trainer.history[-1]
-            log.info(format_epoch(stats, self.trainer.config.epochs, self.trainer.device))
-            return
-        if label not in ("TRAIN_BATCH", "VALIDATION_BATCH") or batch is None:
-            return
-        state = self.trainer.state
-        size = state.batch_size if phase == "training" else state.validation_batch_size
-        total = self.totals[phase]
-        done = min(total, (batch + 1) * size)
-        head = f"epoch {epoch + 1}/{self.trainer.config.epochs} {phase}"
-        if self.tty:
-            width = 30
-            bar = "#" * (width * done // total)
-            end = "\n" if done == total else ""
-            self.stream.write(f"\r{head} [{bar:<{width}}] {done}/{total}{end}")
-            self.stream.flush()
-            return
-        quarter = 4 * done // total
-        if quarter != self.last_quarter:
-            self.last_quarter = quarter
-            log.info("%s %d/%d windows", head, done, total)
-
-
-def memory_summary(device: torch.device) -> str:
-    if device.type == "cuda":
-        alloc = torch.cuda.memory_allocated(device) / 2**20
-        reserved = torch.cuda.memory_reserved(device) / 2**20
-        return f"cuda allocated {alloc:.1f}MB reserved {reserved:.1f}MB"
-    scale = 1 if sys.platform == "darwin" else 1024
-    return f"cpu max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20:.1f}MB"
-
-
-def format_epoch(stats: EpochStats, epochs: int, device: torch.device) -> str:
-    risks = " ".join(f"{r:.3f}" for r in stats.q_risk)
-    return (
-        f"epoch {stats.epoch + 1}/{epochs}: train loss {stats.train_loss:.4f}, "
-        f"val loss {stats.val_loss:.4f}, q-risk [{risks}], {memory_summary(device)}"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except arguments.UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     level = args.log_level.upper()
     if os.environ.get("RANK", "0").strip() not in ("", "0"):
         level = max(level, "WARNING", key=logging.getLevelName)
@@ -195,10 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{fault.name:<22} {fault.summary}")
         return 0
     try:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {args.threads}")
-        if args.memreport is not None and (problem := write_problem(args.memreport, folder=True)):
-            raise ValueError(f"--memreport {args.memreport}: {problem}")
+        arguments.check(args)
         torch.set_num_threads(args.threads)
         config = TrainConfig(
             batch_size=args.batch_size,
@@ -209,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             qat=args.qat,
             checkpoint_dir=str(args.checkpoint_dir) if args.checkpoint_dir else None,
+            num_workers=args.num_workers,
+            persistent_workers=args.persistent_workers,
         )
         config = faults.configure(config, args.inject_fault)
         config = rank_config(config)
@@ -248,62 +146,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def rank_config(config: TrainConfig, environ: dict[str, str] | None = None) -> TrainConfig:
-    """The config of this rank under ``torchrun``: on CUDA, device ``cuda:LOCAL_RANK`` (one rank
-    per visible GPU); unchanged outside ``torchrun`` or on the CPU. ``ValueError`` for
-    launcher variables that are not numbers, or more ranks on a node than visible GPUs."""
-    env = os.environ if environ is None else environ
-    if "WORLD_SIZE" not in env:
-        return config
-    try:
-        world, local = int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0"))
-    except ValueError:
-        raise ValueError("WORLD_SIZE and LOCAL_RANK must be whole numbers") from None
-    if world < 1 or local < 0:
-        raise ValueError(f"WORLD_SIZE {world} and LOCAL_RANK {local} are not a rank")
-    if resolve_device(config.device).type != "cuda":
-        return replace(config, device="cpu")
-    visible = torch.cuda.device_count()
-    if local >= visible:
-        raise ValueError(
-            f"LOCAL_RANK {local}: only {visible} CUDA device(s) visible; run one rank per GPU "
-            f"(--nproc-per-node {visible})"
-        )
-    return replace(config, device=f"cuda:{local}")
-
-
-def quiet_flight_recorder() -> None:
-    """Turn off c10d's flight recorder for this process's groups, unless the user set its size.
-
-    It keeps the last 2000 collectives with their stacks (about 1 KB each, measured with gloo),
-    so a traced run's first 2000 collectives would grow memory like a leak."""
-    if (
-        "TORCH_FR_BUFFER_SIZE" not in os.environ
-        and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ
-    ):
-        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
-
-
-@contextmanager
-def process_group(config: TrainConfig) -> Iterator[None]:
-    """Under ``torchrun`` (``WORLD_SIZE`` set), join the default process group for the run,
-    NCCL on CUDA and gloo on the CPU, and leave it after; nothing otherwise."""
-    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
-        yield
-        return
-    device = resolve_device(config.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    try:
-        yield
-        # No rank leaves while another still talks to it (rank 0 merges the verdicts): a
-        # group torn down under a peer's collective aborts that peer's process.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def check_resume(path: Path, config: TrainConfig, model_config: TFTConfig) -> None:
     """Load ``path`` into a throwaway trainer on the CPU, so that a checkpoint that cannot resume
     this run is refused before any work; the random state is left as it was."""
@@ -335,13 +177,14 @@ def train(
     if args.resume:
         trainer.load_checkpoint(Path(config.checkpoint_dir or ".") / "last.pt")
     log.info(
-        "%d training / %d validation windows, batch %d / validation batch %d, device %s%s%s",
+        "%d training / %d validation windows, batch %d / validation batch %d, device %s%s%s%s",
         len(split.train),
         len(split.val),
         config.batch_size,
         config.validation_batch_size,
         trainer.device,
         f", {trainer.world_size} ranks (DDP)" if trainer.world_size > 1 else "",
+        f", {config.num_workers} DataLoader workers" if config.num_workers else "",
         f", faults: {', '.join(args.inject_fault)}" if args.inject_fault else "",
     )
     started = time.perf_counter()
@@ -498,7 +341,7 @@ def warm_up(
         for size in batch_shapes(n_val, val_size, config.oom_retries):
             trainer.model(batch(split.val, size))
         if world > 1:
-            acc = _Accumulator()
+            acc = Accumulator()
             for _ in range(DDP_WARM_STEPS):
                 trainer.validate_step(batch(split.val, val_size), acc)
 
@@ -509,19 +352,6 @@ def batch_shapes(n: int, size: int, halvings: int) -> list[int]:
     sizes = [max(1, size >> k) for k in range(halvings + 1)]
     shapes = {min(n, s) for s in sizes} | {n % s for s in sizes if n % s}
     return sorted(shapes, reverse=True)
-
-
-def leave(code: int) -> None:
-    """Exit with ``code``. Under ``torchrun`` a rank leaves without the interpreter's C++
-    teardown: with torch 2.13 a rank whose run finished, its process group destroyed, sometimes
-    aborts there ("terminate called without an active exception": 4 of 24 two-rank runs on a
-    loaded machine), which the launcher reports as a failed job. Output is flushed first."""
-    if "WORLD_SIZE" not in os.environ:
-        sys.exit(code)
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

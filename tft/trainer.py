@@ -28,83 +28,46 @@ import gc
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import default_collate
 
+from tft import ddp
 from tft.checkpoint import CheckpointError, read_checkpoint
+from tft.config import TrainConfig, resolve_device
+from tft.ddp import shard, world
+from tft.loading import Batch, Loader, Windows
 from tft.model import TemporalFusionTransformer, pinball, quantile_loss
 from tft.qat import prepare_qat, qat_schedule
+from tft.scoring import Accumulator, baseline_q_risk
+
+__all__ = [
+    "Accumulator",
+    "Batch",
+    "Callback",
+    "EpochStats",
+    "TrainConfig",
+    "Trainer",
+    "TrainingOOM",
+    "Windows",
+    "baseline_q_risk",
+    "resolve_device",
+    "shard",
+    "world",
+]
 
 log = logging.getLogger(__name__)
 
 Callback = Callable[..., Any]
-Batch = dict[str, torch.Tensor]
-
-
-class Windows(Protocol):
-    """What the trainer reads windows from: a sized, indexable dataset of batch dicts."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Batch: ...
 
 
 class TrainingOOM(torch.OutOfMemoryError):
     """Out of memory after every allowed batch-size halving."""
-
-
-@dataclass
-class TrainConfig:
-    """How to train. ``validation_batch_size`` defaults to ``batch_size``."""
-
-    batch_size: int = 1
-    validation_batch_size: int | None = None
-    epochs: int = 5
-    lr: float = 1e-3
-    device: str = "auto"
-    seed: int = 0
-    grad_clip: float | None = 1.0
-    qat: bool = False
-    qat_warmup: float = 0.1
-    qat_cooldown: float = 0.3
-    checkpoint_dir: str | None = None
-    oom_retries: int = 3
-
-    def __post_init__(self) -> None:
-        if self.validation_batch_size is None:
-            self.validation_batch_size = self.batch_size
-        for name in ("batch_size", "validation_batch_size", "epochs"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}")
-        if self.oom_retries < 0:
-            raise ValueError(f"oom_retries must be >= 0, got {self.oom_retries!r}")
-        if not (0 <= self.qat_warmup <= 1 and 0 <= self.qat_cooldown <= 1):
-            raise ValueError("qat_warmup and qat_cooldown are fractions of the steps, in [0, 1]")
-        resolve_device(self.device)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when visible, else CPU; anything torch cannot parse is a ValueError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return device
 
 
 @dataclass
@@ -121,55 +84,6 @@ class EpochStats:
 
 
 @dataclass
-class _Accumulator:
-    """Running sums for validation: a few device scalars whatever the number of batches.
-
-    ``padding`` is how many rows at the end of the next batch repeat windows another rank
-    scores (a distributed shard's padding): :meth:`Trainer.validate_step` leaves them out."""
-
-    loss: torch.Tensor | None = None
-    pinball: torch.Tensor | None = None
-    scale: torch.Tensor | None = None
-    count: int = 0
-    padding: int = 0
-
-    def add(self, loss: torch.Tensor, pinball: torch.Tensor, scale: torch.Tensor, n: int) -> None:
-        def plus(total: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-            return x.detach() if total is None else total + x.detach()
-
-        self.loss = plus(self.loss, loss * n)
-        self.pinball = plus(self.pinball, pinball)
-        self.scale = plus(self.scale, scale)
-        self.count += n
-
-    def result(self) -> tuple[float, list[float]]:
-        """Mean loss per window and the normalised q-risk of each quantile."""
-        if self.loss is None or self.pinball is None or self.scale is None:
-            raise ValueError("no validation batch was scored")
-        q_risk = 2 * self.pinball / self.scale.clamp_min(1e-12)
-        return float(self.loss) / self.count, q_risk.tolist()
-
-    def reduce(self, quantiles: int, device: torch.device) -> None:
-        """Sum the sums of every rank into each rank's (a rank that scored nothing adds 0)."""
-        zero = torch.zeros((), dtype=torch.float64, device=device)
-        parts = [
-            (self.loss if self.loss is not None else zero).double().reshape(1),
-            (self.scale if self.scale is not None else zero).double().reshape(1),
-            torch.tensor([float(self.count)], dtype=torch.float64, device=device),
-            (
-                self.pinball.double()
-                if self.pinball is not None
-                else torch.zeros(quantiles, dtype=torch.float64, device=device)
-            ),
-        ]
-        total = torch.cat(parts)
-        dist.all_reduce(total)
-        self.loss, self.scale = total[0].float(), total[1].float()
-        self.count = round(float(total[2]))
-        self.pinball = total[3:].float()
-
-
-@dataclass
 class _State:
     """What changes during a session: batch sizes after back-off, retries spent, the epoch."""
 
@@ -180,32 +94,14 @@ class _State:
     history: list[EpochStats] = field(default_factory=list)
 
 
-def world() -> tuple[int, int]:
-    """``(rank, world size)`` of the default process group; ``(0, 1)`` without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def shard(indices: Sequence[int], rank: int, world_size: int) -> tuple[list[int], int]:
-    """This rank's share of ``indices`` as ``DistributedSampler`` splits them: padded by
-    repeating from the start to a multiple of ``world_size``, then every ``world_size``-th from
-    ``rank``. Returns the share and how many of its first entries are not padding."""
-    n = len(indices)
-    if world_size == 1 or n == 0:
-        return list(indices), n
-    total = math.ceil(n / world_size) * world_size
-    padded = list(indices) * math.ceil(total / n)
-    share = padded[rank:total:world_size]
-    return share, len(range(rank, n, world_size))
-
-
 class Trainer:
     """Fit a TFT on window datasets; the trainer owns the optimizer and nothing else of the model.
 
-    Subclasses may override :meth:`train_step`, :meth:`training_loss`, :meth:`step_schedule`,
-    :meth:`validate_step`, :meth:`validation_mode`, :meth:`release_optimizer` and
-    :meth:`restore_optimizer`; the loop, back-off and checkpoints stay here.
+    Subclasses may override :meth:`dataset`, :meth:`train_step`, :meth:`training_loss`,
+    :meth:`step_schedule`, :meth:`validate_step`, :meth:`validation_mode`,
+    :meth:`release_optimizer` and :meth:`restore_optimizer`; the loop, back-off and checkpoints
+    stay here. With ``config.num_workers``, DataLoader workers make the batches
+    (:mod:`tft.loading`).
     """
 
     def __init__(
@@ -220,9 +116,7 @@ class Trainer:
             prepare_qat(model)
         self.model = model.to(self.device)
         self.rank, self.world_size = world()
-        self.network: nn.Module = self.model
-        if self.world_size > 1:
-            self.network = DistributedDataParallel(self.model, device_ids=self._device_ids())
+        self.network = ddp.wrap(self.model, self.device, self.world_size)
         self.quantiles = tuple(model.config.quantiles)
         self.callbacks = list(callbacks)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, fused=True)
@@ -232,6 +126,7 @@ class Trainer:
         )
         self._offloaded: list[dict[str, tuple[torch.device | None, Any]]] | None = None
         self._steps_per_epoch = 0
+        self._loaders: dict[str, tuple[Windows, Loader]] = {}
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -257,6 +152,7 @@ class Trainer:
             self.emit("SESSION_END", "session")
         finally:
             torch.set_flush_denormal(False)
+            self._loaders.clear()  # persistent workers stop with their loaders
         return self.history
 
     def emit(self, label: str, phase: str, batch: int | None = None, **extra: Any) -> None:
@@ -264,6 +160,10 @@ class Trainer:
         epoch = None if phase == "session" else self.state.epoch
         for callback in self.callbacks:
             callback(label, phase=phase, epoch=epoch, batch=batch, **extra)
+
+    def dataset(self, data: Windows) -> Windows:
+        """The dataset a phase's batches are read from: ``data`` itself."""
+        return data
 
     def train_step(self, batch: Batch) -> torch.Tensor:
         """One optimisation step; returns the detached loss."""
@@ -289,14 +189,14 @@ class Trainer:
         """The autograd mode validation runs in: inference mode, so no graph is recorded."""
         return torch.inference_mode()
 
-    def validate_step(self, batch: Batch, acc: _Accumulator) -> torch.Tensor:
+    def validate_step(self, batch: Batch, acc: Accumulator) -> torch.Tensor:
         """Score one batch into the bounded accumulator (its padding rows left out); returns
         the prediction."""
         prediction = self.model(batch)
         self.score(prediction, batch, acc)
         return prediction
 
-    def score(self, prediction: torch.Tensor, batch: Batch, acc: _Accumulator) -> None:
+    def score(self, prediction: torch.Tensor, batch: Batch, acc: Accumulator) -> None:
         """Add a batch's prediction to the accumulator, leaving its padding rows out."""
         scored = len(batch["target"]) - acc.padding
         if scored > 0:
@@ -415,7 +315,7 @@ class Trainer:
 
         share, _ = shard(order.tolist(), self.rank, self.world_size)
         self._batches(train, share, "training", step)
-        train_loss = self._mean(losses)
+        train_loss = ddp.mean(losses, self.device, self.world_size)
         self.emit("AFTER_TRAINING", "training")
 
         self.release_optimizer()
@@ -440,14 +340,14 @@ class Trainer:
             if self.rank == 0:
                 self.save_checkpoint(directory / f"epoch-{epoch}.pt")
                 self.save_checkpoint(directory / "last.pt")
-            self._barrier()
+            ddp.barrier(self.device, self.world_size)
             self.emit("CHECKPOINT_SAVED", "epoch")
         self.emit("EPOCH_END", "epoch")
         self.state.epoch += 1
 
     def _validate(self, val: Windows) -> tuple[float, list[float]]:
         self.model.eval()
-        acc = _Accumulator()
+        acc = Accumulator()
         self.emit("VALIDATION_START", "validation")
         share, real = shard(range(len(val)), self.rank, self.world_size)
 
@@ -465,36 +365,6 @@ class Trainer:
         self.model.train()
         return acc.result()
 
-    def _mean(self, losses: Sequence[float]) -> float:
-        """The mean training loss of the epoch, over every rank's batches."""
-        total, count = sum(losses), len(losses)
-        if self.world_size > 1:
-            sums = torch.tensor([total, float(count)], dtype=torch.float64, device=self.device)
-            dist.all_reduce(sums)
-            total, count = float(sums[0]), round(float(sums[1]))
-        return total / max(1, count)
-
-    def _barrier(self) -> None:
-        """Wait for every rank (nothing to wait for in a one-process run)."""
-        if self.world_size > 1:
-            dist.barrier(device_ids=self._device_ids())
-
-    def _device_ids(self) -> list[int] | None:
-        """This rank's CUDA device, as DDP and NCCL's barrier take it (None on the CPU)."""
-        if self.device.type != "cuda":
-            return None
-        index = self.device.index
-        return [index if index is not None else torch.cuda.current_device()]
-
-    def _failed_ranks(self, failed: bool) -> list[int]:
-        """The ranks where the last batch ran out of memory (this one's ``failed`` included)."""
-        if self.world_size == 1:
-            return [0] if failed else []
-        flags = torch.zeros(self.world_size, device=self.device)
-        flags[self.rank] = float(failed)
-        dist.all_reduce(flags)
-        return [r for r, flag in enumerate(flags.tolist()) if flag]
-
     def _batches(
         self,
         data: Windows,
@@ -504,28 +374,44 @@ class Trainer:
     ) -> None:
         """Run ``step(batch, index, rows)`` over ``order`` in batches (``rows``: the batch's
         positions in ``order``), halving the batch size on out-of-memory; distributed, every
-        rank backs off when any rank ran out."""
+        rank backs off when any rank ran out, and the batches start again from the first that
+        did not run at the smaller size."""
         size_field = "batch_size" if phase == "training" else "validation_batch_size"
         start, index = 0, 0
+        batches: Iterator[Batch] | None = None
         while start < len(order):
             size = getattr(self.state, size_field)
             failure = None
             batch: Batch | None = None
             try:
-                batch = self._collate(data, order[start : start + size])
+                if batches is None:
+                    seed = self.config.seed * 1000 + self.state.epoch
+                    batches = self._loader(phase, data).batches(order[start:], size, seed)
+                batch = next(batches)
                 step(batch, index, range(start, min(start + size, len(order))))
             except torch.OutOfMemoryError as exc:
                 failure = (
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 )
             batch = None
-            failed = self._failed_ranks(failure is not None)
+            failed = ddp.failed_ranks(failure is not None, self.rank, self.world_size, self.device)
             if not failed:
                 start, index = start + size, index + 1
                 continue
+            batches = None
             if failure is None:
                 failure = f"rank {', '.join(map(str, failed))} ran out of memory"
             self._back_off(phase, index, size_field, failure, here=self.rank in failed)
+
+    def _loader(self, phase: str, data: Windows) -> Loader:
+        """The phase's loader of ``data``, kept while the phase reads the same dataset (so that
+        persistent workers live from epoch to epoch) and until the fit ends."""
+        kept = self._loaders.get(phase)
+        if kept is None or kept[0] is not data:
+            workers, persistent = self.config.num_workers, self.config.persistent_workers
+            loader = Loader(self.dataset(data), self.device, workers, persistent=persistent)
+            kept = self._loaders[phase] = (data, loader)
+        return kept[1]
 
     def _back_off(
         self, phase: str, index: int, size_field: str, failure: str, *, here: bool = True
@@ -552,18 +438,3 @@ class Trainer:
             size_field,
             size // 2,
         )
-
-    def _collate(self, data: Windows, indices: Sequence[int]) -> Batch:
-        batch = default_collate([data[i] for i in indices])
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-
-
-def baseline_q_risk(train: Windows, val: Windows, quantiles: Sequence[float]) -> list[float]:
-    """Normalised q-risk on ``val`` of constant quantiles fitted on the training targets."""
-    fitted = torch.stack([train[i]["target"] for i in range(len(train))]).flatten()
-    levels = torch.quantile(fitted, torch.tensor(quantiles, dtype=fitted.dtype))
-    target = torch.stack([val[i]["target"] for i in range(len(val))])
-    prediction = levels.expand(*target.shape, len(quantiles))
-    return (
-        2 * pinball(prediction, target, quantiles).flatten(0, -2).sum(0) / target.abs().sum()
-    ).tolist()
