@@ -43,7 +43,15 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.verdict",
         ),
     ),
-    ("timeline", ("harness.timeline",)),
+    (
+        "timeline",
+        (
+            "harness.timeline",
+            "harness.timeline_checks",
+            "harness.timeline_columns",
+            "harness.timeline_writer",
+        ),
+    ),
     ("rules", ("harness.rules",)),
     ("attribution", ("harness.attribution",)),
     ("recorder", ("harness.recorder",)),
