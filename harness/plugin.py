@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from harness.rules import Rules, Verdict
 
 DEFAULT_DIR = "reports"
+DEFAULT_BASELINE = "baseline"
+STORAGE = ".leakgate"
 PLUGIN_NAME = "leakgate-state"
 PROPERTY = "leakgate"
 
@@ -55,6 +57,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="the dearer search: note the line that allocated every tensor and Python object "
         "while a traced test runs, and name it in failure messages (slower tests)",
+    )
+    group.addoption(
+        "--memreport-save",
+        nargs="?",
+        const=DEFAULT_BASELINE,
+        default=None,
+        metavar="NAME",
+        help=f"keep this session's verdicts as the baseline NAME (default {DEFAULT_BASELINE}) "
+        "in the storage folder; needs --memreport",
+    )
+    group.addoption(
+        "--memreport-compare",
+        nargs="?",
+        const=DEFAULT_BASELINE,
+        default=None,
+        metavar="NAME|PATH",
+        help="compare this session's verdicts with a saved baseline (a name in the storage "
+        "folder, or a folder of verdicts) by the rules of 'leakgate gate': a regression, or a "
+        "baseline verdict this session did not produce, fails the session; needs --memreport",
+    )
+    group.addoption(
+        "--memreport-storage",
+        default=None,
+        metavar="DIR",
+        help=f"where named baselines are kept (default: {STORAGE}/ in the rootdir)",
+    )
+    group.addoption(
+        "--memreport-json",
+        default=None,
+        metavar="PATH",
+        help="write one machine-readable summary of the session's verdicts (and the "
+        "comparison) to PATH; schema in reports/README.md",
     )
     for option in options():
         parser.addini(f"memleak_{option.name}", option.metadata["help"], default=None)
@@ -109,6 +143,7 @@ class Outcome:
     status: str
     worst_growth: float | None
     findings: list[str]
+    phases: list[dict[str, Any]]
 
 
 class LeakGate:
@@ -122,6 +157,8 @@ class LeakGate:
         self.started = time.time()
         self.outcomes: list[Outcome] = []
         self.write_error: str | None = None
+        self.session = None if hasattr(config, "workerinput") else SessionOptions.read(config)
+        self.session_lines: list[str] = []
 
     def rules_for(self, item: pytest.Item) -> Rules:
         """The marker's rules over the ``memleak_*`` ini defaults; keywords naming a
@@ -277,8 +314,11 @@ class LeakGate:
         trace.holders = (*finished.holder_lines(), *hint(finished.shares, explained))
         if trace.native is not None and trace.native.found and _leaked(verdict):
             trace.holders += tuple(f"  {line.text()}" for line in trace.native.found)
+        from harness.baseline import PHASE_FIELDS
+
         summary = {
             "status": verdict.status,
+            "phases": [{k: getattr(p, k) for k in PHASE_FIELDS} for p in verdict.phases],
             "worst_growth": worst_growth(verdict),
             "findings": [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
             + ([f"[ERROR] {verdict.error}"] if verdict.error else []),
@@ -303,12 +343,32 @@ class LeakGate:
             if name == PROPERTY and report.when == "call" and isinstance(value, str):
                 data = json.loads(value)
                 self.outcomes.append(
-                    Outcome(report.nodeid, data["status"], data["worst_growth"], data["findings"])
+                    Outcome(
+                        report.nodeid,
+                        data["status"],
+                        data["worst_growth"],
+                        data["findings"],
+                        data.get("phases", []),
+                    )
                 )
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Index this session's reports, once, in the process that saw every test: the
-        controller under pytest-xdist (workers have ``workerinput``)."""
+        controller under pytest-xdist (workers have ``workerinput``); then compare, save and
+        summarise the session's verdicts, as asked, failing the session on a regression."""
+        if self.session is not None and self.session.asked:
+            from harness.baseline import close_session
+
+            closed = close_session(
+                self.outcomes,
+                self.directory,
+                self.session.compare,
+                self.session.save,
+                self.session.json,
+            )
+            self.session_lines = closed.lines
+            if closed.failed and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.directory is None or hasattr(self.config, "workerinput"):
             return
         if self.directory.is_dir():
@@ -327,6 +387,8 @@ class LeakGate:
                 "every verdict was still enforced",
                 yellow=True,
             )
+        for line in self.session_lines:
+            tr.write_line(line, red=line.startswith("leakgate REGRESSION"))
         if not self.outcomes:
             return
         from harness.units import format_size
@@ -339,6 +401,57 @@ class LeakGate:
                 tr.write_line(f"      {finding}")
         if self.directory is not None:
             tr.write_line(f"reports in {self.directory}/, index: {self.directory / 'index.md'}")
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What to do with the session's verdicts at its end: the baseline folder to compare with,
+    the one to save into, the summary file."""
+
+    compare: Path | None
+    save: Path | None
+    json: Path | None
+
+    @property
+    def asked(self) -> bool:
+        return any((self.compare, self.save, self.json))
+
+    @classmethod
+    def read(cls, config: pytest.Config) -> SessionOptions:
+        """The options, checked before any test runs: a usage error (one line) for a baseline
+        that is not there, a storage or summary path of the wrong kind, or no --memreport."""
+        from harness.baseline import check_name, find_baseline
+        from harness.errors import BadInput
+
+        save, compare = config.getoption("memreport_save"), config.getoption("memreport_compare")
+        summary = config.getoption("memreport_json")
+        given = config.getoption("memreport_storage")
+        storage = Path(given) if given else config.rootpath / STORAGE
+        try:
+            if (save is not None or compare is not None) and not config.getoption("memreport"):
+                raise BadInput(
+                    "needs --memreport (the verdicts it keeps or compares)",
+                    field="--memreport-save" if save is not None else "--memreport-compare",
+                )
+            if (
+                (save is not None or compare is not None)
+                and storage.exists()
+                and not storage.is_dir()
+            ):
+                raise BadInput("not a folder", path=storage, field="--memreport-storage")
+            if summary is not None and (not summary or Path(summary).is_dir()):
+                raise BadInput(
+                    "expected a file path, got a folder",
+                    path=summary or ".",
+                    field="--memreport-json",
+                )
+            return cls(
+                find_baseline(storage, compare) if compare is not None else None,
+                storage / check_name(save) if save is not None else None,
+                Path(summary) if summary is not None else None,
+            )
+        except BadInput as exc:
+            raise pytest.UsageError(f"leakgate: {exc}") from None
 
 
 def _skipped(call: pytest.CallInfo) -> bool:

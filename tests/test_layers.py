@@ -47,6 +47,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.report",
             "harness.artifacts",
             "harness.finish",
+            "harness.baseline",
         ),
     ),
     ("merging ranks", ("harness.merge",)),
