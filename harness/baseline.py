@@ -95,6 +95,38 @@ def find_baseline(storage: Path, given: str) -> Path:
     return folder
 
 
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a pytest session does with its verdicts at its end: the baseline folder it compares
+    with, the one it saves into, the summary file."""
+
+    compare: Path | None
+    save: Path | None
+    json: Path | None
+
+
+def session_options(
+    save: str | None, compare: str | None, summary: str | None, storage: Path, memreport: bool
+) -> SessionOptions:
+    """``--memreport-save``, ``--memreport-compare`` and ``--memreport-json`` checked: ``BadInput``
+    for a baseline that is not there, a storage or summary path of the wrong kind, or a baseline
+    option without the report folder its verdicts are read from."""
+    if (save is not None or compare is not None) and not memreport:
+        flag = "--memreport-save" if save is not None else "--memreport-compare"
+        raise BadInput("needs --memreport (the verdicts it keeps or compares)", field=flag)
+    if (save is not None or compare is not None) and storage.exists() and not storage.is_dir():
+        raise BadInput("not a folder", path=storage, field="--memreport-storage")
+    if summary is not None and (not summary or Path(summary).is_dir()):
+        raise BadInput(
+            "expected a file path, got a folder", path=summary or ".", field="--memreport-json"
+        )
+    return SessionOptions(
+        find_baseline(storage, compare) if compare is not None else None,
+        storage / check_name(save) if save is not None else None,
+        Path(summary) if summary is not None else None,
+    )
+
+
 def save_baseline(folder: Path, documents: Mapping[str, Mapping[str, Any]]) -> list[Path]:
     """Write each verdict document to ``folder/<name>``, atomically; a verdict already there
     for another test is kept. ``OSError`` names the file that could not be written."""

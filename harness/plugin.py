@@ -29,6 +29,7 @@ from harness.naming import safe_name
 from harness.verdict import options, parse_option
 
 if TYPE_CHECKING:
+    from harness.baseline import SessionOptions
     from harness.recorder import Recorder
     from harness.rules import Rules, Verdict
 
@@ -57,6 +58,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="the dearer search: note the line that allocated every tensor and Python object "
         "while a traced test runs, and name it in failure messages (slower tests)",
+    )
+    group.addoption(
+        "--memreport-snapshot",
+        action="store_true",
+        default=False,
+        help="on CUDA, record the allocator's history while each traced test runs and, for a "
+        "failing leak, OOM or teardown, write <test>.snapshot.pickle beside its report (for "
+        "pytorch.org/memory_viz); nothing without a CUDA device",
     )
     group.addoption(
         "--memreport-save",
@@ -133,6 +142,8 @@ class Trace:
     holders: tuple[str, ...] = ()
     judged: bool = False
     native: Any = None  # attribution.native.Native: native lines, under explain with memray
+    snapshot: bool = False  # record the CUDA allocator's history (--memreport-snapshot)
+    history: dict[str, Any] | None = None  # the snapshot taken as the call ended
 
 
 @dataclass
@@ -157,8 +168,9 @@ class LeakGate:
         self.started = time.time()
         self.outcomes: list[Outcome] = []
         self.write_error: str | None = None
-        self.session = None if hasattr(config, "workerinput") else SessionOptions.read(config)
+        self.session = _session_options(config)
         self.session_lines: list[str] = []
+        self.snapshot_note: str | None = None
 
     def rules_for(self, item: pytest.Item) -> Rules:
         """The marker's rules over the ``memleak_*`` ini defaults; keywords naming a
@@ -178,7 +190,7 @@ class LeakGate:
                 if marker.args:
                     raise ValueError("memleak takes keyword arguments only")
                 for key, value in marker.kwargs.items():
-                    if key not in ("attribute", "explain"):
+                    if key not in ("attribute", "explain", "snapshot"):
                         (custom if is_custom(key) else values)[key] = value
             return Rules.from_dict({**values, "custom": custom} if custom else values)
         except ValueError as exc:
@@ -217,6 +229,11 @@ class LeakGate:
             files = None
             recorder = Recorder(meta=meta, rules=rules, attribute=attribution)
         self.traces[item.nodeid] = trace = Trace(recorder, rules, files)
+        trace.snapshot = bool(self.config.getoption("memreport_snapshot", False)) or (
+            marker is not None and bool(marker.kwargs.get("snapshot", False))
+        )
+        if trace.snapshot and self.snapshot_note is None and not _cuda_visible():
+            self.snapshot_note = "no CUDA device: snapshots asked for were not recorded"
         return trace
 
     def files_for(self, item: pytest.Item) -> Path | None:
@@ -251,7 +268,7 @@ class LeakGate:
 
             trace.native = Native()
         try:
-            with trace.native or contextlib.nullcontext():
+            with trace.native or contextlib.nullcontext(), _recording(trace):
                 return (yield)
         except BaseException as exc:
             error = exc
@@ -314,6 +331,8 @@ class LeakGate:
         trace.holders = (*finished.holder_lines(), *hint(finished.shares, explained))
         if trace.native is not None and trace.native.found and _leaked(verdict):
             trace.holders += tuple(f"  {line.text()}" for line in trace.native.found)
+        if trace.history is not None:
+            trace.holders += tuple(self.save_snapshot(trace, verdict, finished.paths.get("md")))
         from harness.baseline import PHASE_FIELDS
 
         summary = {
@@ -325,6 +344,18 @@ class LeakGate:
         }
         item.user_properties.append((PROPERTY, json.dumps(summary)))
         return verdict
+
+    def save_snapshot(self, trace: Trace, verdict: Verdict, report: Path | None) -> list[str]:
+        """Keep the test's snapshot when its verdict failed for a leak, an OOM or a teardown
+        residue (:func:`harness.snapshot.keep`); the lines for its failure message."""
+        from harness.snapshot import keep
+
+        history, trace.history = trace.history, None
+        try:
+            return keep(history, verdict, trace.files, report)
+        except OSError as exc:
+            self.write_failed(exc)
+            return []
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
@@ -356,7 +387,7 @@ class LeakGate:
         """Index this session's reports, once, in the process that saw every test: the
         controller under pytest-xdist (workers have ``workerinput``); then compare, save and
         summarise the session's verdicts, as asked, failing the session on a regression."""
-        if self.session is not None and self.session.asked:
+        if self.session is not None:
             from harness.baseline import close_session
 
             closed = close_session(
@@ -387,6 +418,8 @@ class LeakGate:
                 "every verdict was still enforced",
                 yellow=True,
             )
+        if self.snapshot_note is not None:
+            tr.write_line(f"leakgate note: {self.snapshot_note}")
         for line in self.session_lines:
             tr.write_line(line, red=line.startswith("leakgate REGRESSION"))
         if not self.outcomes:
@@ -403,55 +436,43 @@ class LeakGate:
             tr.write_line(f"reports in {self.directory}/, index: {self.directory / 'index.md'}")
 
 
-@dataclass(frozen=True)
-class SessionOptions:
-    """What to do with the session's verdicts at its end: the baseline folder to compare with,
-    the one to save into, the summary file."""
+def _session_options(config: pytest.Config) -> SessionOptions | None:
+    """The baseline and summary options, checked before any test runs (a usage error, one
+    line); None in an xdist worker or when none is given."""
+    save, compare = config.getoption("memreport_save"), config.getoption("memreport_compare")
+    summary, given = config.getoption("memreport_json"), config.getoption("memreport_storage")
+    if hasattr(config, "workerinput") or (save, compare, summary) == (None, None, None):
+        return None
+    from harness.baseline import session_options
+    from harness.errors import BadInput
 
-    compare: Path | None
-    save: Path | None
-    json: Path | None
+    storage = Path(given) if given else config.rootpath / STORAGE
+    try:
+        return session_options(save, compare, summary, storage, bool(config.getoption("memreport")))
+    except BadInput as exc:
+        raise pytest.UsageError(f"leakgate: {exc}") from None
 
-    @property
-    def asked(self) -> bool:
-        return any((self.compare, self.save, self.json))
 
-    @classmethod
-    def read(cls, config: pytest.Config) -> SessionOptions:
-        """The options, checked before any test runs: a usage error (one line) for a baseline
-        that is not there, a storage or summary path of the wrong kind, or no --memreport."""
-        from harness.baseline import check_name, find_baseline
-        from harness.errors import BadInput
+def _cuda_visible() -> bool:
+    from harness.snapshot import available
 
-        save, compare = config.getoption("memreport_save"), config.getoption("memreport_compare")
-        summary = config.getoption("memreport_json")
-        given = config.getoption("memreport_storage")
-        storage = Path(given) if given else config.rootpath / STORAGE
+    return available()
+
+
+@contextlib.contextmanager
+def _recording(trace: Trace) -> Iterator[None]:
+    """Record the CUDA allocator's history through the test's call when the trace asks for it,
+    and keep the snapshot taken as the call ends (written only if the verdict fails)."""
+    if not trace.snapshot or not _cuda_visible():
+        yield
+        return
+    from harness import snapshot
+
+    with snapshot.record_history():
         try:
-            if (save is not None or compare is not None) and not config.getoption("memreport"):
-                raise BadInput(
-                    "needs --memreport (the verdicts it keeps or compares)",
-                    field="--memreport-save" if save is not None else "--memreport-compare",
-                )
-            if (
-                (save is not None or compare is not None)
-                and storage.exists()
-                and not storage.is_dir()
-            ):
-                raise BadInput("not a folder", path=storage, field="--memreport-storage")
-            if summary is not None and (not summary or Path(summary).is_dir()):
-                raise BadInput(
-                    "expected a file path, got a folder",
-                    path=summary or ".",
-                    field="--memreport-json",
-                )
-            return cls(
-                find_baseline(storage, compare) if compare is not None else None,
-                storage / check_name(save) if save is not None else None,
-                Path(summary) if summary is not None else None,
-            )
-        except BadInput as exc:
-            raise pytest.UsageError(f"leakgate: {exc}") from None
+            yield
+        finally:
+            trace.history = snapshot.take()
 
 
 def _skipped(call: pytest.CallInfo) -> bool:

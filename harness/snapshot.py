@@ -16,12 +16,15 @@ import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harness.attribution.sites import sites_recorded
 from harness.fsio import write_atomic
+
+if TYPE_CHECKING:
+    from harness.verdict import Verdict
 
 MAX_ENTRIES = 20_000
 VIEWER = "https://pytorch.org/memory_viz"
@@ -76,3 +79,21 @@ def link(markdown: Path, snapshot: Path) -> None:
         f"history during the test; drop it on {VIEWER} to see every allocation and its stack.\n"
     )
     write_atomic(markdown, text)
+
+
+def keep(
+    snapshot: dict[str, Any] | None, verdict: Verdict, files: Path | None, report: Path | None
+) -> list[str]:
+    """Write ``snapshot`` to ``<files>.snapshot.pickle`` and link it from ``report`` when the
+    verdict failed for a leak, an OOM or a teardown residue; the lines a failure message adds.
+    Without ``files`` (no report folder) nothing is written and a line says so. ``OSError``
+    names a file that could not be written."""
+    failed = any(f.kind in KINDS and f.blocking for f in verdict.findings)
+    if snapshot is None or not failed:
+        return []
+    if files is None:
+        return ["  memory snapshot: not written (give --memreport to keep it)"]
+    path = write(files.with_name(files.name + SUFFIX), snapshot)
+    if report is not None and report.exists():
+        link(report, path)
+    return [f"  memory snapshot: {path} (open it at {VIEWER})"]
