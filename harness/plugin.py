@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 DEFAULT_DIR = "reports"
 DEFAULT_BASELINE = "baseline"
 STORAGE = ".leakgate"
+MEMREPORT_ENV = "LEAKGATE_MEMREPORT"
 PLUGIN_NAME = "leakgate-state"
 PROPERTY = "leakgate"
 
@@ -169,6 +172,9 @@ class LeakGate:
         self.outcomes: list[Outcome] = []
         self.write_error: str | None = None
         self.session = _session_options(config)
+        self.environ = os.environ.get(MEMREPORT_ENV)
+        if self.directory is not None:  # where run_ranks inside a test writes (harness.spawn)
+            os.environ[MEMREPORT_ENV] = str(self.directory.resolve())
         self.session_lines: list[str] = []
         self.snapshot_note: str | None = None
 
@@ -232,7 +238,9 @@ class LeakGate:
         trace.snapshot = bool(self.config.getoption("memreport_snapshot", False)) or (
             marker is not None and bool(marker.kwargs.get("snapshot", False))
         )
-        if trace.snapshot and self.snapshot_note is None and not _cuda_visible():
+        from harness.snapshot import available
+
+        if trace.snapshot and self.snapshot_note is None and not available():
             self.snapshot_note = "no CUDA device: snapshots asked for were not recorded"
         return trace
 
@@ -268,7 +276,10 @@ class LeakGate:
 
             trace.native = Native()
         try:
-            with trace.native or contextlib.nullcontext(), _recording(trace):
+            from harness.snapshot import during
+
+            keep = partial(setattr, trace, "history")  # the snapshot taken as the call ends
+            with trace.native or contextlib.nullcontext(), during(trace.snapshot, keep):
                 return (yield)
         except BaseException as exc:
             error = exc
@@ -410,6 +421,12 @@ class LeakGate:
             except OSError as exc:
                 self.write_failed(exc)
 
+    def pytest_unconfigure(self) -> None:
+        if self.environ is None:
+            os.environ.pop(MEMREPORT_ENV, None)
+        else:
+            os.environ[MEMREPORT_ENV] = self.environ
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
         if self.write_error is not None:
@@ -451,28 +468,6 @@ def _session_options(config: pytest.Config) -> SessionOptions | None:
         return session_options(save, compare, summary, storage, bool(config.getoption("memreport")))
     except BadInput as exc:
         raise pytest.UsageError(f"leakgate: {exc}") from None
-
-
-def _cuda_visible() -> bool:
-    from harness.snapshot import available
-
-    return available()
-
-
-@contextlib.contextmanager
-def _recording(trace: Trace) -> Iterator[None]:
-    """Record the CUDA allocator's history through the test's call when the trace asks for it,
-    and keep the snapshot taken as the call ends (written only if the verdict fails)."""
-    if not trace.snapshot or not _cuda_visible():
-        yield
-        return
-    from harness import snapshot
-
-    with snapshot.record_history():
-        try:
-            yield
-        finally:
-            trace.history = snapshot.take()
 
 
 def _skipped(call: pytest.CallInfo) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,20 @@ def record_history(max_entries: int = MAX_ENTRIES) -> Iterator[bool]:
             record("state", context="state", stacks="python")
         else:
             record(None)
+
+
+@contextlib.contextmanager
+def during(asked: bool, keep: Callable[[dict[str, Any]], object]) -> Iterator[None]:
+    """Record the allocator's history through the block when ``asked`` and CUDA is visible, and
+    hand the snapshot taken as the block ends to ``keep``."""
+    if not asked or not available():
+        yield
+        return
+    with record_history():
+        try:
+            yield
+        finally:
+            keep(take())
 
 
 def take() -> dict[str, Any]:
