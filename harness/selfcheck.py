@@ -5,8 +5,9 @@ clean twin judged, the leak's holder named, and the incident (the attention cach
 validation batch) replayed on a small file through ``python -m tft.train``. The CUDA half
 (``--cuda``): the CUDA probe's readings against ``torch.cuda.memory_stats`` and NVML for a
 known allocation, the leak and its twin judged on CUDA, the holder named with its allocation
-site, the incident replayed at an emulated CUDA capacity, and a memory snapshot written. Without
-a CUDA device the CUDA half prints ``skipped: no CUDA device``.
+site, the incident replayed at an emulated CUDA capacity (twice a clean run's rise above its
+start, where validation must run out of memory), and a memory snapshot written. Without a CUDA
+device the CUDA half prints ``skipped: no CUDA device``.
 
 One line per check (``ok`` or ``FAILED``, with what it measured); the exit code is 0 when every
 check ran passed, 1 naming the checks that failed.
@@ -24,12 +25,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from harness.recorder import Recorder
 from harness.rules import Rules, judge
 from harness.snapshot import dump_snapshot, record_history
+from harness.timeline import read_timeline
 from harness.units import format_size
 
 KNOWN = 64 * 2**20  # the known allocation: 64 MiB
@@ -37,7 +40,7 @@ BATCHES = 60
 PER_BATCH = 64 * 1024  # bytes kept per batch by the leaking twin: 3.75 MiB in all
 RULES = Rules(phase=("validation",), max_growth="1MiB", warmup=5)
 CUDA_BLOCK = 2 * 2**20  # the caching allocator's large-segment rounding
-CUDA_CAPACITY = "1GiB"  # the incident's emulated device on CUDA
+INCIDENT = ("val-attention-cache", "val-batch-32")
 
 
 class CheckFailed(AssertionError):
@@ -108,25 +111,45 @@ def leak_and_twin(device: str, *, sites: bool) -> str:
     return text
 
 
-def incident_replay(device: str, capacity: str | None) -> str:
+def incident_replay(device: str, *, at_capacity: bool) -> str:
     """The incident's two validation faults, replayed on a small file by the training command:
-    it must exit 1 with a FAIL verdict naming validation."""
-    with tempfile.TemporaryDirectory(prefix="leakgate-selfcheck-") as folder:
-        bars = Path(folder) / "bars.parquet"
+    it must exit 1 with a FAIL verdict naming validation. ``at_capacity``: first a clean run,
+    which must pass, then the faulty run on an emulated device with twice the clean run's rise
+    as room above its start, where validation must run out of memory."""
+    with tempfile.TemporaryDirectory(prefix="leakgate-selfcheck-") as name:
+        folder = Path(name)
+        bars = folder / "bars.parquet"
         _command("tft.data", "synth", "--out", str(bars), "--rows", "2000")
-        faults = ["--inject-fault", "val-attention-cache", "--inject-fault", "val-batch-32"]
-        argv = ["--parquet-file", str(bars), "--epochs", "1", "--device", device, *faults]
-        argv += ["--memreport", folder] + (["--capacity", capacity] if capacity else [])
-        code = _command("tft.train", *argv, codes=(0, 1))
-        [verdict] = Path(folder).glob("tft-train-*.json")
-        found = json.loads(verdict.read_text())
+        capacity = None
+        if at_capacity:
+            code, clean = _train(bars, folder, device, [], None)
+            expect(code == 0 and clean["status"] == "PASS", f"clean run: exit {code}")
+            readings = read_timeline(folder / "tft-train-clean.jsonl").samples
+            level = "reserved" if device.startswith("cuda") else "rss"
+            start = readings[0].get(level) or 0
+            highest = max(max(s.get(level) or 0, s.get("peak") or 0) for s in readings)
+            capacity = str(start + 2 * (highest - start))
+        code, found = _train(bars, folder, device, list(INCIDENT), capacity)
     kinds = sorted({f["kind"] for f in found["findings"] if f["phase"] == "validation"})
     expect(code == 1 and found["status"] == "FAIL", f"exit {code}, verdict {found['status']}")
     expect(bool(kinds), "no validation finding")
-    if capacity:
-        expect("oom" in kinds, f"no OOM at {capacity}: validation findings {kinds}")
-    at = f" at {capacity}" if capacity else ""
-    return f"exit 1, FAIL{at}: validation {', '.join(kinds)}"
+    if capacity is not None:
+        at = format_size(int(capacity))
+        expect("oom" in kinds, f"no OOM at {at}: validation findings {kinds}")
+        return f"clean PASS; faults exit 1, FAIL at {at}: validation {', '.join(kinds)}"
+    return f"exit 1, FAIL: validation {', '.join(kinds)}"
+
+
+def _train(
+    bars: Path, folder: Path, device: str, faults: list[str], capacity: str | None
+) -> tuple[int, dict[str, Any]]:
+    """``python -m tft.train`` for one epoch on ``bars``: its exit code and verdict."""
+    argv = ["--parquet-file", str(bars), "--epochs", "1", "--device", device]
+    argv += [arg for fault in faults for arg in ("--inject-fault", fault)]
+    argv += ["--memreport", str(folder)] + (["--capacity", capacity] if capacity else [])
+    code = _command("tft.train", *argv, codes=(0, 1))
+    verdict = folder / f"tft-train-{'+'.join(faults) or 'clean'}.json"
+    return code, json.loads(verdict.read_text())
 
 
 def cuda_probe_agrees() -> str:
@@ -146,16 +169,16 @@ def cuda_probe_agrees() -> str:
     expect(after["allocated"] == current, f"allocated {after['allocated']} != stats {current}")
     reserved = stats["reserved_bytes.all.current"]
     expect(after["reserved"] == reserved, f"reserved {after['reserved']} != stats {reserved}")
-    used, driver = after.get("device_used"), after["driver_used"]
-    expect(used is not None, f"no NVML reading ({'; '.join(probe.notes) or 'no note'})")
-    assert used is not None and driver is not None
-    expect(abs(used - driver) <= CUDA_BLOCK, f"NVML used {used} B, driver {driver} B")
-    rose = used - (before.get("device_used") or 0)
+    used = [reading.get("device_used") for reading in (before, after)]
+    expect(None not in used, f"no NVML reading ({'; '.join(probe.notes) or 'no note'})")
+    nvml = (used[1] or 0) - (used[0] or 0)
+    grown = (after["reserved"] or 0) - (before["reserved"] or 0)
+    expect(abs(nvml - grown) <= CUDA_BLOCK, f"NVML rose by {nvml} B, reserved by {grown} B")
     del held
     probe.close()
     return (
-        f"allocated +{format_size(seen)} (memory_stats agrees), NVML +{format_size(rose)}, "
-        f"NVML and driver {format_size(abs(used - driver))} apart"
+        f"allocated +{format_size(seen)} (memory_stats agrees), reserved +{format_size(grown)}, "
+        f"NVML +{format_size(nvml)}"
     )
 
 
@@ -182,7 +205,7 @@ def cpu_checks() -> list[Check]:
         Check(
             "cpu: a leak and its clean twin, the holder", lambda: leak_and_twin("cpu", sites=False)
         ),
-        Check("cpu: the incident replayed", lambda: incident_replay("cpu", None)),
+        Check("cpu: the incident replayed", lambda: incident_replay("cpu", at_capacity=False)),
     ]
 
 
@@ -194,8 +217,8 @@ def cuda_checks() -> list[Check]:
             lambda: leak_and_twin("cuda", sites=True),
         ),
         Check(
-            f"cuda: the incident replayed at {CUDA_CAPACITY}",
-            lambda: incident_replay("cuda", CUDA_CAPACITY),
+            "cuda: the incident replayed at a capacity",
+            lambda: incident_replay("cuda", at_capacity=True),
         ),
         Check("cuda: a memory snapshot", snapshot_written),
     ]
