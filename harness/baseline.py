@@ -79,11 +79,10 @@ def check_name(name: str) -> str:
 
 
 def find_baseline(storage: Path, given: str) -> Path:
-    """The folder ``given`` names: a path (it has a separator or exists as given), else a name
+    """The folder ``given`` names: a path when it has a separator (``./nightly``), else a name
     under ``storage``. ``BadInput`` unless it is a folder holding at least one verdict."""
-    as_path = Path(given)
-    named = os.sep in given or "/" in given or as_path.exists()
-    folder = as_path if named else storage / check_name(given)
+    named = os.sep in given or "/" in given
+    folder = Path(given) if named else storage / check_name(given)
     if not folder.exists():
         saved = sorted(p.name for p in storage.iterdir() if p.is_dir()) if storage.is_dir() else []
         known = f"; saved: {', '.join(saved)}" if saved else f"; none saved in {storage}"

@@ -86,8 +86,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="NAME|PATH",
         help="compare this session's verdicts with a saved baseline (a name in the storage "
-        "folder, or a folder of verdicts) by the rules of 'leakgate gate': a regression, or a "
-        "baseline verdict this session did not produce, fails the session; needs --memreport",
+        "folder, or a path with a slash to a folder of verdicts) by the rules of 'leakgate "
+        "gate': a regression, or a baseline verdict this session did not produce, fails the "
+        "session; needs --memreport",
     )
     group.addoption(
         "--memreport-storage",

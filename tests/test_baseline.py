@@ -222,7 +222,7 @@ def test_xdist_the_controller_compares_and_writes_once(pytester):
     [
         (["--memreport=out", "--memreport-compare=nope"], "*leakgate: *nope: no such baseline*"),
         (
-            ["--memreport=out", "--memreport-compare=a_file"],
+            ["--memreport=out", "--memreport-compare=./a_file"],
             "*a_file: a baseline must be a folder*",
         ),
         (["--memreport=out", "--memreport-save=a/b/../"], "*expected a plain name*"),
