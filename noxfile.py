@@ -1,4 +1,4 @@
-"""Sessions: ``gpu_leak`` (the main job), ``tests``, ``lint``, ``bench``.
+"""Sessions: ``gpu_leak`` (the main job), ``gpu_check``, ``tests``, ``lint``, ``bench``.
 
 How torch is chosen, in order:
 
@@ -109,6 +109,15 @@ def gpu_leak(session: nox.Session) -> None:
     else:
         session.log(f"no baseline verdicts in {baseline}: the gate judges the run's verdicts alone")
     session.run(*gate)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def gpu_check(session: nox.Session) -> None:
+    """The measuring path proved on this machine in a few minutes (``python -m harness.selfcheck
+    --cuda``): the CPU half, and the CUDA half when a GPU is visible (else it says it skipped).
+    Exits non-zero naming the checks that failed."""
+    install(session, "test")
+    session.run("python", "-m", "harness.selfcheck", "--cuda", *session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -28,6 +28,7 @@ from harness.artifacts import (
     load_run_document,
     write_index,
 )
+from harness.baseline import judge_verdict, missing_from_run
 from harness.errors import BadInput, LeakgateError, UnwritableReport
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
@@ -339,24 +340,21 @@ def _gate(args: argparse.Namespace) -> int:
     failed = 0
     for path in verdicts:
         new = docs[path.name]
-        line = f"{new.get('status', '?'):<5} {path.name}"
-        bad = new.get("status") != "PASS"
-        if baseline is not None and path.name in baseline:
-            base = _load(baseline[path.name])
-            comparison = compare_runs(base, new, tolerance=args.tolerance, min_bytes=args.min_bytes)
-            line += " (regression against the baseline)" if comparison.regressed else ""
-            bad = bad or comparison.regressed
-            if comparison.regressed:
-                line += "\n" + "\n".join(f"    {x}" for x in comparison_lines(comparison))
-        elif baseline is not None:
+        base = _load(baseline[path.name]) if baseline and path.name in baseline else None
+        judged = judge_verdict(new, base, tolerance=args.tolerance, min_bytes=args.min_bytes)
+        line = f"{judged.status:<5} {path.name}"
+        if judged.comparison is not None and judged.regressed:
+            line += " (regression against the baseline)\n"
+            line += "\n".join(f"    {x}" for x in comparison_lines(judged.comparison))
+        elif baseline is not None and base is None:
             line += " (no baseline)"
-        failed += bad
+        failed += judged.failed
         print(line)
     if baseline is not None:
         problems += [
             f"missing from the run: {name} is in the baseline {args.baseline} but not in "
             f"{args.directory}"
-            for name in sorted(baseline.keys() - docs.keys())
+            for name in missing_from_run(baseline, docs)
         ]
         unmatched = sorted(docs.keys() - baseline.keys())
         if unmatched:

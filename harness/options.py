@@ -98,6 +98,16 @@ class Rules:
             live=True,
         ),
     )
+    snapshot: bool = field(
+        default=False,
+        compare=False,
+        metadata=_option(
+            "on CUDA, record the allocator's history and keep <test>.snapshot.pickle for a "
+            "failing leak, OOM or teardown",
+            "flag",
+            live=True,
+        ),
+    )
     custom: Mapping[str, Any] = field(
         default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
     )

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,10 +32,14 @@ from harness.naming import safe_name
 from harness.options import options, parse_option
 
 if TYPE_CHECKING:
+    from harness.baseline import SessionOptions
     from harness.recorder import Recorder
     from harness.rules import Rules, Verdict
 
 DEFAULT_DIR = "reports"
+DEFAULT_BASELINE = "baseline"
+STORAGE = ".leakgate"
+MEMREPORT_ENV = "LEAKGATE_MEMREPORT"
 PLUGIN_NAME = "leakgate-state"
 PROPERTY = "leakgate"
 
@@ -56,6 +62,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="the dearer search: note the line that allocated every tensor and Python object "
         "while a traced test runs, and name it in failure messages (slower tests)",
+    )
+    group.addoption(
+        "--memreport-snapshot",
+        action="store_true",
+        default=False,
+        help="on CUDA, record the allocator's history while each traced test runs and, for a "
+        "failing leak, OOM or teardown, write <test>.snapshot.pickle beside its report (for "
+        "pytorch.org/memory_viz); nothing without a CUDA device",
+    )
+    group.addoption(
+        "--memreport-save",
+        nargs="?",
+        const=DEFAULT_BASELINE,
+        default=None,
+        metavar="NAME",
+        help=f"keep this session's verdicts as the baseline NAME (default {DEFAULT_BASELINE}) "
+        "in the storage folder; needs --memreport",
+    )
+    group.addoption(
+        "--memreport-compare",
+        nargs="?",
+        const=DEFAULT_BASELINE,
+        default=None,
+        metavar="NAME|PATH",
+        help="compare this session's verdicts with a saved baseline (a name in the storage "
+        "folder, or a path with a slash to a folder of verdicts) by the rules of 'leakgate "
+        "gate': a regression, or a baseline verdict this session did not produce, fails the "
+        "session; needs --memreport",
+    )
+    group.addoption(
+        "--memreport-storage",
+        default=None,
+        metavar="DIR",
+        help=f"where named baselines are kept (default: {STORAGE}/ in the rootdir)",
+    )
+    group.addoption(
+        "--memreport-json",
+        default=None,
+        metavar="PATH",
+        help="write one machine-readable summary of the session's verdicts (and the "
+        "comparison) to PATH; schema in reports/README.md",
     )
     for option in options():
         parser.addini(f"memleak_{option.name}", option.metadata["help"], default=None)
@@ -98,6 +145,8 @@ class Trace:
     holders: tuple[str, ...] = ()
     judged: bool = False
     native: Any = None  # attribution.native.Native: native lines, under explain with memray
+    snapshot: bool = False  # record the CUDA allocator's history (--memreport-snapshot)
+    history: dict[str, Any] | None = None  # the snapshot taken as the call ended
 
 
 @dataclass
@@ -108,6 +157,7 @@ class Outcome:
     status: str
     worst_growth: float | None
     findings: list[str]
+    phases: list[dict[str, Any]]
 
 
 class LeakGate:
@@ -121,6 +171,12 @@ class LeakGate:
         self.started = time.time()
         self.outcomes: list[Outcome] = []
         self.write_error: str | None = None
+        self.session = _session_options(config)
+        self.environ = os.environ.get(MEMREPORT_ENV)
+        if self.directory is not None:  # where run_ranks inside a test writes (harness.spawn)
+            os.environ[MEMREPORT_ENV] = str(self.directory.resolve())
+        self.session_lines: list[str] = []
+        self.snapshot_note: str | None = None
 
     def rules_for(self, item: pytest.Item) -> Rules:
         """The marker's rules over the ``memleak_*`` ini defaults; keywords naming a
@@ -174,6 +230,11 @@ class LeakGate:
             files = None
             recorder = Recorder(meta=meta, rules=rules, attribute=attribution)
         self.traces[item.nodeid] = trace = Trace(recorder, rules, files)
+        trace.snapshot = rules.snapshot or bool(self.config.getoption("memreport_snapshot", False))
+        from harness.snapshot import available
+
+        if trace.snapshot and self.snapshot_note is None and not available():
+            self.snapshot_note = "no CUDA device: snapshots asked for were not recorded"
         return trace
 
     def files_for(self, item: pytest.Item) -> Path | None:
@@ -208,7 +269,10 @@ class LeakGate:
 
             trace.native = Native()
         try:
-            with trace.native or contextlib.nullcontext():
+            from harness.snapshot import during
+
+            keep = partial(setattr, trace, "history")  # the snapshot taken as the call ends
+            with trace.native or contextlib.nullcontext(), during(trace.snapshot, keep):
                 return (yield)
         except BaseException as exc:
             error = exc
@@ -271,14 +335,31 @@ class LeakGate:
         trace.holders = (*finished.holder_lines(), *hint(finished.shares, explained))
         if trace.native is not None and trace.native.found and _leaked(verdict):
             trace.holders += tuple(f"  {line.text()}" for line in trace.native.found)
+        if trace.history is not None:
+            trace.holders += tuple(self.save_snapshot(trace, verdict, finished.paths.get("md")))
+        from harness.baseline import PHASE_FIELDS
+
         summary = {
             "status": verdict.status,
+            "phases": [{k: getattr(p, k) for k in PHASE_FIELDS} for p in verdict.phases],
             "worst_growth": worst_growth(verdict),
             "findings": [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
             + ([f"[ERROR] {verdict.error}"] if verdict.error else []),
         }
         item.user_properties.append((PROPERTY, json.dumps(summary)))
         return verdict
+
+    def save_snapshot(self, trace: Trace, verdict: Verdict, report: Path | None) -> list[str]:
+        """Keep the test's snapshot when its verdict failed for a leak, an OOM or a teardown
+        residue (:func:`harness.snapshot.keep`); the lines for its failure message."""
+        from harness.snapshot import keep
+
+        history, trace.history = trace.history, None
+        try:
+            return keep(history, verdict, trace.files, report)
+        except OSError as exc:
+            self.write_failed(exc)
+            return []
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
@@ -297,12 +378,32 @@ class LeakGate:
             if name == PROPERTY and report.when == "call" and isinstance(value, str):
                 data = json.loads(value)
                 self.outcomes.append(
-                    Outcome(report.nodeid, data["status"], data["worst_growth"], data["findings"])
+                    Outcome(
+                        report.nodeid,
+                        data["status"],
+                        data["worst_growth"],
+                        data["findings"],
+                        data.get("phases", []),
+                    )
                 )
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Index this session's reports, once, in the process that saw every test: the
-        controller under pytest-xdist (workers have ``workerinput``)."""
+        controller under pytest-xdist (workers have ``workerinput``); then compare, save and
+        summarise the session's verdicts, as asked, failing the session on a regression."""
+        if self.session is not None:
+            from harness.baseline import close_session
+
+            closed = close_session(
+                self.outcomes,
+                self.directory,
+                self.session.compare,
+                self.session.save,
+                self.session.json,
+            )
+            self.session_lines = closed.lines
+            if closed.failed and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.directory is None or hasattr(self.config, "workerinput"):
             return
         if self.directory.is_dir():
@@ -313,6 +414,12 @@ class LeakGate:
             except OSError as exc:
                 self.write_failed(exc)
 
+    def pytest_unconfigure(self) -> None:
+        if self.environ is None:
+            os.environ.pop(MEMREPORT_ENV, None)
+        else:
+            os.environ[MEMREPORT_ENV] = self.environ
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
         if self.write_error is not None:
@@ -321,6 +428,10 @@ class LeakGate:
                 "every verdict was still enforced",
                 yellow=True,
             )
+        if self.snapshot_note is not None:
+            tr.write_line(f"leakgate note: {self.snapshot_note}")
+        for line in self.session_lines:
+            tr.write_line(line, red=line.startswith("leakgate REGRESSION"))
         if not self.outcomes:
             return
         from harness.units import format_size
@@ -333,6 +444,23 @@ class LeakGate:
                 tr.write_line(f"      {finding}")
         if self.directory is not None:
             tr.write_line(f"reports in {self.directory}/, index: {self.directory / 'index.md'}")
+
+
+def _session_options(config: pytest.Config) -> SessionOptions | None:
+    """The baseline and summary options, checked before any test runs (a usage error, one
+    line); None in an xdist worker or when none is given."""
+    save, compare = config.getoption("memreport_save"), config.getoption("memreport_compare")
+    summary, given = config.getoption("memreport_json"), config.getoption("memreport_storage")
+    if hasattr(config, "workerinput") or (save, compare, summary) == (None, None, None):
+        return None
+    from harness.baseline import session_options
+    from harness.errors import BadInput
+
+    storage = Path(given) if given else config.rootpath / STORAGE
+    try:
+        return session_options(save, compare, summary, storage, bool(config.getoption("memreport")))
+    except BadInput as exc:
+        raise pytest.UsageError(f"leakgate: {exc}") from None
 
 
 def _skipped(call: pytest.CallInfo) -> bool:

@@ -68,7 +68,8 @@ def run_ranks(
     torch threads), framed by collected ``TEST_START``/``TEST_END`` checkpoints, and finishes
     through :func:`finish_distributed`. ``body`` must be importable by name (a module-level
     function); ``torch.distributed.get_rank()`` tells it its rank. Timelines and the merged
-    report go to ``directory`` (default: a temporary folder, removed after). ``name``
+    report go to ``directory`` (default: inside a pytest test run with ``--memreport``, its
+    folder, where ``leakgate gate`` sees them; else a temporary folder, removed after). ``name``
     defaults to the running pytest test's.
 
     Returns the merged :class:`~harness.finish.Finished`; a rank that raised or exited early, or
@@ -82,6 +83,7 @@ def run_ranks(
     if rules is not None and not isinstance(rules, Rules):
         rules = Rules.from_dict(rules)
     name = name or _test_name()
+    directory = directory if directory is not None else _memreport()
     exchange = tempfile.mkdtemp(prefix="leakgate-ranks-")
     timelines = str(directory) if directory is not None else exchange
     store = dist.TCPStore(
@@ -225,3 +227,13 @@ def _test_name() -> str:
     """The running pytest test as a file name, else ``ranks``."""
     current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     return safe_name(current) if current else "ranks"
+
+
+def _memreport() -> str | None:
+    """Inside a pytest test run with ``--memreport``, that folder (the plugin puts it in the
+    environment); else None."""
+    if "PYTEST_CURRENT_TEST" not in os.environ:
+        return None
+    from harness.plugin import MEMREPORT_ENV
+
+    return os.environ.get(MEMREPORT_ENV) or None

@@ -43,7 +43,6 @@ Only the ``lightning`` package is supported (``lightning.pytorch``), not ``pytor
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from collections.abc import Mapping
@@ -70,7 +69,6 @@ from harness.verdict import Rules
 
 __all__ = ["DEFAULT_RULES", "PHASES", "LeakGateCallback", "MemoryCheckFailed"]
 
-log = logging.getLogger(__name__)
 
 SANITY_CHECK = "sanity_check"
 PHASES = {
@@ -214,7 +212,7 @@ class LeakGateCallback(Callback):
         lines = finished.lines()
         if "md" in finished.paths:
             lines.append(f"  report: {finished.paths['md']}")
-        log.log(logging.INFO if finished.verdict.passed else logging.WARNING, "\n".join(lines))
+        print("\n".join(lines), flush=True)  # pass or fail, as the pytest summary shows it
         if self.raise_on_fail and error is None and not finished.verdict.passed:
             raise MemoryCheckFailed(finished)
 

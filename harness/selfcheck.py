@@ -1,0 +1,271 @@
+"""``python -m harness.selfcheck [--cuda]``: prove the measuring path on this machine, in minutes.
+
+The CPU half (what CI runs): a known allocation read by the CPU probe, a leaking loop and its
+clean twin judged, the leak's holder named, and the incident (the attention cache and the 32x
+validation batch) replayed on a small file through ``python -m tft.train``. The CUDA half
+(``--cuda``): the CUDA probe's readings against ``torch.cuda.memory_stats`` and NVML for a
+known allocation, the leak and its twin judged on CUDA, the holder named with its allocation
+site, the incident replayed at an emulated CUDA capacity (twice a clean run's rise above its
+start, where validation must run out of memory), and a memory snapshot written. Without a CUDA
+device the CUDA half prints ``skipped: no CUDA device``.
+
+One line per check (``ok`` or ``FAILED``, with what it measured); the exit code is 0 when every
+check ran passed, 1 naming the checks that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.recorder import Recorder
+from harness.rules import Rules, judge
+from harness.snapshot import dump_snapshot, record_history
+from harness.timeline import read_timeline
+from harness.units import format_size
+
+KNOWN = 64 * 2**20  # the known allocation: 64 MiB
+BATCHES = 60
+PER_BATCH = 64 * 1024  # bytes kept per batch by the leaking twin: 3.75 MiB in all
+RULES = Rules(phase=("validation",), max_growth="1MiB", warmup=5)
+CUDA_BLOCK = 2 * 2**20  # the caching allocator's large-segment rounding
+INCIDENT = ("val-attention-cache", "val-batch-32")
+
+
+class CheckFailed(AssertionError):
+    """A check's measurement disagreed with what it expects; the message says how."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[], str]
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def cpu_probe_reads_a_known_allocation() -> str:
+    with Recorder("cpu") as rec:
+        before = rec.checkpoint("before", collect=True)
+        held = torch.ones(KNOWN // 4)
+        after = rec.checkpoint("after", collect=True)
+        seen = (after.get("allocated") or 0) - (before.get("allocated") or 0)
+        del held
+    expect(KNOWN <= seen <= KNOWN + 2**20, f"allocated rose by {seen} B for {KNOWN} B")
+    return f"allocated +{format_size(seen)} for a {format_size(KNOWN)} tensor"
+
+
+class _Outputs:
+    """What the leaking loop keeps: its holder is ``_Outputs.kept``."""
+
+    def __init__(self) -> None:
+        self.kept: list[torch.Tensor] = []
+
+
+def loop(device: str, *, keep: bool) -> Recorder:
+    """A validation loop of :data:`BATCHES` batches that keeps each batch's output or not."""
+    outputs = _Outputs()
+    with Recorder(device, attribute=True) as rec, rec.phase("validation", epoch=0):
+        for batch in range(BATCHES):
+            out = torch.ones(PER_BATCH // 4, device=device) * 2
+            if keep:
+                outputs.kept.append(out)
+            del out
+            rec.checkpoint("VALIDATION_BATCH", batch=batch)
+    return rec
+
+
+def leak_and_twin(device: str, *, sites: bool) -> str:
+    """The leaking loop fails as a validation leak, its twin passes, and the holder is named
+    (on CUDA with the line that allocated what it holds)."""
+    leaking, clean = loop(device, keep=True), loop(device, keep=False)
+    leak, twin = judge(leaking.samples, RULES), judge(clean.samples, RULES)
+    kinds = {(f.kind, f.phase) for f in leak.findings}
+    expect(leak.status == "FAIL" and ("leak", "validation") in kinds, f"leak judged {leak.status}")
+    expect(twin.status == "PASS", f"clean twin judged {twin.status}: {twin.error or twin.findings}")
+    holders = [h for h in leaking.holders if h.path.endswith("kept")]
+    expect(bool(holders), f"no holder named kept, found {[h.path for h in leaking.holders]}")
+    holder = holders[0]
+    text = f"leak FAIL, twin PASS, held by {holder.path} ({format_size(holder.bytes)})"
+    if sites:
+        here = Path(__file__).name
+        expect(
+            any(site.split(":")[0].endswith(here) for site in holder.sites),
+            f"allocation sites {list(holder.sites)} do not name {here}",
+        )
+        text += f" allocated at {holder.sites[0]}"
+    return text
+
+
+def incident_replay(device: str, *, at_capacity: bool) -> str:
+    """The incident's two validation faults, replayed on a small file by the training command:
+    it must exit 1 with a FAIL verdict naming validation. ``at_capacity``: first a clean run,
+    which must pass, then the faulty run on an emulated device with twice the clean run's rise
+    as room above its start, where validation must run out of memory."""
+    with tempfile.TemporaryDirectory(prefix="leakgate-selfcheck-") as name:
+        folder = Path(name)
+        bars = folder / "bars.parquet"
+        _command("tft.data", "synth", "--out", str(bars), "--rows", "2000")
+        capacity = None
+        if at_capacity:
+            code, clean = _train(bars, folder, device, [], None)
+            expect(code == 0 and clean["status"] == "PASS", f"clean run: exit {code}")
+            readings = read_timeline(folder / "tft-train-clean.jsonl").samples
+            level = "reserved" if device.startswith("cuda") else "rss"
+            start = readings[0].get(level) or 0
+            highest = max(max(s.get(level) or 0, s.get("peak") or 0) for s in readings)
+            capacity = str(start + 2 * (highest - start))
+        code, found = _train(bars, folder, device, list(INCIDENT), capacity)
+    kinds = sorted({f["kind"] for f in found["findings"] if f["phase"] == "validation"})
+    expect(code == 1 and found["status"] == "FAIL", f"exit {code}, verdict {found['status']}")
+    expect(bool(kinds), "no validation finding")
+    if capacity is not None:
+        at = format_size(int(capacity))
+        expect("oom" in kinds, f"no OOM at {at}: validation findings {kinds}")
+        return f"clean PASS; faults exit 1, FAIL at {at}: validation {', '.join(kinds)}"
+    return f"exit 1, FAIL: validation {', '.join(kinds)}"
+
+
+def _train(
+    bars: Path, folder: Path, device: str, faults: list[str], capacity: str | None
+) -> tuple[int, dict[str, Any]]:
+    """``python -m tft.train`` for one epoch on ``bars``: its exit code and verdict."""
+    argv = ["--parquet-file", str(bars), "--epochs", "1", "--device", device]
+    argv += [arg for fault in faults for arg in ("--inject-fault", fault)]
+    argv += ["--memreport", str(folder)] + (["--capacity", capacity] if capacity else [])
+    code = _command("tft.train", *argv, codes=(0, 1))
+    verdict = folder / f"tft-train-{'+'.join(faults) or 'clean'}.json"
+    return code, json.loads(verdict.read_text())
+
+
+def cuda_probe_agrees() -> str:
+    """The CUDA probe's reading of a known allocation against ``memory_stats`` and NVML."""
+    from harness.probes import CudaProbe
+
+    probe = CudaProbe()
+    torch.cuda.synchronize()
+    before = probe.sample()
+    held = torch.empty(KNOWN, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    after = probe.sample()
+    stats = torch.cuda.memory_stats()
+    seen = (after["allocated"] or 0) - (before["allocated"] or 0)
+    expect(abs(seen - KNOWN) <= CUDA_BLOCK, f"allocated rose by {seen} B for {KNOWN} B")
+    current = stats["allocated_bytes.all.current"]
+    expect(after["allocated"] == current, f"allocated {after['allocated']} != stats {current}")
+    reserved = stats["reserved_bytes.all.current"]
+    expect(after["reserved"] == reserved, f"reserved {after['reserved']} != stats {reserved}")
+    used = [reading.get("device_used") for reading in (before, after)]
+    expect(None not in used, f"no NVML reading ({'; '.join(probe.notes) or 'no note'})")
+    nvml = (used[1] or 0) - (used[0] or 0)
+    grown = (after["reserved"] or 0) - (before["reserved"] or 0)
+    expect(abs(nvml - grown) <= CUDA_BLOCK, f"NVML rose by {nvml} B, reserved by {grown} B")
+    del held
+    probe.close()
+    return (
+        f"allocated +{format_size(seen)} (memory_stats agrees), reserved +{format_size(grown)}, "
+        f"NVML +{format_size(nvml)}"
+    )
+
+
+def snapshot_written() -> str:
+    """A snapshot of a known allocation, written and read back."""
+    with tempfile.TemporaryDirectory(prefix="leakgate-selfcheck-") as folder:
+        path = Path(folder) / "check.snapshot.pickle"
+        with record_history():
+            held = torch.empty(KNOWN, dtype=torch.uint8, device="cuda")
+            dump_snapshot(path)
+            del held
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            data = pickle.load(f)
+    expect(bool(data.get("segments")), "the snapshot has no segments")
+    traces = sum(len(t) for t in data.get("device_traces", []))
+    expect(traces > 0, "the snapshot recorded no allocation history")
+    return f"{format_size(size)}, {len(data['segments'])} segments, {traces} trace entries"
+
+
+def cpu_checks() -> list[Check]:
+    return [
+        Check("cpu probe: a known allocation", cpu_probe_reads_a_known_allocation),
+        Check(
+            "cpu: a leak and its clean twin, the holder", lambda: leak_and_twin("cpu", sites=False)
+        ),
+        Check("cpu: the incident replayed", lambda: incident_replay("cpu", at_capacity=False)),
+    ]
+
+
+def cuda_checks() -> list[Check]:
+    return [
+        Check("cuda probe: memory_stats and NVML", cuda_probe_agrees),
+        Check(
+            "cuda: a leak and its clean twin, holder and site",
+            lambda: leak_and_twin("cuda", sites=True),
+        ),
+        Check(
+            "cuda: the incident replayed at a capacity",
+            lambda: incident_replay("cuda", at_capacity=True),
+        ),
+        Check("cuda: a memory snapshot", snapshot_written),
+    ]
+
+
+def run_checks(checks: Sequence[Check], write: Callable[[str], None] = print) -> list[str]:
+    """Run each check, one line each; returns the names of those that failed."""
+    failed = []
+    for check in checks:
+        started = time.perf_counter()
+        try:
+            detail = check.run()
+            status = "ok"
+        except Exception as exc:
+            detail, status = f"{type(exc).__name__}: {exc}".splitlines()[0], "FAILED"
+            failed.append(check.name)
+        write(f"{status:<6} {check.name}: {detail} ({time.perf_counter() - started:.1f}s)")
+    return failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.selfcheck", description=__doc__)
+    parser.add_argument("--cuda", action="store_true", help="run the CUDA half too")
+    args = parser.parse_args(argv)
+    checks = cpu_checks()
+    if args.cuda and torch.cuda.is_available():
+        checks += cuda_checks()
+    failed = run_checks(checks)
+    if args.cuda and not torch.cuda.is_available():
+        print("cuda half: skipped: no CUDA device")
+    if failed:
+        print(f"selfcheck: FAILED: {'; '.join(failed)}")
+        return 1
+    print(f"selfcheck: ok ({len(checks)} checks)")
+    return 0
+
+
+def _command(module: str, *args: str, codes: Sequence[int] = (0,)) -> int:
+    """Run ``python -m module args``; its output is shown only when it exits otherwise."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode not in codes:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise CheckFailed(f"python -m {module} exited {done.returncode}: {tail[0]}")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
