@@ -3,6 +3,7 @@ and subprocesses."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -70,6 +71,13 @@ def run(loader: DataLoader, reader: ChildrenReader, rollup: bool = True) -> list
 
 def series(readings: list[TreeReading], role: str, field: str = "uss") -> list[int]:
     return [getattr(p, field) for r in readings for p in r.processes if p.role == role]
+
+
+@pytest.fixture(autouse=True)
+def no_workers_of_earlier_tests():
+    """Shut down the workers of loaders earlier tests in this process left unreferenced, so
+    this test's first loader is ``worker <id>``, not ``loader 2 worker <id>``."""
+    gc.collect()
 
 
 def worker_roles(reading: TreeReading) -> set[str]:
