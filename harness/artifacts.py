@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.fsio import write_atomic
+from harness.fsio import read_regular, write_atomic
 from harness.report import (
     Run,
     checkpoint_name,
@@ -136,7 +136,7 @@ def load_run_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     is missing, not JSON, not a verdict of a readable schema, or a field that the index, the
     comparison or the gate reads does not have its type (:func:`check_document`)."""
     try:
-        text = Path(path).read_bytes()
+        text = read_regular(path)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:

@@ -40,9 +40,9 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from harness.fsio import create_exclusive, file_mode
+from harness.fsio import create_exclusive, file_mode, open_regular
 from harness.sample import Sample
 from harness.store import NONE, SampleStore
 from harness.units import parse_size
@@ -304,10 +304,12 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     the wrong type, an unknown field, a number beyond 64 bits, an empty line) sends the whole
     file through the line-by-line reader below, which names the line and field at fault.
     """
-    fast = _read_columns(path)
-    if fast is not None:
-        return fast
-    lines = Path(path).read_bytes().split(b"\n")
+    with open_regular(path) as file:
+        fast = _read_columns(file)
+        if fast is not None:
+            return fast
+        file.seek(0)
+        lines = file.read().split(b"\n")
     if lines[-1] == b"":
         lines.pop()
     records: list[tuple[int, Any]] = []
@@ -376,69 +378,68 @@ class _Range(io.RawIOBase):
         return got
 
 
-def _read_columns(path: str | os.PathLike[str]) -> Timeline | None:
+def _read_columns(file: BinaryIO) -> Timeline | None:
     """The timeline read in columns, or None when it needs the line-by-line reader (see
-    :func:`read_timeline`)."""
+    :func:`read_timeline`), from ``file`` open at its start."""
     try:
         import pyarrow as pa
         import pyarrow.json as pj
     except ImportError:
         return None
-    with open(path, "rb") as file:
-        fd = file.fileno()
-        size = os.fstat(fd).st_size
-        if size < COLUMNS_FROM:
+    fd = file.fileno()
+    size = os.fstat(fd).st_size
+    if size < COLUMNS_FROM:
+        return None
+    first = file.readline()
+    start = len(first)
+    if not first.endswith(b"\n"):
+        return None
+    try:
+        header = json.loads(first)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict) or "leakgate_timeline" not in header:
+        return None
+    try:
+        check_header(header)
+    except ValueError:
+        return None
+    stop, end, torn = _tail(fd, start, size)
+    if stop is None:
+        return None
+    metrics = header.get("metrics")
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        return None
+    store = SampleStore()
+    if stop > start:
+        if _has_unusual_lines(fd, start, stop):
             return None
-        first = file.readline()
-        start = len(first)
-        if not first.endswith(b"\n"):
-            return None
+        schema = pa.schema(
+            [
+                ("label", pa.string()),
+                ("phase", pa.string()),
+                ("epoch", pa.int64()),
+                ("batch", pa.int64()),
+                ("time", pa.float64()),
+                ("metrics", pa.struct([(m, pa.int64()) for m in dict.fromkeys(metrics)])),
+                ("collected", pa.bool_()),
+                ("note", pa.string()),
+            ]
+        )
+        options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
+        stream = io.BufferedReader(_Range(fd, start, stop), _BLOCK)
         try:
-            header = json.loads(first)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(header, dict) or "leakgate_timeline" not in header:
-            return None
-        try:
-            check_header(header)
-        except ValueError:
-            return None
-        stop, end, torn = _tail(fd, start, size)
-        if stop is None:
-            return None
-        metrics = header.get("metrics")
-        if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
-            return None
-        store = SampleStore()
-        if stop > start:
-            if _has_unusual_lines(fd, start, stop):
-                return None
-            schema = pa.schema(
-                [
-                    ("label", pa.string()),
-                    ("phase", pa.string()),
-                    ("epoch", pa.int64()),
-                    ("batch", pa.int64()),
-                    ("time", pa.float64()),
-                    ("metrics", pa.struct([(m, pa.int64()) for m in dict.fromkeys(metrics)])),
-                    ("collected", pa.bool_()),
-                    ("note", pa.string()),
-                ]
+            reader = pj.open_json(
+                stream,
+                read_options=pj.ReadOptions(block_size=_BLOCK),
+                parse_options=options,
+                memory_pool=pa.system_memory_pool(),
             )
-            options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
-            stream = io.BufferedReader(_Range(fd, start, stop), _BLOCK)
-            try:
-                reader = pj.open_json(
-                    stream,
-                    read_options=pj.ReadOptions(block_size=_BLOCK),
-                    parse_options=options,
-                    memory_pool=pa.system_memory_pool(),
-                )
-                for batch in reader:
-                    if not _add_batch(store, batch):
-                        return None
-            except (pa.ArrowException, ValueError, OverflowError):
-                return None
+            for batch in reader:
+                if not _add_batch(store, batch):
+                    return None
+        except (pa.ArrowException, ValueError, OverflowError):
+            return None
     return Timeline(header, store, torn, end)
 
 
