@@ -378,13 +378,16 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    """Merge the rank timelines; the name and world size given are checked before anything is
+    """Merge the rank timelines; ``--name`` and ``--world-size`` are checked before anything is
     read, and no output may replace an input (:func:`~harness.merge.merge_timelines`)."""
     try:
         if args.name is not None:
             check_file_name(args.name, "--name")
         if args.world_size is not None:
-            check_world_size(args.world_size)
+            try:
+                check_world_size(args.world_size)
+            except ValueError as exc:
+                raise BadInput(f"--world-size: {exc}") from None
         finished = merge_timelines(
             args.timelines, name=args.name, directory=args.directory, world_size=args.world_size
         )

@@ -345,8 +345,8 @@ def merge_timelines(
         for path in paths:
             if would_replace(output, path):
                 raise ValueError(
-                    f"{output}: is an input ({path}); the merged report and verdict must go "
-                    "elsewhere (another name or directory)"
+                    f"{output}: would replace the input {path}; the merged report and verdict "
+                    "must go elsewhere (another name or directory)"
                 )
     parts = [
         rank_part(read_timeline(path), rules, name=Path(path).stem, timeline=path) for path in paths

@@ -70,8 +70,9 @@ def run_ranks(
     through :func:`finish_distributed`. ``body`` must be importable by name (a module-level
     function); ``torch.distributed.get_rank()`` tells it its rank. Timelines and the merged
     report go to ``directory`` (default: a temporary folder, removed after). ``name``
-    defaults to the running pytest test's; one that is not a plain file name is a
-    ``ValueError``, and so is an ``nproc`` that is not a world size.
+    defaults to the running pytest test's. A ``name`` that is not a plain file name and an
+    ``nproc`` that is not a world size are refused (``ValueError``; ``TypeError`` for one of
+    the wrong type) before anything starts.
 
     Returns the merged :class:`~harness.finish.Finished`; a rank that raised or exited early, or
     a run past ``timeout`` seconds (a safety net against a hung collective), makes it ERROR.

@@ -132,7 +132,7 @@ def test_merge_refuses_to_replace_its_input(tmp_path, suffix):
     before = solo.read_bytes()
     code, _, err = run_main(["merge", str(solo)])
     assert code == 2 and one_line(err), err
-    assert "is an input" in err
+    assert "would replace the input" in err
     assert solo.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [solo.name]
 
@@ -142,14 +142,15 @@ def test_merge_refuses_an_output_that_is_its_input_through_links(tmp_path):
     (tmp_path / "linked").symlink_to(tmp_path / "d")
     before = snapshot(tmp_path)
     code, _, err = run_main(["merge", str(tmp_path / "linked" / "solo.json")])
-    assert code == 2 and one_line(err) and "is an input" in err, err
+    assert code == 2 and one_line(err) and "would replace the input" in err, err
+    assert snapshot(tmp_path) == before
     paths = two_ranks(tmp_path / "r")
     os.link(paths[0], tmp_path / "out.json")
     before = snapshot(tmp_path)
     code, _, err = run_main(
         ["merge", *map(str, paths), "--name", "out", "--directory", str(tmp_path)]
     )
-    assert code == 2 and one_line(err) and "is an input" in err, err
+    assert code == 2 and one_line(err) and "would replace the input" in err, err
     assert snapshot(tmp_path) == before and solo.exists()
 
 
@@ -182,6 +183,17 @@ def test_merge_timelines_refuses_a_bad_name_at_the_call(tmp_path):
     with pytest.raises(TypeError, match="name"):
         merge_timelines(paths, name=3)  # type: ignore[arg-type]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.rank0.jsonl", "run.rank1.jsonl"]
+
+
+def test_run_ranks_refuses_a_bad_name_or_world_size_before_it_starts(tmp_path):
+    from harness.spawn import run_ranks
+
+    with pytest.raises(ValueError, match="not a plain file name"):
+        run_ranks(print, 2, name="../up", directory=tmp_path)
+    for nproc in (0, MAX_WORLD_SIZE + 1):
+        with pytest.raises(ValueError, match="world size"):
+            run_ranks(print, nproc, name="ok", directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_python_m_harness_distributed_refuses_a_name_outside(tmp_path):
