@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput
-from harness.fsio import write_atomic
+from harness.fsio import read_regular, write_atomic
 from harness.report import (
     Run,
     checkpoint_name,
@@ -137,7 +137,7 @@ def load_run_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     when it is missing, not JSON, not a verdict of a readable schema, or a field that the index, the
     comparison or the gate reads does not have its type (:func:`check_document`)."""
     try:
-        text = Path(path).read_bytes()
+        text = read_regular(path)
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path=path) from None
     try:

@@ -32,8 +32,10 @@ from harness.baseline import judge_verdict, missing_from_run
 from harness.errors import BadInput, LeakgateError, UnwritableReport
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
+from harness.identity import check_world_size
 from harness.labels import is_run_end
 from harness.merge import gate_problems, merge_timelines
+from harness.naming import check_file_name
 from harness.options import Rules, judged_options
 from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
@@ -328,7 +330,13 @@ def _index(args: argparse.Namespace) -> int:
 
 def _gate(args: argparse.Namespace) -> int:
     """Check every verdict and timeline in DIR, and DIR against the baseline; one line per
-    verdict, one per problem, then the total."""
+    verdict, one per problem, then the total.
+
+    A verdict or timeline the gate cannot read is bad input (exit 2, one line naming it), and
+    so is one that is not a regular file (a FIFO, a socket, a link to a device), refused before
+    it is opened: the gate cannot know what that run decided, and a FIFO would block it. It is
+    not skipped with a problem line, because exit 1 tells CI that the memory regressed, while
+    this is a broken folder to be fixed, as an unreadable verdict is."""
     baseline = _baseline(args.baseline) if args.baseline is not None else None
     _index(args)
     verdicts = sorted(args.directory.glob("*.json"))
@@ -369,11 +377,23 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
+    """Merge the rank timelines; ``--name`` and ``--world-size`` are checked before anything is
+    read, and no output may replace an input (:func:`~harness.merge.merge_timelines`)."""
     try:
+        if args.name is not None:
+            check_file_name(args.name, "--name")
+        if args.world_size is not None:
+            try:
+                check_world_size(args.world_size)
+            except ValueError as exc:
+                raise BadInput(f"--world-size: {exc}") from None
         finished = merge_timelines(
             args.timelines, name=args.name, directory=args.directory, world_size=args.world_size
         )
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        where = exc.filename or args.timelines[0]
+        raise BadInput(f"{where}: cannot read ({exc.strerror or exc})") from None
+    except (ValueError, TypeError) as exc:
         raise BadInput(_one_line(exc)) from None
     return finished.exit_code()
 
@@ -398,7 +418,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]:
     """What stops a timeline's run from counting: no verdict beside it, a verdict from another
-    run (a killed run leaves the previous run's verdict in place), or a run that did not end."""
+    run (a killed run leaves the previous run's verdict in place), or a run that did not end.
+    A rank's timeline needs its run's merged verdict (:func:`~harness.merge.gate_problems`),
+    and a verdict of its own, when there is one, from the same run."""
     try:
         timeline = read_timeline(path)
     except OSError as exc:
@@ -414,9 +436,9 @@ def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]
     rank = gate_problems(path, timeline.header, docs)  # a rank's timeline: its run's verdict
     if rank is not None:
         problems += rank
-    elif doc is None:
+    if doc is None and rank is None:
         problems.append(f"missing verdict: {path.name} has no {verdict}")
-    elif doc.get("run_id") != run_id:
+    elif doc is not None and doc.get("run_id") != run_id:
         problems.append(
             f"stale verdict: {verdict} is from run {doc.get('run_id') or 'unknown'}, "
             f"{path.name} from run {run_id or 'unknown'}"

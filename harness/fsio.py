@@ -8,14 +8,21 @@ written through a link to a file elsewhere.
 
 :func:`create_exclusive` opens a new file for streaming (a timeline): it fails when anything,
 a link included, already has the name, so a run never appends to or truncates another's file.
+
+:func:`open_regular` and :func:`read_regular` open an input only when it is a regular file: a
+FIFO would block the reader until some writer came, ``/dev/zero`` would never end, a socket
+cannot be read at all. Every input the commands read goes through them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 EXCLUSIVE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC
 """Flags of :func:`create_exclusive`: a new file, never one (or a link) already there."""
@@ -92,6 +99,52 @@ def create_exclusive(path: str | os.PathLike[str]) -> int:
         return os.open(path, EXCLUSIVE, file_mode())
     except OSError as error:
         raise _naming(error, Path(path)) from None
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open ``path`` for reading in binary, links followed, when it is a regular file.
+
+    Raises ``OSError`` naming ``path`` before anything blocks: ``IsADirectoryError`` for a
+    folder, and one whose ``strerror`` says what it is (``a FIFO, not a regular file``) for a
+    FIFO, a socket or a device. The kind is checked before opening (opening a device can act
+    on it) and again on the open descriptor, which is opened without blocking (a FIFO swapped
+    in between is caught, not waited on).
+    """
+    try:
+        _check_regular(os.stat(path).st_mode, path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as error:
+        raise _naming(error, Path(path)) from None
+    try:
+        _check_regular(os.fstat(fd).st_mode, path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of ``path``, a regular file (see :func:`open_regular`)."""
+    with open_regular(path) as file:
+        return file.read()
+
+
+def _check_regular(mode: int, path: str | os.PathLike[str]) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    raise OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
 
 
 def would_replace(output: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:

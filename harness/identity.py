@@ -1,6 +1,11 @@
 """Which rank a process is in a distributed run (``torch.distributed``, DDP under
 ``torchrun``): from an initialised default process group, else from the variables a launcher
-sets. A :class:`~harness.recorder.Recorder` writes it into its timeline header."""
+sets. A :class:`~harness.recorder.Recorder` writes it into its timeline header.
+
+:func:`check_world_size` and :func:`check_rank` are the one check of those numbers, whoever
+gives them: a launcher's variables, a timeline header read back, ``leakgate merge
+--world-size``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+MAX_WORLD_SIZE = 1 << 20
+"""The most ranks a run may have: far above the largest jobs (about 10**5 GPUs), far below a
+number that would exhaust memory when every rank is listed."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +57,40 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
     rank = local if rank is None else rank
     if world is None or rank is None:
         return None
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"RANK/WORLD_SIZE: rank {rank} is not in a world of size {world}")
+    try:
+        check_rank(rank, check_world_size(world))
+    except ValueError as exc:
+        raise ValueError(f"RANK/WORLD_SIZE: {exc}") from None
     return RankInfo(rank, world, local, None)
+
+
+def check_world_size(value: Any) -> int:
+    """``value`` when it is a whole number of ranks, 1 to :data:`MAX_WORLD_SIZE`.
+
+    Raises ``TypeError`` for anything but an ``int`` (a bool included), ``ValueError`` for one
+    out of range; both say ``world size``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"world size: expected a whole number, got {_shown(value)}")
+    if not 1 <= value <= MAX_WORLD_SIZE:
+        raise ValueError(f"world size {_shown(value)} is not from 1 to {MAX_WORLD_SIZE}")
+    return value
+
+
+def check_rank(value: Any, world_size: int) -> int:
+    """``value`` when it is a rank of a world of ``world_size`` (a checked one): 0 to
+    ``world_size - 1``. Raises ``TypeError`` for anything but an ``int``, ``ValueError`` for
+    one out of range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"rank: expected a whole number, got {_shown(value)}")
+    if not 0 <= value < world_size:
+        raise ValueError(f"rank {_shown(value)} is not in a world of size {world_size}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A short form of ``value`` for a message (a huge number is not spelled out)."""
+    text = repr(value)
+    return text if len(text) <= 24 else text[:20] + "..."
 
 
 def _whole(env: Mapping[str, str], name: str) -> int | None:

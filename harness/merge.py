@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from harness.attribution import Holder
 from harness.finish import Finished, finish_run, relative, rules_of, write_finished
-from harness.naming import run_name
+from harness.fsio import would_replace
+from harness.identity import MAX_WORLD_SIZE, check_rank, check_world_size
+from harness.naming import check_file_name, run_name
 from harness.report.ranks import MergedRun, RankRun
 from harness.rules import decide
 from harness.rules.ranks import judge_ranks
@@ -45,13 +47,13 @@ def rank_part(
     timeline: str | os.PathLike[str] | None = None,
 ) -> RankRun:
     """Judge one rank on its own (its stored rules unless ``rules`` are given) through
-    :func:`~harness.finish.finish_run`, writing nothing: its part of the merged run."""
+    :func:`~harness.finish.finish_run`, writing nothing: its part of the merged run.
+    ``ValueError`` when its header names no rank of a world it could be in
+    (:func:`header_rank`)."""
+    path = timeline if timeline is not None else getattr(record, "timeline_path", None)
+    rank = header_rank(record.header, path or name)
     finished = finish_run(record, rules, name=name, error=error)
     header = finished.run.header
-    rank = header.get("rank")
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise ValueError(f"{name}: the timeline header names no rank")
-    path = timeline if timeline is not None else getattr(record, "timeline_path", None)
     return RankRun(
         rank=rank,
         header=dict(header),
@@ -62,6 +64,25 @@ def rank_part(
         torn=finished.run.torn,
         timeline=str(path) if path is not None else None,
     )
+
+
+def header_rank(header: Mapping[str, Any], where: object) -> int:
+    """The rank a timeline header names, checked against its ``world_size`` (when it has one)
+    by :mod:`harness.identity`'s checks. ``ValueError`` starting with ``where`` otherwise."""
+    world = _header_world(header, where)
+    try:
+        return check_rank(header.get("rank"), MAX_WORLD_SIZE if world is None else world)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: header: {exc}") from None
+
+
+def _header_world(header: Mapping[str, Any], where: object) -> int | None:
+    """A header's checked ``world_size``, None when it has none."""
+    world = header.get("world_size")
+    try:
+        return None if world is None else check_world_size(world)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: header: {exc}") from None
 
 
 def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> Verdict:
@@ -79,7 +100,7 @@ def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> V
     across, across_checks = judge_ranks({p.rank: p.verdict for p in parts}, rules)
     findings += across
     checks += across_checks
-    missing = sorted(set(range(world_size)) - {p.rank for p in parts})
+    missing = _missing(sorted({p.rank for p in parts}), world_size)
     errors = [f"rank {p.rank}: {p.verdict.error}" for p in parts if p.verdict.error]
     raised = [
         p
@@ -87,7 +108,7 @@ def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> V
         if any(c.rule == "error" and c.status == CheckStatus.ERROR for c in p.verdict.checks)
     ]
     if missing:
-        text = f"rank {', '.join(map(str, missing))} of {world_size} left no timeline"
+        text = f"rank {missing} of {world_size} left no timeline"
         checks.append(Check("ranks", "run", CheckStatus.ERROR, text))
         errors.insert(0, text)
     text = "; ".join(errors)
@@ -97,6 +118,16 @@ def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> V
         unjudged=text if any(p.verdict.status == Status.ERROR for p in parts) else None,
     )
     return Verdict(status, tuple(findings), _worst_phases(parts), tuple(checks), rules, error)
+
+
+def _missing(present: Sequence[int], world_size: int) -> str:
+    """The ranks of ``range(world_size)`` not in ``present`` (sorted), as runs: ``1, 3-7``."""
+    runs, start = [], 0
+    for rank in [*present, world_size]:
+        if rank > start:
+            runs.append(str(start) if rank == start + 1 else f"{start}-{rank - 1}")
+        start = max(start, rank + 1)
+    return ", ".join(runs)
 
 
 def _worst_phases(parts: Sequence[RankRun]) -> tuple[PhaseStats, ...]:
@@ -128,19 +159,23 @@ def finish_ranks(
     (nothing without ``directory``). ``rules`` (default: rank 0's stored rules) drive the
     cross-rank rules; ``world_size`` defaults to the headers'. ``error`` is what stopped the
     run as a whole (a rank that exited), added to the verdict as ERROR. A failed write is
-    returned as ``write_error``, as :func:`~harness.finish.finish_run` does."""
+    returned as ``write_error``, as :func:`~harness.finish.finish_run` does.
+
+    ``ValueError`` for ranks that do not fit one world (headers that disagree on its size, a
+    rank outside it, a ``world_size`` out of range or unlike the headers': see
+    :func:`harness.identity.check_world_size`), and, when writing, for a ``name`` that is not a
+    plain file name."""
     if not parts:
         raise ValueError("finish_ranks: no rank to merge")
+    if directory is not None:
+        check_file_name(name)
     parts = sorted(parts, key=lambda p: p.rank)
     if len({p.rank for p in parts}) != len(parts):
         raise ValueError("finish_ranks: a rank appears twice")
     first = parts[0]
     if rules is None:
         rules = rules_of(first.header)
-    world = world_size or max(
-        [p.rank + 1 for p in parts]
-        + [w for p in parts if isinstance(w := p.header.get("world_size"), int)]
-    )
+    world = _world(parts, world_size)
     verdict = merge_verdicts(parts, rules, world)
     if error is not None:
         verdict = replace(
@@ -206,6 +241,28 @@ def finish_ranks(
     return write_finished(run, found, shares, markdown, document)
 
 
+def _world(parts: Sequence[RankRun], given: int | None) -> int:
+    """The run's world size: ``given`` or the headers' (they must agree), else one past the
+    highest rank; every rank must be in it. ``ValueError`` (``TypeError`` for a ``given`` of
+    the wrong type) naming the mismatch."""
+    if given is not None:
+        check_world_size(given)
+    stated: dict[int, int] = {}
+    for part in parts:
+        world = _header_world(part.header, f"rank {part.rank}")
+        if world is not None:
+            stated.setdefault(world, part.rank)
+    if len(stated) > 1:
+        told = ", ".join(f"rank {rank} says {world}" for world, rank in stated.items())
+        raise ValueError(f"the ranks disagree on the world size ({told})")
+    if given is not None and stated and given not in stated:
+        raise ValueError(f"world size {given} given, the ranks' headers say {next(iter(stated))}")
+    world = given or next(iter(stated), parts[-1].rank + 1)
+    for part in parts:
+        check_rank(part.rank, world)
+    return world
+
+
 def finish_distributed(
     recorder: Recorder,
     rules: Rules | None = None,
@@ -266,26 +323,39 @@ def merge_timelines(
 ) -> Finished:
     """Merge rank timelines read back from disk (a run whose ranks could not merge themselves:
     one was killed). ``name`` defaults to the timelines' common name (``run`` for
-    ``run.rank0.jsonl``), ``directory`` to their folder. ``ValueError``/``OSError`` for a file
-    that is not a rank timeline."""
-    parts = []
-    names = set()
-    for path in paths:
-        timeline = read_timeline(path)
-        stem = run_name(path)
-        names.add(stem[0] if stem else Path(path).stem)
-        parts.append(rank_part(timeline, rules, name=Path(path).stem, timeline=path))
+    ``run.rank0.jsonl``), ``directory`` to their folder.
+
+    Before anything is read: ``ValueError`` for a name that is not a plain file name
+    (:func:`~harness.naming.check_file_name`), a ``world_size`` out of range, or a report or
+    verdict that would replace one of ``paths`` (:func:`~harness.fsio.would_replace`). Then
+    ``ValueError``/``OSError`` for a file that is not a rank timeline, and ``ValueError`` for
+    ranks that do not fit one world (see :func:`finish_ranks`)."""
+    if not paths:
+        raise ValueError("no timeline to merge")
     if name is None:
+        names = {found[0] if (found := run_name(p)) else Path(p).stem for p in paths}
         if len(names) != 1:
             raise ValueError(f"the timelines are of several runs ({', '.join(sorted(names))})")
         name = names.pop()
-    if directory is None:
-        directory = Path(paths[0]).parent
+    check_file_name(name)
+    if world_size is not None:
+        check_world_size(world_size)
+    folder = Path(directory) if directory is not None else Path(paths[0]).parent
+    for output in (folder / f"{name}.md", folder / f"{name}.json"):
+        for path in paths:
+            if would_replace(output, path):
+                raise ValueError(
+                    f"{output}: would replace the input {path}; the merged report and verdict "
+                    "must go elsewhere (another name or directory)"
+                )
+    parts = [
+        rank_part(read_timeline(path), rules, name=Path(path).stem, timeline=path) for path in paths
+    ]
     return finish_ranks(
         parts,
         rules,
         name=name,
-        directory=directory,
+        directory=folder,
         title=title,
         world_size=world_size,
         error=error,
@@ -296,10 +366,12 @@ def gate_problems(
     path: Path, header: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]
 ) -> list[str] | None:
     """What stops a rank timeline from counting in ``leakgate gate``, or None when ``path``
-    is not one (``<name>.rank<N>.jsonl`` whose header names rank N and that has no verdict of
-    its own): the merged ``<name>.json`` is missing, or it does not list this rank's run."""
+    is not one (``<name>.rank<N>.jsonl`` whose header names rank N): the merged
+    ``<name>.json`` is missing, or it does not list this rank's run. A verdict of the rank's
+    own (``leakgate report`` on its timeline) never stands in for the merged one: it judged one
+    rank, and only the merged verdict compares the ranks."""
     found = run_name(path)
-    if found is None or path.with_suffix(".json").name in docs or header.get("rank") != found[1]:
+    if found is None or header.get("rank") != found[1]:
         return None
     base, rank = found
     merged = f"{base}.json"

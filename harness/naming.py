@@ -1,5 +1,5 @@
-"""File names the harness makes: a test id as a safe file name, a rank's timeline name, and
-the run and rank read back from one."""
+"""File names the harness makes: a test id as a safe file name, a name a user gives checked to
+be one, a rank's timeline name, and the run and rank read back from one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
+MAX_NAME = 200
+"""The longest name :func:`check_file_name` takes: room for a suffix and a temporary file's
+prefix within a file system's 255 bytes."""
 _RANK_SUFFIX = re.compile(r"[._-]rank(\d+)$")
 
 
@@ -15,6 +19,31 @@ def safe_name(nodeid: str) -> str:
     """A file name for a test id: no separators or dots to climb with, unique by a hash."""
     readable = re.sub(r"[^A-Za-z0-9_-]+", "_", nodeid.replace(".py::", "__")).strip("_")
     return f"{readable[:80]}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
+
+
+def check_file_name(name: Any, what: str = "name") -> str:
+    """``name`` when it is a plain file name: one entry of the folder it is written to (no
+    separator, not ``.`` or ``..``), not hidden (no leading dot), no control characters, at
+    most :data:`MAX_NAME` bytes. :func:`safe_name`'s names all are.
+
+    Raises ``TypeError`` for anything but a string, ``ValueError`` starting with ``what``
+    otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: expected a string, got {type(name).__name__}")
+    if (
+        not name
+        or name.startswith(".")
+        or "/" in name
+        or "\\" in name
+        or not name.isprintable()
+        or len(os.fsencode(name)) > MAX_NAME
+    ):
+        shown = repr(name) if len(name) <= 40 else repr(name[:30] + "...")
+        raise ValueError(
+            f"{what} {shown} is not a plain file name (one folder entry, no leading dot, "
+            f"printable, at most {MAX_NAME} bytes)"
+        )
+    return name
 
 
 def rank_timeline(path: str | os.PathLike[str], rank: int) -> Path:

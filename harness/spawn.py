@@ -21,8 +21,9 @@ from typing import Any
 
 import harness.labels as labels
 from harness.finish import Finished
+from harness.identity import check_world_size
 from harness.merge import finish_distributed, merge_timelines
-from harness.naming import safe_name
+from harness.naming import check_file_name, safe_name
 from harness.verdict import Rules
 
 
@@ -70,7 +71,9 @@ def run_ranks(
     function); ``torch.distributed.get_rank()`` tells it its rank. Timelines and the merged
     report go to ``directory`` (default: inside a pytest test run with ``--memreport``, its
     folder, where ``leakgate gate`` sees them; else a temporary folder, removed after). ``name``
-    defaults to the running pytest test's.
+    defaults to the running pytest test's. A ``name`` that is not a plain file name and an
+    ``nproc`` that is not a world size are refused (``ValueError``; ``TypeError`` for one of
+    the wrong type) before anything starts.
 
     Returns the merged :class:`~harness.finish.Finished`; a rank that raised or exited early, or
     a run past ``timeout`` seconds (a safety net against a hung collective), makes it ERROR.
@@ -78,11 +81,10 @@ def run_ranks(
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    if nproc < 1:
-        raise ValueError(f"run_ranks: nproc must be at least 1, got {nproc}")
+    check_world_size(nproc)
+    name = _test_name() if name is None else check_file_name(name)
     if rules is not None and not isinstance(rules, Rules):
         rules = Rules.from_dict(rules)
-    name = name or _test_name()
     directory = directory if directory is not None else _memreport()
     exchange = tempfile.mkdtemp(prefix="leakgate-ranks-")
     timelines = str(directory) if directory is not None else exchange

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import harness.timeline_columns as timeline_columns
 from harness.errors import BadInput
+from harness.fsio import open_regular, read_regular
 from harness.timeline_checks import (
     FORMAT,
     MAX_BYTES,
@@ -66,14 +66,19 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     the wrong type, an unknown field, a number beyond 64 bits, an empty line) sends the whole
     file through :func:`read_lines`, which names the line and field at fault.
     """
-    fast = timeline_columns.read_columns(path)
-    return fast if fast is not None else read_lines(path)
+    with open_regular(path) as file:
+        fast = timeline_columns.read_columns(file)
+        if fast is not None:
+            return fast
+        file.seek(0)
+        return read_lines(path, file.read())
 
 
-def read_lines(path: str | os.PathLike[str]) -> Timeline:
+def read_lines(path: str | os.PathLike[str], data: bytes | None = None) -> Timeline:
     """:func:`read_timeline`'s line-by-line reader: every line parsed and checked on its own,
-    so that an error names its line and field."""
-    lines = Path(path).read_bytes().split(b"\n")
+    so that an error names its line and field. ``data`` is the file's bytes when the caller
+    has read them already."""
+    lines = (read_regular(path) if data is None else data).split(b"\n")
     if lines[-1] == b"":
         lines.pop()
     records: list[tuple[int, Any]] = []

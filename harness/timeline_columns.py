@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from typing import Any
+from typing import Any, BinaryIO
 
 from harness.errors import BadInput
 from harness.sample import METRICS, line_order
@@ -49,61 +49,60 @@ class _Range(io.RawIOBase):
         return got
 
 
-def read_columns(path: str | os.PathLike[str]) -> Timeline | None:
-    """The timeline read in columns, or None when it needs the line-by-line reader (see
-    :func:`harness.timeline.read_timeline`)."""
+def read_columns(file: BinaryIO) -> Timeline | None:
+    """The timeline in ``file`` (open at its start) read in columns, or None when it needs the
+    line-by-line reader (see :func:`harness.timeline.read_timeline`)."""
     try:
         import pyarrow as pa
         import pyarrow.json as pj
     except ImportError:
         return None
-    with open(path, "rb") as file:
-        fd = file.fileno()
-        size = os.fstat(fd).st_size
-        if size < COLUMNS_FROM:
+    fd = file.fileno()
+    size = os.fstat(fd).st_size
+    if size < COLUMNS_FROM:
+        return None
+    first = file.readline()
+    start = len(first)
+    if not first.endswith(b"\n"):
+        return None
+    try:
+        header = json.loads(first)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict) or "leakgate_timeline" not in header:
+        return None
+    try:
+        check_header(header)
+    except BadInput:
+        return None
+    stop, end, torn = _tail(fd, start, size)
+    if stop is None:
+        return None
+    metrics = header.get("metrics")
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        return None
+    store = SampleStore()
+    fields = store.fields
+    if stop > start:
+        if _has_unusual_lines(fd, start, stop):
             return None
-        first = file.readline()
-        start = len(first)
-        if not first.endswith(b"\n"):
-            return None
+        kinds = {f.name: getattr(pa, _ARROW[f.kind])() for f in fields}
+        kinds[METRICS] = pa.struct([(m, pa.int64()) for m in dict.fromkeys(metrics)])
+        types = pa.schema([(name, kinds[name]) for name in line_order(fields)])
+        options = pj.ParseOptions(explicit_schema=types, unexpected_field_behavior="error")
+        stream = io.BufferedReader(_Range(fd, start, stop), _BLOCK)
         try:
-            header = json.loads(first)
-        except (ValueError, RecursionError):
+            reader = pj.open_json(
+                stream,
+                read_options=pj.ReadOptions(block_size=_BLOCK),
+                parse_options=options,
+                memory_pool=pa.system_memory_pool(),
+            )
+            for batch in reader:
+                if not _add_batch(store, batch):
+                    return None
+        except (pa.ArrowException, ValueError, OverflowError):
             return None
-        if not isinstance(header, dict) or "leakgate_timeline" not in header:
-            return None
-        try:
-            check_header(header)
-        except BadInput:
-            return None
-        stop, end, torn = _tail(fd, start, size)
-        if stop is None:
-            return None
-        metrics = header.get("metrics")
-        if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
-            return None
-        store = SampleStore()
-        fields = store.fields
-        if stop > start:
-            if _has_unusual_lines(fd, start, stop):
-                return None
-            kinds = {f.name: getattr(pa, _ARROW[f.kind])() for f in fields}
-            kinds[METRICS] = pa.struct([(m, pa.int64()) for m in dict.fromkeys(metrics)])
-            types = pa.schema([(name, kinds[name]) for name in line_order(fields)])
-            options = pj.ParseOptions(explicit_schema=types, unexpected_field_behavior="error")
-            stream = io.BufferedReader(_Range(fd, start, stop), _BLOCK)
-            try:
-                reader = pj.open_json(
-                    stream,
-                    read_options=pj.ReadOptions(block_size=_BLOCK),
-                    parse_options=options,
-                    memory_pool=pa.system_memory_pool(),
-                )
-                for batch in reader:
-                    if not _add_batch(store, batch):
-                        return None
-            except (pa.ArrowException, ValueError, OverflowError):
-                return None
     return Timeline(header, store, torn, end, reader="columns")
 
 
