@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.errors import BadInput
+
 MAX_WORLD_SIZE = 1 << 20
 """The most ranks a run may have: far above the largest jobs (about 10**5 GPUs), far below a
 number that would exhaust memory when every rank is listed."""
@@ -60,7 +62,7 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
     try:
         check_rank(rank, check_world_size(world))
     except ValueError as exc:
-        raise ValueError(f"RANK/WORLD_SIZE: {exc}") from None
+        raise BadInput(str(exc), field="RANK/WORLD_SIZE") from None
     return RankInfo(rank, world, local, None)
 
 
@@ -72,7 +74,7 @@ def check_world_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"world size: expected a whole number, got {_shown(value)}")
     if not 1 <= value <= MAX_WORLD_SIZE:
-        raise ValueError(f"world size {_shown(value)} is not from 1 to {MAX_WORLD_SIZE}")
+        raise BadInput(f"world size {_shown(value)} is not from 1 to {MAX_WORLD_SIZE}")
     return value
 
 
@@ -83,7 +85,7 @@ def check_rank(value: Any, world_size: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"rank: expected a whole number, got {_shown(value)}")
     if not 0 <= value < world_size:
-        raise ValueError(f"rank {_shown(value)} is not in a world of size {world_size}")
+        raise BadInput(f"rank {_shown(value)} is not in a world of size {world_size}")
     return value
 
 
@@ -100,4 +102,4 @@ def _whole(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"{name}: expected a whole number, got {text[:40]!r}") from None
+        raise BadInput(f"expected a whole number, got {text[:40]!r}", field=name) from None

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.attribution import Holder
+from harness.errors import BadInput
 from harness.finish import Finished, finish_run, relative, rules_of, write_finished
 from harness.fsio import would_replace
 from harness.identity import MAX_WORLD_SIZE, check_rank, check_world_size
@@ -73,7 +74,7 @@ def header_rank(header: Mapping[str, Any], where: object) -> int:
     try:
         return check_rank(header.get("rank"), MAX_WORLD_SIZE if world is None else world)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: header: {exc}") from None
+        raise BadInput(str(exc), path=str(where), field="header") from None
 
 
 def _header_world(header: Mapping[str, Any], where: object) -> int | None:
@@ -82,7 +83,7 @@ def _header_world(header: Mapping[str, Any], where: object) -> int | None:
     try:
         return None if world is None else check_world_size(world)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: header: {exc}") from None
+        raise BadInput(str(exc), path=str(where), field="header") from None
 
 
 def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> Verdict:
@@ -166,12 +167,12 @@ def finish_ranks(
     :func:`harness.identity.check_world_size`), and, when writing, for a ``name`` that is not a
     plain file name."""
     if not parts:
-        raise ValueError("finish_ranks: no rank to merge")
+        raise BadInput("no rank to merge", field="finish_ranks")
     if directory is not None:
         check_file_name(name)
     parts = sorted(parts, key=lambda p: p.rank)
     if len({p.rank for p in parts}) != len(parts):
-        raise ValueError("finish_ranks: a rank appears twice")
+        raise BadInput("a rank appears twice", field="finish_ranks")
     first = parts[0]
     if rules is None:
         rules = rules_of(first.header)
@@ -254,9 +255,9 @@ def _world(parts: Sequence[RankRun], given: int | None) -> int:
             stated.setdefault(world, part.rank)
     if len(stated) > 1:
         told = ", ".join(f"rank {rank} says {world}" for world, rank in stated.items())
-        raise ValueError(f"the ranks disagree on the world size ({told})")
+        raise BadInput(f"the ranks disagree on the world size ({told})")
     if given is not None and stated and given not in stated:
-        raise ValueError(f"world size {given} given, the ranks' headers say {next(iter(stated))}")
+        raise BadInput(f"world size {given} given, the ranks' headers say {next(iter(stated))}")
     world = given or next(iter(stated), parts[-1].rank + 1)
     for part in parts:
         check_rank(part.rank, world)
@@ -331,11 +332,11 @@ def merge_timelines(
     ``ValueError``/``OSError`` for a file that is not a rank timeline, and ``ValueError`` for
     ranks that do not fit one world (see :func:`finish_ranks`)."""
     if not paths:
-        raise ValueError("no timeline to merge")
+        raise BadInput("no timeline to merge")
     if name is None:
         names = {found[0] if (found := run_name(p)) else Path(p).stem for p in paths}
         if len(names) != 1:
-            raise ValueError(f"the timelines are of several runs ({', '.join(sorted(names))})")
+            raise BadInput(f"the timelines are of several runs ({', '.join(sorted(names))})")
         name = names.pop()
     check_file_name(name)
     if world_size is not None:
@@ -344,9 +345,10 @@ def merge_timelines(
     for output in (folder / f"{name}.md", folder / f"{name}.json"):
         for path in paths:
             if would_replace(output, path):
-                raise ValueError(
-                    f"{output}: would replace the input {path}; the merged report and verdict "
-                    "must go elsewhere (another name or directory)"
+                raise BadInput(
+                    f"would replace the input {path}; the merged report and verdict must go "
+                    "elsewhere (another name or directory)",
+                    path=output,
                 )
     parts = [
         rank_part(read_timeline(path), rules, name=Path(path).stem, timeline=path) for path in paths

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from harness.errors import BadInput
+
 MAX_NAME = 200
 """The longest name :func:`check_file_name` takes: room for a suffix and a temporary file's
 prefix within a file system's 255 bytes."""
@@ -39,7 +41,7 @@ def check_file_name(name: Any, what: str = "name") -> str:
         or len(os.fsencode(name)) > MAX_NAME
     ):
         shown = repr(name) if len(name) <= 40 else repr(name[:30] + "...")
-        raise ValueError(
+        raise BadInput(
             f"{what} {shown} is not a plain file name (one folder entry, no leading dot, "
             f"printable, at most {MAX_NAME} bytes)"
         )
