@@ -69,8 +69,21 @@ def run(loader: DataLoader, reader: ChildrenReader, rollup: bool = True) -> list
     return [reader.read(rollup=rollup) for _ in loader]
 
 
-def series(readings: list[TreeReading], role: str, field: str = "uss") -> list[int]:
-    return [getattr(p, field) for r in readings for p in r.processes if p.role == role]
+def run_own(loader: DataLoader, reader: ChildrenReader) -> tuple[list[TreeReading], list[int]]:
+    """One rollup reading per batch of one epoch, and this loader's worker pids in id order (a
+    worker an earlier test left exiting may still hold the role ``worker 0``)."""
+    batches = iter(loader)
+    readings = [reader.read(rollup=True) for _ in batches]
+    return readings, [worker.pid for worker in batches._workers]
+
+
+def by_pid(readings: list[TreeReading], pid: int, field: str = "uss") -> list[int]:
+    return [getattr(p, field) for r in readings for p in r.processes if p.pid == pid]
+
+
+def role_of(reading: TreeReading, pid: int) -> str:
+    (role,) = [p.role for p in reading.processes if p.pid == pid]
+    return role
 
 
 @pytest.fixture(autouse=True)
@@ -90,17 +103,20 @@ def test_a_worker_cache_grows_that_workers_role_only(method):
     loader = DataLoader(
         WorkerZeroCache(), batch_size=None, num_workers=2, multiprocessing_context=method
     )
-    readings = run(loader, reader)
+    readings, (cache_pid, clean_pid) = run_own(loader, reader)
+    cache_role = role_of(readings[-1], cache_pid)
+    assert re.fullmatch(r"(loader \d+ )?worker 0", cache_role)
     for metric in ("uss", "anon"):
-        cache = series(readings, "worker 0", metric)[2:]
-        clean = series(readings, "worker 1", metric)[2:]
+        cache = by_pid(readings, cache_pid, metric)[2:]
+        clean = by_pid(readings, clean_pid, metric)[2:]
         assert cache[-1] - cache[0] > 3 * MiB
         assert abs(clean[-1] - clean[0]) < 1 * MiB
-    cache = series(readings, "worker 0")[2:]
-    assert growth_kind(cache, series(readings, "worker 0", "shared")[2:]).kind == "private"
+    cache = by_pid(readings, cache_pid)[2:]
+    assert growth_kind(cache, by_pid(readings, cache_pid, "shared")[2:]).kind == "private"
     metrics = readings[-1].metrics()
-    assert metrics["child_uss:worker 0"] == cache[-1]
-    assert metrics["children_uss"] >= metrics["child_uss:worker 0"] + metrics["child_uss:worker 1"]
+    clean_role = role_of(readings[-1], clean_pid)
+    assert metrics[f"child_uss:{cache_role}"] == cache[-1]
+    assert metrics["children_uss"] >= cache[-1] + metrics[f"child_uss:{clean_role}"]
     assert metrics["children_pss"] == readings[-1].pss > 0
 
 
@@ -109,13 +125,13 @@ def test_copy_on_read_is_told_from_a_cache():
     loader = DataLoader(
         PythonObjects(), batch_size=25, num_workers=2, multiprocessing_context="fork"
     )
-    readings = run(loader, reader)
-    for role in ("worker 0", "worker 1"):
-        growth = growth_kind(series(readings, role)[2:], series(readings, role, "shared")[2:])
+    readings, pids = run_own(loader, reader)
+    for pid in pids:
+        growth = growth_kind(by_pid(readings, pid)[2:], by_pid(readings, pid, "shared")[2:])
         assert growth.kind == "copy-on-read"
         assert growth.private > 3 * MiB
         assert growth.converted > growth.private // 2
-        anon = series(readings, role, "anon")[2:]
+        anon = by_pid(readings, pid, "anon")[2:]
         assert anon[-1] - anon[0] < growth.private // 4  # no new pages: copies of shared ones
 
 
