@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import BadInput
+from harness.errors import BadInput, one_line
 from harness.fsio import read_regular, write_atomic
 from harness.report import (
     Run,
@@ -162,7 +162,7 @@ def _in_file(exc: Exception, path: str | os.PathLike[str]) -> BadInput:
     """``exc`` as bad input in the file ``path``, keeping the field it names when it has one."""
     if isinstance(exc, BadInput):
         return BadInput(exc.problem, path=path, line=exc.line, field=exc.field)
-    return BadInput(_first_line(exc), path=path)
+    return BadInput(one_line(exc), path=path)
 
 
 _OPTIONAL_TEXT = ("name", "title", "test", "timeline", "report", "run_id", "metric", "error")
@@ -466,8 +466,3 @@ def _rules_metric(doc: Mapping[str, Any]) -> str:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -22,27 +22,29 @@ from typing import Any
 from harness.artifacts import (
     DEFAULT_MIN_BYTES,
     DEFAULT_TOLERANCE,
-    Change,
-    Comparison,
     compare_runs,
     load_run_document,
-    write_index,
 )
-from harness.baseline import judge_verdict, missing_from_run
-from harness.errors import BadInput, LeakgateError, UnwritableReport
+from harness.errors import (
+    BadInput,
+    LeakgateError,
+    UnwritableReport,
+    as_bad_input,
+    as_unwritable,
+    one_line,
+)
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
+from harness.gate import FAIL, PASS, comparison_lines, gate, write_index_to
 from harness.identity import check_world_size
-from harness.labels import is_run_end
-from harness.merge import gate_problems, merge_timelines
+from harness.merge import merge_timelines
 from harness.naming import check_file_name
 from harness.options import Rules, judged_options
 from harness.report import render_report
 from harness.timeline import MAX_BYTES, read_timeline
-from harness.units import format_mib, format_size, parse_size
+from harness.units import parse_size
 
-PASS, FAIL, BAD_INPUT = 0, 1, 2
-TABLE_ROWS = 20
+BAD_INPUT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc.path}: cannot write ({exc.reason})", file=sys.stderr)
         return BAD_INPUT
     except LeakgateError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return BAD_INPUT
 
 
@@ -181,7 +183,7 @@ def _report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path=args.timeline) from None
     except ValueError as exc:
-        raise _bad(exc) from None
+        raise as_bad_input(exc) from None
     rules = _rules(args, timeline.header)
     to_stdout = args.output == "-"
     markdown = None if to_stdout else Path(args.output or args.timeline.with_suffix(".md"))
@@ -202,12 +204,12 @@ def _report(args: argparse.Namespace) -> int:
             title=args.title,
         )
     except (ValueError, TypeError, KeyError) as exc:
-        problem = f"cannot judge its samples ({_one_line(exc)})"
+        problem = f"cannot judge its samples ({one_line(exc)})"
         raise BadInput(problem, path=args.timeline) from None
     except OSError as exc:
-        raise _unwritable(exc, markdown) from None
+        raise as_unwritable(exc, markdown) from None
     if finished.write_error is not None:
-        raise _unwritable(finished.write_error, markdown)
+        raise as_unwritable(finished.write_error, markdown)
     if to_stdout:
         sys.stdout.write(render_report(finished.run))
     written = " and ".join(str(p) for p in (markdown, document) if p is not None)
@@ -244,136 +246,27 @@ def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
         written = {k: v for k, v in stored.written.items() if k not in given}
         return dataclasses.replace(stored, **given, written=written)
     except (ValueError, TypeError) as exc:
-        raise BadInput(_one_line(exc), field="rules") from None
+        raise BadInput(one_line(exc), field="rules") from None
 
 
 def _compare(args: argparse.Namespace) -> int:
     try:
         base, new = load_run_document(args.base), load_run_document(args.new)
     except ValueError as exc:
-        raise _bad(exc) from None
+        raise as_bad_input(exc) from None
     comparison = compare_runs(base, new, tolerance=args.tolerance, min_bytes=args.min_bytes)
     for line in comparison_lines(comparison):
         print(line)
     return FAIL if comparison.regressed else PASS
 
 
-def comparison_lines(comparison: Comparison) -> list[str]:
-    """A summary line, then a small table: every value beyond the tolerance (or, when none is,
-    the three largest changes)."""
-    c = comparison
-    limit = f"{c.tolerance:.0%} and {format_mib(c.min_bytes)}"
-    regressions = c.regressions
-    if c.nothing_compared:
-        return [
-            "compare: NOTHING COMPARED: BASE and NEW have no judged phase or teardown check in "
-            f"common (0 values compared); status {c.base_status} -> {c.new_status}"
-        ]
-    verdict = "REGRESSION" if c.regressed else "OK"
-    lines = [
-        f"compare: {verdict}: {len(regressions)} of {len(c.changes)} values grew by more than "
-        f"{limit}; status {c.base_status} -> {c.new_status}"
-        + (" (a regression)" if c.status_regressed else "")
-    ]
-    if c.only_in_base or c.only_in_new:
-        lines.append(
-            f"not compared: {c.only_in_base} value(s) only in BASE, {c.only_in_new} only in NEW"
-        )
-    beyond = regressions + sorted(
-        (x for x in c.changes if x.improvement), key=lambda x: x.delta or 0
-    )
-    shown = beyond or sorted(c.changes, key=lambda x: -abs(x.delta or 0))[:3]
-    if not shown:
-        return lines
-    if not beyond:
-        lines.append("largest changes, all within tolerance:")
-    rows = [("value", "metric", "base", "new", "change", "")]
-    rows += [_change_row(x) for x in shown[:TABLE_ROWS]]
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    for r in rows:
-        cells = [f"{r[0]:<{widths[0]}}", f"{r[1]:<{widths[1]}}"]
-        cells += [f"{r[i]:>{widths[i]}}" for i in (2, 3, 4)] + [r[5]]
-        lines.append("  ".join(cells).rstrip())
-    if len(shown) > TABLE_ROWS:
-        lines.append(f"... {len(shown) - TABLE_ROWS} more")
-    return lines
-
-
-def _change_row(change: Change) -> tuple[str, str, str, str, str, str]:
-    """A table row; a percentage only where the base is at least the noise floor, else the
-    absolute change alone."""
-    delta = change.delta or 0.0
-
-    def shown(value: float | None, *, signed: bool = False) -> str:
-        if change.per_batch:
-            return f"{format_size(value, signed=signed)}/batch"
-        return format_mib(value, signed=signed)
-
-    text = shown(delta, signed=True)
-    percent = change.percent
-    if percent is not None:
-        text += f" ({percent:+.1f}%)"
-    mark = "REGRESSION" if change.regression else ("improved" if change.improvement else "")
-    return (change.item, change.metric, shown(change.base), shown(change.new), text, mark)
-
-
 def _index(args: argparse.Namespace) -> int:
-    if not args.directory.is_dir():
-        raise BadInput("not a directory", path=args.directory)
-    try:
-        path = write_index(args.directory)
-    except OSError as exc:
-        raise _unwritable(exc, args.directory) from None
-    print(f"wrote {path}")
+    write_index_to(args.directory)
     return PASS
 
 
 def _gate(args: argparse.Namespace) -> int:
-    """Check every verdict and timeline in DIR, and DIR against the baseline; one line per
-    verdict, one per problem, then the total.
-
-    A verdict or timeline the gate cannot read is bad input (exit 2, one line naming it), and
-    so is one that is not a regular file (a FIFO, a socket, a link to a device), refused before
-    it is opened: the gate cannot know what that run decided, and a FIFO would block it. It is
-    not skipped with a problem line, because exit 1 tells CI that the memory regressed, while
-    this is a broken folder to be fixed, as an unreadable verdict is."""
-    baseline = _baseline(args.baseline) if args.baseline is not None else None
-    _index(args)
-    verdicts = sorted(args.directory.glob("*.json"))
-    timelines = sorted(args.directory.glob("*.jsonl"))
-    if not verdicts and not timelines:
-        raise BadInput("no verdicts to gate", path=args.directory)
-    docs = {path.name: _load(path) for path in verdicts}
-    problems = [line for path in timelines for line in _timeline_problems(path, docs)]
-    failed = 0
-    for path in verdicts:
-        new = docs[path.name]
-        base = _load(baseline[path.name]) if baseline and path.name in baseline else None
-        judged = judge_verdict(new, base, tolerance=args.tolerance, min_bytes=args.min_bytes)
-        line = f"{judged.status:<5} {path.name}"
-        if judged.comparison is not None and judged.regressed:
-            line += " (regression against the baseline)\n"
-            line += "\n".join(f"    {x}" for x in comparison_lines(judged.comparison))
-        elif baseline is not None and base is None:
-            line += " (no baseline)"
-        failed += judged.failed
-        print(line)
-    if baseline is not None:
-        problems += [
-            f"missing from the run: {name} is in the baseline {args.baseline} but not in "
-            f"{args.directory}"
-            for name in missing_from_run(baseline, docs)
-        ]
-        unmatched = sorted(docs.keys() - baseline.keys())
-        if unmatched:
-            print(f"no baseline for {len(unmatched)} verdict(s): {', '.join(unmatched)}")
-    for problem in problems:
-        print(problem)
-    total = f"{failed} of {len(verdicts)} verdicts fail"
-    if problems:
-        total += f", {len(problems)} problem{'s' * (len(problems) != 1)}"
-    print(f"gate: {'FAIL' if failed or problems else 'PASS'}: {total}")
-    return FAIL if failed or problems else PASS
+    return gate(args.directory, args.baseline, tolerance=args.tolerance, min_bytes=args.min_bytes)
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -394,62 +287,8 @@ def _merge(args: argparse.Namespace) -> int:
         where = exc.filename or args.timelines[0]
         raise BadInput(f"{where}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, TypeError) as exc:
-        raise BadInput(_one_line(exc)) from None
+        raise BadInput(one_line(exc)) from None
     return finished.exit_code()
-
-
-def _baseline(folder: Path) -> dict[str, Path]:
-    """The baseline's verdicts by file name; bad input unless it is a folder holding some."""
-    if not folder.is_dir():
-        what = "not a directory" if folder.exists() else "no such directory"
-        raise BadInput(what, path=folder, field="baseline")
-    found = {path.name: path for path in sorted(folder.glob("*.json"))}
-    if not found:
-        raise BadInput("no verdicts in it", path=folder, field="baseline")
-    return found
-
-
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        return load_run_document(path)
-    except ValueError as exc:
-        raise _bad(exc) from None
-
-
-def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]:
-    """What stops a timeline's run from counting: no verdict beside it, a verdict from another
-    run (a killed run leaves the previous run's verdict in place), or a run that did not end.
-    A rank's timeline needs its run's merged verdict (:func:`~harness.merge.gate_problems`),
-    and a verdict of its own, when there is one, from the same run."""
-    try:
-        timeline = read_timeline(path)
-    except OSError as exc:
-        raise BadInput(f"cannot read ({exc.strerror or exc})", path=path) from None
-    except ValueError as exc:
-        if path.stat().st_size == 0:
-            return [f"incomplete run: {path.name} is empty (the run stopped as it started)"]
-        raise _bad(exc) from None
-    problems = []
-    verdict = path.with_suffix(".json").name
-    doc = docs.get(verdict)
-    run_id = timeline.header.get("run_id")
-    rank = gate_problems(path, timeline.header, docs)  # a rank's timeline: its run's verdict
-    if rank is not None:
-        problems += rank
-    if doc is None and rank is None:
-        problems.append(f"missing verdict: {path.name} has no {verdict}")
-    elif doc is not None and doc.get("run_id") != run_id:
-        problems.append(
-            f"stale verdict: {verdict} is from run {doc.get('run_id') or 'unknown'}, "
-            f"{path.name} from run {run_id or 'unknown'}"
-        )
-    if not any(is_run_end(s.label) for s in timeline.samples):
-        epochs = [s.epoch for s in timeline.samples if s.epoch is not None]
-        problems.append(
-            f"incomplete run: {path.name} ended at checkpoint {len(timeline.samples)} "
-            f"(epoch {epochs[-1] if epochs else 'none'})"
-        )
-    return problems
 
 
 def _percent(text: str) -> float:
@@ -504,20 +343,3 @@ def _count(text: str) -> int:
 
 def _clip(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:30] + "...")
-
-
-def _bad(exc: ValueError) -> BadInput:
-    """A reader's error as bad input: itself when it already is one (its facts kept)."""
-    return exc if isinstance(exc, BadInput) else BadInput(_one_line(exc))
-
-
-def _unwritable(exc: OSError, fallback: Path | None) -> UnwritableReport:
-    """A failed write as the root's :class:`UnwritableReport`, naming the file it failed on."""
-    if isinstance(exc, UnwritableReport):
-        return exc
-    return UnwritableReport(exc.filename or fallback or "", exc.strerror or str(exc))
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -84,3 +84,21 @@ class MemoryCheckFailed(LeakgateError, RuntimeError):
     @property
     def verdict(self) -> Any:
         return self.finished.verdict
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's first line of text, else its class name."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def as_bad_input(exc: ValueError) -> BadInput:
+    """A reader's error as bad input: itself when it already is one (its facts kept)."""
+    return exc if isinstance(exc, BadInput) else BadInput(one_line(exc))
+
+
+def as_unwritable(exc: OSError, fallback: str | os.PathLike[str] | None) -> UnwritableReport:
+    """A failed write as :class:`UnwritableReport`, naming the file it failed on."""
+    if isinstance(exc, UnwritableReport):
+        return exc
+    return UnwritableReport(exc.filename or fallback or "", exc.strerror or str(exc))

@@ -392,7 +392,7 @@ def test_errors_raised_below_the_commands_map_to_exit_2_and_one_line(tmp_path, m
     def full(*args, **kwargs):
         raise UnwritableReport(tmp_path / "index.md", "No space left on device")
 
-    monkeypatch.setattr("harness.cli.write_index", full)
+    monkeypatch.setattr("harness.gate.write_index", full)
     assert main(["index", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {tmp_path / 'index.md'}: cannot write (No space left on device)\n"

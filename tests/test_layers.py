@@ -74,6 +74,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         (
             "harness.plugin",
             "harness.cli",
+            "harness.gate",
             "harness.__main__",
             "harness.integrations",
             "harness.spawn",

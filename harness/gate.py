@@ -1,0 +1,195 @@
+"""``leakgate gate`` and ``leakgate index``: a folder of verdicts and timelines checked against a
+baseline, one line per verdict and per problem, and the folder's ``index.md``.
+
+The gate's exit code is the decision: 0 every verdict passes and nothing regressed, 1 a verdict
+fails, a value regressed or a run is missing, stale or incomplete; bad input (an unreadable or
+odd file, no verdicts at all) raises :class:`~harness.errors.BadInput` for the CLI to map.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.artifacts import Change, Comparison, load_run_document, write_index
+from harness.baseline import judge_verdict, missing_from_run
+from harness.errors import BadInput, as_bad_input, as_unwritable
+from harness.labels import is_run_end
+from harness.merge import gate_problems
+from harness.timeline import read_timeline
+from harness.units import format_mib, format_size
+
+PASS, FAIL = 0, 1
+TABLE_ROWS = 20
+
+
+def write_index_to(directory: Path) -> Path:
+    """Write ``directory``'s ``index.md`` and say so; bad input unless it is a folder."""
+    if not directory.is_dir():
+        raise BadInput("not a directory", path=directory)
+    try:
+        path = write_index(directory)
+    except OSError as exc:
+        raise as_unwritable(exc, directory) from None
+    print(f"wrote {path}")
+    return path
+
+
+def gate(directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int) -> int:
+    """Check every verdict and timeline in DIR, and DIR against the baseline; one line per
+    verdict, one per problem, then the total.
+
+    A verdict or timeline the gate cannot read is bad input (exit 2, one line naming it), and
+    so is one that is not a regular file (a FIFO, a socket, a link to a device), refused before
+    it is opened: the gate cannot know what that run decided, and a FIFO would block it. It is
+    not skipped with a problem line, because exit 1 tells CI that the memory regressed, while
+    this is a broken folder to be fixed, as an unreadable verdict is."""
+    baseline = _baseline(baseline_dir) if baseline_dir is not None else None
+    write_index_to(directory)
+    verdicts = sorted(directory.glob("*.json"))
+    timelines = sorted(directory.glob("*.jsonl"))
+    if not verdicts and not timelines:
+        raise BadInput("no verdicts to gate", path=directory)
+    docs = {path.name: _load(path) for path in verdicts}
+    problems = [line for path in timelines for line in _timeline_problems(path, docs)]
+    failed = 0
+    for path in verdicts:
+        new = docs[path.name]
+        base = _load(baseline[path.name]) if baseline and path.name in baseline else None
+        judged = judge_verdict(new, base, tolerance=tolerance, min_bytes=min_bytes)
+        line = f"{judged.status:<5} {path.name}"
+        if judged.comparison is not None and judged.regressed:
+            line += " (regression against the baseline)\n"
+            line += "\n".join(f"    {x}" for x in comparison_lines(judged.comparison))
+        elif baseline is not None and base is None:
+            line += " (no baseline)"
+        failed += judged.failed
+        print(line)
+    if baseline is not None:
+        problems += [
+            f"missing from the run: {name} is in the baseline {baseline_dir} but not in {directory}"
+            for name in missing_from_run(baseline, docs)
+        ]
+        unmatched = sorted(docs.keys() - baseline.keys())
+        if unmatched:
+            print(f"no baseline for {len(unmatched)} verdict(s): {', '.join(unmatched)}")
+    for problem in problems:
+        print(problem)
+    total = f"{failed} of {len(verdicts)} verdicts fail"
+    if problems:
+        total += f", {len(problems)} problem{'s' * (len(problems) != 1)}"
+    print(f"gate: {'FAIL' if failed or problems else 'PASS'}: {total}")
+    return FAIL if failed or problems else PASS
+
+
+def _baseline(folder: Path) -> dict[str, Path]:
+    """The baseline's verdicts by file name; bad input unless it is a folder holding some."""
+    if not folder.is_dir():
+        what = "not a directory" if folder.exists() else "no such directory"
+        raise BadInput(what, path=folder, field="baseline")
+    found = {path.name: path for path in sorted(folder.glob("*.json"))}
+    if not found:
+        raise BadInput("no verdicts in it", path=folder, field="baseline")
+    return found
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return load_run_document(path)
+    except ValueError as exc:
+        raise as_bad_input(exc) from None
+
+
+def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]:
+    """What stops a timeline's run from counting: no verdict beside it, a verdict from another
+    run (a killed run leaves the previous run's verdict in place), or a run that did not end.
+    A rank's timeline needs its run's merged verdict (:func:`~harness.merge.gate_problems`),
+    and a verdict of its own, when there is one, from the same run."""
+    try:
+        timeline = read_timeline(path)
+    except OSError as exc:
+        raise BadInput(f"cannot read ({exc.strerror or exc})", path=path) from None
+    except ValueError as exc:
+        if path.stat().st_size == 0:
+            return [f"incomplete run: {path.name} is empty (the run stopped as it started)"]
+        raise as_bad_input(exc) from None
+    problems = []
+    verdict = path.with_suffix(".json").name
+    doc = docs.get(verdict)
+    run_id = timeline.header.get("run_id")
+    rank = gate_problems(path, timeline.header, docs)  # a rank's timeline: its run's verdict
+    if rank is not None:
+        problems += rank
+    if doc is None and rank is None:
+        problems.append(f"missing verdict: {path.name} has no {verdict}")
+    elif doc is not None and doc.get("run_id") != run_id:
+        problems.append(
+            f"stale verdict: {verdict} is from run {doc.get('run_id') or 'unknown'}, "
+            f"{path.name} from run {run_id or 'unknown'}"
+        )
+    if not any(is_run_end(s.label) for s in timeline.samples):
+        epochs = [s.epoch for s in timeline.samples if s.epoch is not None]
+        problems.append(
+            f"incomplete run: {path.name} ended at checkpoint {len(timeline.samples)} "
+            f"(epoch {epochs[-1] if epochs else 'none'})"
+        )
+    return problems
+
+
+def comparison_lines(comparison: Comparison) -> list[str]:
+    """A summary line, then a small table: every value beyond the tolerance (or, when none is,
+    the three largest changes)."""
+    c = comparison
+    limit = f"{c.tolerance:.0%} and {format_mib(c.min_bytes)}"
+    regressions = c.regressions
+    if c.nothing_compared:
+        return [
+            "compare: NOTHING COMPARED: BASE and NEW have no judged phase or teardown check in "
+            f"common (0 values compared); status {c.base_status} -> {c.new_status}"
+        ]
+    verdict = "REGRESSION" if c.regressed else "OK"
+    lines = [
+        f"compare: {verdict}: {len(regressions)} of {len(c.changes)} values grew by more than "
+        f"{limit}; status {c.base_status} -> {c.new_status}"
+        + (" (a regression)" if c.status_regressed else "")
+    ]
+    if c.only_in_base or c.only_in_new:
+        lines.append(
+            f"not compared: {c.only_in_base} value(s) only in BASE, {c.only_in_new} only in NEW"
+        )
+    beyond = regressions + sorted(
+        (x for x in c.changes if x.improvement), key=lambda x: x.delta or 0
+    )
+    shown = beyond or sorted(c.changes, key=lambda x: -abs(x.delta or 0))[:3]
+    if not shown:
+        return lines
+    if not beyond:
+        lines.append("largest changes, all within tolerance:")
+    rows = [("value", "metric", "base", "new", "change", "")]
+    rows += [_change_row(x) for x in shown[:TABLE_ROWS]]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    for r in rows:
+        cells = [f"{r[0]:<{widths[0]}}", f"{r[1]:<{widths[1]}}"]
+        cells += [f"{r[i]:>{widths[i]}}" for i in (2, 3, 4)] + [r[5]]
+        lines.append("  ".join(cells).rstrip())
+    if len(shown) > TABLE_ROWS:
+        lines.append(f"... {len(shown) - TABLE_ROWS} more")
+    return lines
+
+
+def _change_row(change: Change) -> tuple[str, str, str, str, str, str]:
+    """A table row; a percentage only where the base is at least the noise floor, else the
+    absolute change alone."""
+    delta = change.delta or 0.0
+
+    def shown(value: float | None, *, signed: bool = False) -> str:
+        if change.per_batch:
+            return f"{format_size(value, signed=signed)}/batch"
+        return format_mib(value, signed=signed)
+
+    text = shown(delta, signed=True)
+    percent = change.percent
+    if percent is not None:
+        text += f" ({percent:+.1f}%)"
+    mark = "REGRESSION" if change.regression else ("improved" if change.improvement else "")
+    return (change.item, change.metric, shown(change.base), shown(change.new), text, mark)
