@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import harness.labels as labels
 from harness.artifacts import write_run
+from harness.errors import BadInput
 from harness.report import Run
 from harness.rules import describe_error, judge
 from harness.rules.context import Columns
@@ -88,7 +89,7 @@ def rules_of(header: Mapping[str, Any]) -> Rules:
     if stored is None:
         return Rules()
     if not isinstance(stored, Mapping):
-        raise ValueError("the header's rules are not an object")
+        raise BadInput("not an object", field="the header's rules")
     values = dict(stored)
     if isinstance(values.get("phase"), list):
         values["phase"] = tuple(values["phase"])

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from harness.errors import BadInput
+
 Metrics = dict[str, int | None]
 
 _STATM = "/proc/self/statm"
@@ -290,10 +292,11 @@ class CudaProbe(Probe):
 
     def __init__(self, device: int = 0) -> None:
         if not torch.cuda.is_available():
-            raise ValueError("probe 'cuda': no CUDA device is visible")
+            raise BadInput("no CUDA device is visible", field="probe 'cuda'")
         if not 0 <= device < torch.cuda.device_count():
-            raise ValueError(
-                f"probe 'cuda:{device}': visible devices are 0..{torch.cuda.device_count() - 1}"
+            raise BadInput(
+                f"visible devices are 0..{torch.cuda.device_count() - 1}",
+                field=f"probe 'cuda:{device}'",
             )
         self.device = torch.device("cuda", device)
         self.name = str(self.device)
@@ -343,8 +346,8 @@ class CudaProbe(Probe):
         _fraction``): allocations beyond it raise a real ``torch.OutOfMemoryError``. The CUDA
         context and other processes are outside the cap."""
         if nbytes > self.total:
-            raise ValueError(
-                f"capacity {nbytes} B exceeds {self.name}'s total memory {self.total} B"
+            raise BadInput(
+                f"{nbytes} B exceeds {self.name}'s total memory {self.total} B", field="capacity"
             )
         if self._fraction_before is None:
             self._fraction_before = torch.cuda.get_per_process_memory_fraction(self.device)
@@ -397,4 +400,4 @@ def make_probe(spec: str | Probe = "auto") -> Probe:
         return CudaProbe(torch.cuda.current_device() if torch.cuda.is_available() else 0)
     if isinstance(spec, str) and spec.startswith("cuda:") and spec[5:].isdigit():
         return CudaProbe(int(spec[5:]))
-    raise ValueError(f"unknown probe {spec!r}; expected one of {', '.join(PROBES)}")
+    raise BadInput(f"unknown probe {spec!r}; expected one of {', '.join(PROBES)}")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from harness.attribution import Holder, PhaseAttribution
+from harness.errors import BadInput
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
@@ -91,7 +92,7 @@ class Recorder:
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
         if not isinstance(attribute, (bool, PhaseAttribution)):
-            raise ValueError(f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}")
+            raise TypeError(f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}")
         if attribute is True:
             attribute = PhaseAttribution()
         self.attribution: PhaseAttribution | None = attribute or None
@@ -131,7 +132,7 @@ class Recorder:
         if dataclasses.is_dataclass(config) and not isinstance(config, type):
             config = dataclasses.asdict(config)
         if config is not None and not isinstance(config, Mapping):
-            raise ValueError(f"config: expected a mapping or a dataclass, got {config!r}")
+            raise TypeError(f"config: expected a mapping or a dataclass, got {config!r}")
         return {
             "leakgate": __version__,
             "run_id": uuid.uuid4().hex,
@@ -363,17 +364,17 @@ _MAX_CHECKED = 4096
 def _check_arguments(
     label: object, phase: object, epoch: object, batch: object, note: object
 ) -> None:
-    """``TypeError`` (or ``ValueError`` for absurd values) at the call for a checkpoint's bad
-    arguments, before anything is recorded."""
+    """``TypeError`` (or :class:`~harness.errors.BadInput` for absurd values) at the call for a
+    checkpoint's bad arguments, before anything is recorded."""
     for name, value, optional in (("label", label, False), ("phase", phase, True)):
         if value is None and optional:
             continue
         if not isinstance(value, str):
             raise TypeError(f"checkpoint {name}: expected a str, got {type(value).__name__}")
         if not value.strip() or len(value) > MAX_TEXT or "\x00" in value:
-            raise ValueError(
-                f"checkpoint {name}: expected 1 to {MAX_TEXT} printable characters, got "
-                f"{value[:40]!r}"
+            raise BadInput(
+                f"expected 1 to {MAX_TEXT} printable characters, got {value[:40]!r}",
+                field=f"checkpoint {name}",
             )
     for name, value in (("epoch", epoch), ("batch", batch)):
         if value is None:
@@ -381,7 +382,7 @@ def _check_arguments(
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"checkpoint {name}: expected an int or None, got {value!r}")
         if not 0 <= value < 2**62:
-            raise ValueError(f"checkpoint {name}: expected 0 <= {name} < 2**62, got {value}")
+            raise BadInput(f"expected 0 <= {name} < 2**62, got {value}", field=f"checkpoint {name}")
     if note is not None and not isinstance(note, str):
         raise TypeError(f"checkpoint note: expected a str or None, got {type(note).__name__}")
 

@@ -383,7 +383,7 @@ def test_capacity_sizes(size, nbytes):
         ({"capacity": -1}, ValueError, "capacity: must not be negative"),
         ({"capacity": "-4GB"}, ValueError, "capacity"),
         ({"capacity": True}, ValueError, "capacity"),
-        ({"config": ["batch_size", 1]}, ValueError, "config: expected a mapping"),
+        ({"config": ["batch_size", 1]}, TypeError, "config: expected a mapping"),
     ],
 )
 def test_bad_input_fails_before_any_file_exists(tmp_path, kwargs, error, match):

@@ -3,6 +3,7 @@
 import pytest
 
 from harness import Recorder, Rules, judge
+from harness.errors import BadInput
 
 BAD_CALLS = [
     ((5,), {}, TypeError),
@@ -12,10 +13,10 @@ BAD_CALLS = [
     (("X",), {"epoch": 1.5}, TypeError),
     (("X",), {"batch": True}, TypeError),
     (("X",), {"note": 7}, TypeError),
-    (("",), {}, ValueError),
-    (("X" * 10_000,), {}, ValueError),
-    (("X",), {"batch": 10**30}, ValueError),
-    (("X",), {"epoch": -1}, ValueError),
+    (("",), {}, BadInput),
+    (("X" * 10_000,), {}, BadInput),
+    (("X",), {"batch": 10**30}, BadInput),
+    (("X",), {"epoch": -1}, BadInput),
 ]
 
 
@@ -27,6 +28,13 @@ def test_bad_checkpoint_arguments_raise_at_the_call_and_record_nothing(args, kwa
         assert len(rec.samples) == 0
         with pytest.raises(TypeError), rec.phase(["x"]):  # type: ignore[arg-type]
             pass
+
+
+@pytest.mark.parametrize("kwargs", [{"attribute": "yes"}, {"config": 3}])
+def test_a_recorder_argument_of_the_wrong_type_is_a_type_error_naming_it(kwargs):
+    (name,) = kwargs
+    with pytest.raises(TypeError, match=f"^{name}: expected"):
+        Recorder("cpu", **kwargs)
 
 
 def test_a_bad_call_fails_its_own_test_and_the_session_goes_on(pytester):
