@@ -35,7 +35,7 @@ from harness.errors import (
 )
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import would_replace
-from harness.gate import FAIL, PASS, comparison_lines, gate, write_index_to
+from harness.gate import FAIL, PASS, comparison_lines, gate_folder, write_index_to
 from harness.identity import check_world_size
 from harness.merge import merge_timelines
 from harness.naming import check_file_name
@@ -266,7 +266,9 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    return gate(args.directory, args.baseline, tolerance=args.tolerance, min_bytes=args.min_bytes)
+    return gate_folder(
+        args.directory, args.baseline, tolerance=args.tolerance, min_bytes=args.min_bytes
+    )
 
 
 def _merge(args: argparse.Namespace) -> int:

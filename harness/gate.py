@@ -35,7 +35,9 @@ def write_index_to(directory: Path) -> Path:
     return path
 
 
-def gate(directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int) -> int:
+def gate_folder(
+    directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int
+) -> int:
     """Check every verdict and timeline in DIR, and DIR against the baseline; one line per
     verdict, one per problem, then the total.
 
