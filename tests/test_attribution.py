@@ -270,7 +270,7 @@ def test_a_recorder_without_attribution_takes_no_snapshots():
 
 
 def test_attribute_takes_a_bool_or_a_phase_attribution():
-    with pytest.raises(ValueError, match="attribute"):
+    with pytest.raises(TypeError, match="attribute"):
         Recorder("cpu", attribute="yes")
 
 
