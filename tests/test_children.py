@@ -4,6 +4,7 @@ and subprocesses."""
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import re
 import signal
@@ -37,17 +38,23 @@ ITEMS = 256  # 128 per worker: 8 MiB kept by a caching worker
 
 
 class WorkerZeroCache(Dataset):
-    """Worker 0 keeps 64 KiB per item it serves; worker 1 keeps nothing (the clean twin)."""
+    """Worker 0 keeps 64 KiB per item it serves; worker 1 keeps nothing (the clean twin).
+
+    Each item is a fresh anonymous mapping: a forked worker's malloc would otherwise fill free
+    space in heap pages it inherited, which are already private when the parent trimmed them
+    (a long test session's heap), and the cache would not show as new memory."""
 
     def __init__(self) -> None:
-        self.kept: list[bytes] = []
+        self.kept: list[mmap.mmap] = []
 
     def __len__(self) -> int:
         return ITEMS
 
     def __getitem__(self, index: int) -> int:
         if get_worker_info().id == 0:
-            self.kept.append(bytes([index % 256]) * ITEM)
+            item = mmap.mmap(-1, ITEM, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            item.write(bytes([index % 256 or 1]) * ITEM)
+            self.kept.append(item)
         return index
 
 

@@ -31,7 +31,7 @@ def test_bad_checkpoint_arguments_raise_at_the_call_and_record_nothing(args, kwa
 
 
 def test_a_config_of_the_wrong_type_is_a_type_error_naming_it():
-    with pytest.raises(TypeError, match="^config: expected"):
+    with pytest.raises(TypeError, match=r"^config: expected"):
         Recorder("cpu", config=3)
 
 
