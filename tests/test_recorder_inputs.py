@@ -30,11 +30,6 @@ def test_bad_checkpoint_arguments_raise_at_the_call_and_record_nothing(args, kwa
             pass
 
 
-def test_a_config_of_the_wrong_type_is_a_type_error_naming_it():
-    with pytest.raises(TypeError, match=r"^config: expected"):
-        Recorder("cpu", config=3)
-
-
 def test_a_bad_call_fails_its_own_test_and_the_session_goes_on(pytester):
     pytester.makepyfile(
         """
