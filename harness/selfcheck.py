@@ -65,7 +65,8 @@ def cpu_probe_reads_a_known_allocation() -> str:
         after = rec.checkpoint("after", collect=True)
         seen = (after.get("allocated") or 0) - (before.get("allocated") or 0)
         del held
-    expect(KNOWN <= seen <= KNOWN + 2**20, f"allocated rose by {seen} B for {KNOWN} B")
+    # other threads and the collector may free or take a few KiB between the two reads
+    expect(abs(seen - KNOWN) <= 2**20, f"allocated rose by {seen} B for {KNOWN} B")
     return f"allocated +{format_size(seen)} for a {format_size(KNOWN)} tensor"
 
 
