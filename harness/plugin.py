@@ -216,6 +216,7 @@ class LeakGate:
             at_end=rules.attribute,
             sites=rules.attribute,
             explain=explain,
+            warmup=rules.warmup,
         )
         meta = {"test": item.nodeid}
         try:

@@ -46,28 +46,35 @@ class Share:
         )
 
     @property
+    def _whole(self) -> int | None:
+        """The growth ``held`` is compared with: the phase's growth where the holders were
+        named, when they were named during the run, else the finding's."""
+        return self.named_at if self.named_at is not None and self.named_at > 0 else self.growth
+
+    @property
     def fraction(self) -> float | None:
-        """``held`` over the growth it is compared with (``named_at`` when the holders were
-        named early, else ``growth``), or None without a positive one."""
-        whole = self.named_at if self._early else self.growth
-        return self.held / whole if whole is not None and whole > 0 else None
+        """``held`` over the growth it is compared with (at most 1: what the holders keep
+        beyond the growth was there before it), or None without a positive one."""
+        whole = self._whole
+        return min(self.held / whole, 1.0) if whole is not None and whole > 0 else None
 
     @property
     def text(self) -> str:
         """One line: ``held: 21.8 of 23.0 MiB``, saying so when that is under half; for holders
-        named early, against the growth then: ``held: 1.0 of 1.0 MiB grown by
-        VALIDATION_BATCH, when named (+3.4 MiB by the end)``."""
-        fraction = self.fraction
-        if self.growth is None or fraction is None:
+        named before most of the growth, against the growth then: ``held: 1.0 of 1.0 MiB grown
+        by VALIDATION_BATCH, when named (+3.4 MiB by the end)``."""
+        fraction, whole = self.fraction, self._whole
+        if self.growth is None or fraction is None or whole is None:
             return f"held: {_sizes(self.held)}"
+        held = min(self.held, whole)
         if self._early:
-            assert self.named_at is not None
+            assert self.growth is not None
             text = (
-                f"held: {_sizes(self.held, self.named_at)} grown by {self.label}, when named "
+                f"held: {_sizes(held, whole)} grown by {self.label}, when named "
                 f"({_sizes(self.growth)} by the end)"
             )
         else:
-            text = f"held: {_sizes(self.held, self.growth)}"
+            text = f"held: {_sizes(held, whole)}"
         if fraction < 0.5:
             text += f" ({fraction:.0%}: most of it has no named holder)"
         return text
@@ -103,7 +110,7 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
             before = attribution.snapshot_for(phase) if attribution is not None else None
             chosen += _search(before, searched, attribution)
         held, place = _held(chosen)
-        at = [h.growth for h in chosen if (h.label, h.epoch) == place and h.growth is not None]
+        there = [h for h in chosen if _place(h) == place]
         result.append(
             Share(
                 str(kind),
@@ -111,9 +118,9 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
                 epoch,
                 getattr(finding, "bytes", None),
                 held,
-                tuple(named(chosen)),
-                max(at) if at else None,
-                place[0] if at else None,
+                tuple(named(there or chosen)),
+                place[2],
+                place[0] if place[2] is not None else None,
             )
         )
     return result
@@ -170,23 +177,27 @@ def hint(found: Sequence[Share], explained: bool = False) -> list[str]:
     return [HINT] if weak else []
 
 
-Place = tuple[str | None, int | None]
+Place = tuple[str | None, int | None, int | None]
+
+
+def _place(holder: Holder) -> Place:
+    """The attribution that named ``holder``: its checkpoint's label and epoch, and the phase's
+    growth there (two searches at checkpoints of one label grew by different amounts)."""
+    return holder.label, holder.epoch, holder.growth
 
 
 def _held(holders: Sequence[Holder]) -> tuple[int, Place]:
-    """Bytes held at the checkpoint whose holders hold the most, and that checkpoint (one
-    checkpoint's holders count each storage once; two checkpoints may name the same storage
-    twice)."""
-    by_checkpoint: dict[Place, int] = {}
-    for holder in named(holders):
+    """Bytes held at the attribution whose holders hold the most, and that attribution (one
+    search's holders count each storage once; two searches may name the same storage twice)."""
+    by_place: dict[Place, int] = {}
+    for holder in holders:
         if holder.path.startswith(PYTHON_OBJECTS):
             continue  # listed by line; pymalloc's arenas are outside malloc's count
-        place = (holder.label, holder.epoch)
-        by_checkpoint[place] = by_checkpoint.get(place, 0) + holder.bytes
-    if not by_checkpoint:
-        return 0, (None, None)
-    place = max(by_checkpoint, key=lambda p: by_checkpoint[p])
-    return by_checkpoint[place], place
+        by_place[_place(holder)] = by_place.get(_place(holder), 0) + holder.bytes
+    if not by_place:
+        return 0, (None, None, None)
+    place = max(by_place, key=lambda p: by_place[p])
+    return by_place[place], place
 
 
 def _sizes(*sizes: int) -> str:

@@ -1,7 +1,8 @@
 """Attribution during a run: :class:`PhaseAttribution` acts on each checkpoint a recorder takes,
-noting the live tensors when a phase starts and naming what holds the phase's new ones when it
-ends, at an out-of-memory event, or at the first checkpoint where its growth passes a budget,
-while the loop's locals that hold them are still alive."""
+noting the live tensors when a phase starts and when its warm-up ends, and naming what holds the
+phase's new ones where its growth after warm-up passes a budget (and again each time it doubles,
+and at the phase's end), at an out-of-memory event, or at every end when asked, while the loop's
+locals that hold them are still alive."""
 
 from __future__ import annotations
 
@@ -31,13 +32,18 @@ class PhaseAttribution:
     attributes the tensors that are new since, and so does an out-of-memory event (an ``OOM``
     label, or a note that says so, such as an emulated capacity exceeded), once per phase, against
     the phase's snapshot, or the run's first when the phase has none. With ``growth`` (bytes or
-    a size such as ``"50MB"``), the first checkpoint of a phase whose ``metric`` reading
-    (default ``allocated``, else ``rss``) exceeds the phase's first by more than that
-    attributes too: a loop that frees what it kept once it ends is named while it still keeps
-    it. With ``at_end=False`` an END attributes nothing: only growth past ``growth`` and OOM
-    events do, so a run that stays within its budget pays for snapshots (well under a
-    millisecond with the recorder's frozen heap) and a comparison per checkpoint, never for a
-    search. With ``sites`` (the default) CUDA allocation stacks are recorded while the recorder
+    a size such as ``"50MB"``), growth is counted the way the leak rule counts it: from the
+    phase's first checkpoint after ``warmup`` batches (its *base*, where a second snapshot is
+    taken, so a first batch's allocator jump is never growth). The first checkpoint whose
+    ``metric`` reading (default ``allocated``, else ``rss``) exceeds the base by more than
+    ``growth`` attributes what is new since the base, again each time that growth has doubled
+    since the last attribution (at most :data:`ATTRIBUTIONS` times a phase), and once more at
+    the phase's END: a loop that frees what it kept once it ends is named while it still keeps
+    it, and a leak is named when it is many items old, not one. Each holder carries the growth
+    since the base at its checkpoint, which is what its share is measured against. With
+    ``at_end=False`` an END of a phase that never passed ``growth`` attributes nothing, so a run
+    that stays within its budget pays for snapshots (well under a millisecond with the
+    recorder's frozen heap) and a comparison per checkpoint, never for a search. With ``sites`` (the default) CUDA allocation stacks are recorded while the recorder
     is open. ``limit``, ``max_depth`` and ``max_objects`` go to each :func:`attribute`. Each
     result is kept in :attr:`holders`, tagged with the checkpoint's phase, epoch and label; each
     phase's latest snapshot stays available to :meth:`snapshot_for`. With ``explain`` (the
@@ -58,7 +64,11 @@ class PhaseAttribution:
         sites: bool = True,
         metric: str | None = None,
         explain: bool = False,
+        warmup: int = 0,
     ) -> None:
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise TypeError(f"warmup must be a count of batches, got {warmup!r}")
+        self.warmup = warmup
         self.explain = explain
         self.lines = Lines() if explain else None
         self._python: dict[str | None, Any] = {}
@@ -114,22 +124,33 @@ class PhaseAttribution:
             self.attribute(sample, opened.snapshot if opened else self._first, grown)
             return True
         if word == _END:
-            if opened is not None and self.at_end:
+            if opened is None or not (self.at_end or opened.named_at is not None):
+                return False
+            if opened.base is None:
                 self.attribute(sample, opened.snapshot, self._growth(opened.start, sample))
-                return True
-            return False
+            else:
+                self.attribute(sample, opened.base_snapshot, self._growth(opened.base, sample))
+            return True
         if opened is None:
             if sample.phase is None:
                 return False
             self._open_phase(sample)
+            opened = self._open[sample.phase]
+        if opened.base is None:
+            if not opened.warm(sample, self.warmup):
+                return False
+            opened.base, opened.base_snapshot = sample, self._snapshot()
             return True
-        if self.growth is not None and not opened.grown:
-            grown = self._growth(opened.start, sample)
-            if grown is not None and grown > self.growth:
-                opened.grown = True
-                self.attribute(sample, opened.snapshot, grown)
-                return True
-        return False
+        if self.growth is None or opened.attributions >= ATTRIBUTIONS - 1:
+            return False
+        grown = self._growth(opened.base, sample)
+        bar = self.growth if opened.named_at is None else max(self.growth, 2 * opened.named_at)
+        if grown is None or grown <= bar:
+            return False
+        opened.named_at = grown
+        opened.attributions += 1
+        self.attribute(sample, opened.base_snapshot, grown)
+        return True
 
     def attribute(
         self, sample: Sample, before: Snapshot | None, growth: int | None = None
@@ -184,14 +205,18 @@ class PhaseAttribution:
             self._python[sample.phase] = python
             if self._python_first is None:
                 self._python_first = python
-            with self.lines.paused():
-                snapshot = live_tensors()
-        else:
-            snapshot = live_tensors()
+        snapshot = self._snapshot()
         self._open[sample.phase] = _Open(snapshot, sample)
         self._starts[sample.phase] = snapshot
         if self._first is None:
             self._first = snapshot
+
+    def _snapshot(self) -> Snapshot:
+        """The live tensors, with the dearer search's own bookkeeping paused."""
+        if self.lines is not None and self.lines.open_now:
+            with self.lines.paused():
+                return live_tensors()
+        return live_tensors()
 
     def _growth(self, start: Sample, now: Sample) -> int | None:
         for metric in (self.metric,) if self.metric else ("allocated", "rss"):
@@ -201,9 +226,31 @@ class PhaseAttribution:
         return None
 
 
+ATTRIBUTIONS = 6
+"""Searches a phase may take: where its growth passes the budget, each doubling, and its end."""
+
+
 @dataclass
 class _Open:
+    """A phase being recorded: its START snapshot and reading, its base (the first checkpoint
+    the leak rule judges, after warm-up) and what was attributed since."""
+
     snapshot: Snapshot
     start: Sample
-    grown: bool = False
+    base: Sample | None = None
+    base_snapshot: Snapshot | None = None
+    named_at: int | None = None
+    attributions: int = 0
     oom: bool = False
+    first_batch: int | None = None
+    seen: int = 0
+
+    def warm(self, sample: Sample, warmup: int) -> bool:
+        """Whether ``sample`` is past the phase's warm-up, counted as the leak rule counts it:
+        by batch number from the phase's first batch, else by checkpoints."""
+        self.seen += 1
+        if sample.batch is None:
+            return self.seen > warmup
+        if self.first_batch is None:
+            self.first_batch = sample.batch
+        return sample.batch >= self.first_batch + warmup
