@@ -333,7 +333,10 @@ class LeakGate:
         from harness.attribution import hint
 
         explained = trace.recorder.attribution is not None and trace.recorder.attribution.explain
-        trace.holders = (*finished.holder_lines(), *hint(finished.shares, explained))
+        limit = (
+            3 if (self.config.getoption("verbose", 0) or 0) > 0 else 1
+        )  # one holder a finding unless -v
+        trace.holders = (*finished.holder_lines(limit), *hint(finished.shares, explained))
         if trace.native is not None and trace.native.found and _leaked(verdict):
             trace.holders += tuple(f"  {line.text()}" for line in trace.native.found)
         if trace.history is not None:

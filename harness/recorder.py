@@ -203,9 +203,11 @@ class Recorder:
         probe = self.probe
         metrics = probe.sample()
         if self._host:
-            # Less the recorder's own sample store, which grows with every checkpoint and must
-            # not be judged as the run's growth.
+            # Less the recorder's own sample store, which grows with every checkpoint, and the
+            # dearer search's bookkeeping: neither may be judged as the run's growth.
             own = self.samples.nbytes()
+            if self.attribution is not None:
+                own += self.attribution.own_bytes()
             for name, value in metrics.items():
                 if value is not None:
                     metrics[name] = value - own

@@ -118,7 +118,7 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
                 epoch,
                 getattr(finding, "bytes", None),
                 held,
-                tuple(named(there or chosen)),
+                tuple(_worth_naming(named(there or chosen))),
                 place[2],
                 place[0] if place[2] is not None else None,
             )
@@ -178,6 +178,17 @@ def hint(found: Sequence[Share], explained: bool = False) -> list[str]:
 
 
 Place = tuple[str | None, int | None, int | None]
+NAMED_FLOOR = 0.05
+"""A holder of less than this part of the largest one's bytes is not named (a loop's current
+batch beside the list that keeps every batch)."""
+
+
+def _worth_naming(holders: Sequence[Holder]) -> list[Holder]:
+    """``holders`` (largest first) less those too small beside the largest to matter."""
+    if not holders:
+        return []
+    floor = NAMED_FLOOR * holders[0].bytes
+    return [h for h in holders if h.bytes >= floor or h.path.startswith(PYTHON_OBJECTS)]
 
 
 def _place(holder: Holder) -> Place:

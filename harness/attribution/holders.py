@@ -22,6 +22,13 @@ from harness.attribution.walk import Walk, kind_of
 from harness.units import format_size
 
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque)
+_PARAMETER_COLLECTIONS = (torch.nn.ParameterList, torch.nn.ParameterDict)
+_COLLECTIONS = (
+    torch.nn.ModuleList,
+    torch.nn.ModuleDict,
+    torch.nn.Sequential,
+    *_PARAMETER_COLLECTIONS,
+)
 _SITES_PER_HOLDER = 3
 MAX_OBJECTS = 1_000_000
 """Default search budget, in objects visited: a test process with torch imported holds about
@@ -167,6 +174,7 @@ class _Group:
     chains: list[list[Any]] = field(default_factory=list)
     storages: dict[StorageKey, int] = field(default_factory=dict)
     graph: dict[StorageKey, int] = field(default_factory=dict)
+    collection: Any = None
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -220,10 +228,17 @@ class _Grouping:
         for tensor in self.new:
             chain, name, why = self.walk.up(tensor, self.max_depth)
             top: object = None if why in _LOOSE else id(chain[0])
-            if name is not None and top is not None and self._alike(chain[0], name):
+            collection = (
+                None if name is None else self._collection(self.walk.parent.get(id(chain[0])))
+            )
+            if collection is not None:
+                top, name = id(collection), self.walk.module_name(collection)
+            elif name is not None and top is not None and self._alike(chain[0], name):
                 top = name
-            group = groups.setdefault((why, top), _Group(name, why))
+            group = groups.setdefault((why, top), _Group(name, why, collection=collection))
             group.chains.append(chain)
+        self._absorb_newest(groups)
+        self._join_siblings(groups)
         for group in groups.values():
             for tensor in group.tensors:
                 key, nbytes = storage_of(tensor)
@@ -253,6 +268,85 @@ class _Grouping:
         holders += self._unheld_lines(bool(blocks))
         self.graphs.clear()
         return [h for h in holders if h.bytes > 0]
+
+    def _collection(self, owner: Any) -> torch.nn.Module | None:
+        """The nearest module container (``ModuleList``, ``ModuleDict``, ``Sequential``, a
+        parameter list or dict) above ``owner``, what refers to a tensor's named reference (a
+        module, or its parameter dict): the
+        layers a loop adds to a container are one holder, the container."""
+        for _ in range(2):  # a module's parameter dict, reached through the module's __dict__
+            if isinstance(owner, torch.nn.Module) or not isinstance(owner, dict):
+                break
+            owner = self.walk.parent.get(id(owner))
+        if not isinstance(owner, torch.nn.Module):
+            return None
+        self.walk.module_name(owner)  # learns the module tree
+        node, seen = owner, {id(owner)}
+        while id(node) in self.walk.module_parents:
+            node, _ = self.walk.module_parents[id(node)]
+            if id(node) in seen:
+                return None
+            seen.add(id(node))
+            if isinstance(node, _COLLECTIONS):
+                return node
+        return owner if isinstance(owner, _PARAMETER_COLLECTIONS) else None
+
+    def _absorb_newest(self, groups: dict[tuple[str, object], _Group]) -> None:
+        """A tensor a loop variable names (``loss``) that a container another group describes
+        also keeps (``val_losses``) is that container's newest item: it joins that group, so the
+        container is named with all its items rather than its newest one apart."""
+        containers: dict[int, tuple[_Group, int]] = {}
+        for group in groups.values():
+            if group.why in _LOOSE or len(group.chains) < 2:
+                continue
+            depth = _shared_depth(group.chains)
+            if isinstance(group.chains[0][depth], _SIZED):
+                containers[id(group.chains[0][depth])] = (group, depth)
+        if not containers:
+            return
+        for key, group in list(groups.items()):
+            if group.why in _LOOSE or len(group.chains) != 1 or len(group.chains[0]) != 1:
+                continue
+            tensor = group.chains[0][0]
+            for referrer in gc.get_referrers(tensor):
+                found = containers.get(id(referrer))
+                if found is not None and found[0] is not group:
+                    owner, depth = found
+                    owner.chains.append([*owner.chains[0][: depth + 1], tensor])
+                    del groups[key]
+                    break
+
+    def _join_siblings(self, groups: dict[tuple[str, object], _Group]) -> None:
+        """Groups of one name (``Extractor.out``) whose owners are items of one list or dict
+        (a module's ``_forward_hooks``, a registry) become one group named by that container:
+        a hook registered every batch is named as the hooks it piles up."""
+        by_container: dict[int, list[tuple[tuple[str, object], _Group]]] = {}
+        containers: dict[int, Any] = {}
+        for key, group in groups.items():
+            if group.why in _LOOSE or group.collection is not None or group.name is None:
+                continue
+            owner = self.walk.parent.get(id(group.chains[0][0]))
+            if isinstance(owner, dict) and not isinstance(self.walk.parent.get(id(owner)), dict):
+                host = self.walk.parent.get(id(owner))
+                owner = host if getattr(host, "__dict__", None) is owner else owner
+            container = self.walk.parent.get(id(owner))
+            if isinstance(container, (list, dict, collections.deque)) and not isinstance(
+                owner, _SIZED
+            ):
+                by_container.setdefault(id(container), []).append((key, group))
+                containers[id(container)] = container
+        for ident, members in by_container.items():
+            if len(members) < 2 or len({g.name for _, g in members}) != 1:
+                continue
+            container = containers[ident]
+            name = self.walk.path_of(container)
+            if name is None:
+                continue
+            joined = _Group(name, "", collection=container)
+            for key, group in members:
+                joined.chains += group.chains
+                del groups[key]
+            groups[("", ident)] = joined
 
     def _alike(self, top: Any, name: str) -> bool:
         """Whether holders of one name are one holder however many objects bear it: garbage
@@ -303,10 +397,7 @@ class _Grouping:
         when the group is one tensor below its holder)."""
         chains = group.chains
         first = chains[0]
-        depth = 0
-        shortest = min(len(c) for c in chains)
-        while depth + 1 < shortest and all(c[depth + 1] is first[depth + 1] for c in chains):
-            depth += 1
+        depth = _shared_depth(chains)
         if 0 < depth == len(first) - 1:
             depth -= 1
         labels = "".join(self.walk.edge(first[i], first[i + 1])[0] for i in range(depth))
@@ -314,6 +405,9 @@ class _Grouping:
         tops = {id(c[0]) for c in chains}
         if group.why in _LOOSE:
             path, kind, items = f"<{group.why}>", "tensors", len(chains)
+        elif group.collection is not None:
+            path = group.name or f"<unnamed {type(group.collection).__name__}>"
+            kind, items = type(group.collection).__name__, len(group.collection)
         elif len(tops) > 1:
             path = group.name or f"<unnamed {type(first[0]).__name__}>"
             kind, items = f"{self._owner_type(first[0])} objects", len(tops)
@@ -391,6 +485,16 @@ class _Grouping:
             )
             for line, sizes in self.lines.unheld(counted, old, since).items()
         ]
+
+
+def _shared_depth(chains: list[list[Any]]) -> int:
+    """How deep the chains (each from its holder down to a tensor) run through the same
+    objects: the index of the deepest object they all share."""
+    first, depth = chains[0], 0
+    shortest = min(len(c) for c in chains)
+    while depth + 1 < shortest and all(c[depth + 1] is first[depth + 1] for c in chains):
+        depth += 1
+    return depth
 
 
 def _state_storages(

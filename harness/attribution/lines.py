@@ -162,6 +162,16 @@ class Lines:
         if len(self.storages) > 2 * self._pruned_at:
             self.prune()
 
+    def own_bytes(self) -> int:
+        """Memory this object keeps for its own bookkeeping now: tracemalloc's traces (when it
+        started them) and the storages noted, so a recorder can leave it out of its readings."""
+        traced = tracemalloc.get_tracemalloc_memory() if self._traced else 0
+        if not self.storages:
+            return traced
+        noted = next(iter(self.storages.values()))
+        entry = sum(sys.getsizeof(o) for o in (noted, noted.__dict__, noted.storage, noted.time))
+        return traced + sys.getsizeof(self.storages) + len(self.storages) * entry
+
     def prune(self) -> None:
         """Forget storages that were freed."""
         self.storages = {k: v for k, v in self.storages.items() if not v.storage.expired()}

@@ -103,6 +103,11 @@ class PhaseAttribution:
             self.lines.close()
         self._open.clear()
 
+    def own_bytes(self) -> int:
+        """Host memory the dearer search keeps for itself now (0 without ``explain``): a
+        recorder leaves it out of its readings, so explaining a run never changes its verdict."""
+        return self.lines.own_bytes() if self.lines is not None else 0
+
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
         """What was alive when ``phase`` last started, else when the run's first phase did:
         tensors older than that are never named for the phase's growth."""

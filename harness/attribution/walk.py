@@ -20,7 +20,8 @@ import torch
 _MODULE_STORES = ("_parameters", "_buffers", "_modules")
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
-_PACKAGE = __name__.rpartition(".")[0]
+_PACKAGE = __name__.partition(".")[0]
+_SELF_CHECK = f"{_PACKAGE}.selfcheck"
 _TOP_DEPTH = 8
 _CLIMB = 10_000
 TRACED_INPUTS = "torch.jit keeps each trace's example inputs"
@@ -278,11 +279,16 @@ class Walk:
         name = self.top_names.get(id(top))
         if name is None:
             self.top_names[id(top)] = type(top).__name__  # stands in while the climb runs
-            chain, root, _ = self.up(top, _TOP_DEPTH)
-            if root is not None:
-                root += "".join(self.edge(a, b)[0] for a, b in itertools.pairwise(chain))
-            name = self.top_names[id(top)] = root or type(top).__name__
+            name = self.top_names[id(top)] = self.path_of(top) or type(top).__name__
         return name
+
+    def path_of(self, obj: Any) -> str | None:
+        """The path to ``obj`` from its nearest named reference (``Trainer.log[3]``), or None
+        when no named reference reaches it within a few steps."""
+        chain, root, _ = self.up(obj, _TOP_DEPTH)
+        if root is None:
+            return None
+        return root + "".join(self.edge(a, b)[0] for a, b in itertools.pairwise(chain))
 
     def edge(self, parent: Any, child: Any) -> tuple[str, bool]:
         """How ``parent`` refers to ``child``, and whether that reference is a named root."""
@@ -415,9 +421,11 @@ def _frame_locals(frame: types.FrameType) -> dict[str, Any]:
 
 
 def _ours(frame: types.FrameType) -> bool:
-    """Whether ``frame`` runs this package's code, whose locals are never holders."""
+    """Whether ``frame`` runs leakgate's own code (its recorder, plugin, callbacks and this
+    search), whose locals are never holders: a callback's ``outputs`` is named by what keeps it
+    after the callback returns. The self-check plays a user's part and is not ours."""
     name = str(frame.f_globals.get("__name__"))
-    return name == _PACKAGE or name.startswith(_PACKAGE + ".")
+    return (name == _PACKAGE or name.startswith(_PACKAGE + ".")) and name != _SELF_CHECK
 
 
 def _module_level(frame: types.FrameType) -> bool:
