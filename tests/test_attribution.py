@@ -299,16 +299,40 @@ def test_an_oom_event_names_what_the_loop_holds_then():
     assert (holder.path, holder.items, holder.label) == ("Cache._items", 3, "OOM")
 
 
-def test_growth_past_the_threshold_attributes_once_mid_phase():
+def test_growth_past_the_threshold_is_named_mid_phase_and_again_when_it_doubles():
     cache = Cache()
-    with Recorder("cpu", attribute=PhaseAttribution(growth="1MiB")) as rec, rec.phase("val"):
+    attribution = PhaseAttribution(growth="1200KiB")
+    with Recorder("cpu", attribute=attribution) as rec, rec.phase("val"):
+        for batch in range(8):
+            cache._items.append(floats(2**17))  # 512 KiB a batch
+            rec.checkpoint("VALIDATION_BATCH", batch=batch)
+        cache._items.clear()  # nothing left for the END to name
+    crossed, doubled = rec.holders
+    assert {h.path for h in rec.holders} == {"Cache._items"}
+    assert {h.label for h in rec.holders} == {"VALIDATION_BATCH"}
+    # Past 1200 KiB above batch 0 at batch 3 (4 items), past twice that at batch 6 or 7.
+    assert crossed.items == 4 and doubled.items in (7, 8)
+    assert crossed.growth is not None and doubled.growth is not None
+    assert doubled.growth >= 2 * crossed.growth
+
+
+def test_growth_is_counted_after_warm_up_as_the_leak_rule_counts_it():
+    cache = Cache()
+    attribution = PhaseAttribution(growth="1200KiB", warmup=3, at_end=False)
+    with Recorder("cpu", attribute=attribution) as rec, rec.phase("val"):
         for batch in range(8):
             cache._items.append(floats(2**17))
             rec.checkpoint("VALIDATION_BATCH", batch=batch)
-        cache._items.clear()
-    [holder] = rec.holders
-    assert holder.path == "Cache._items" and holder.label == "VALIDATION_BATCH"
-    assert 2 <= holder.items < 8
+    first = rec.holders[0]
+    # The base is batch 3 (4 items); 1200 KiB above it is passed at batch 6: 3 items are new.
+    assert (first.items, first.tensors) == (7, 3)
+    cache._items.clear()
+
+
+@pytest.mark.parametrize("warmup", [-1, 1.5, True, "5"])
+def test_a_warm_up_that_is_not_a_count_is_a_type_error(warmup):
+    with pytest.raises(TypeError, match="warmup"):
+        PhaseAttribution(warmup=warmup)
 
 
 @pytest.mark.parametrize("at_end", [True, False])
@@ -414,7 +438,7 @@ def test_explain_names_the_holders_of_the_failing_phase_and_searches_only_when_n
     held = [
         Holder("Adam.state", "defaultdict", 9, 18, 5000, phase="training"),
         Holder("Cache.items", "list", 176, 176, 9000, phase="validation"),
-        Holder("Trainer.small", "list", 1, 1, 100, phase="validation"),
+        Holder("Trainer.small", "list", 1, 1, 1000, phase="validation"),
     ]
     assert explain(held, [finding("peak", "validation")]) == [] and not searched
     named = explain(held, [finding("leak", "validation")])

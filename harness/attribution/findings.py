@@ -178,7 +178,7 @@ def hint(found: Sequence[Share], explained: bool = False) -> list[str]:
 
 
 Place = tuple[str | None, int | None, int | None]
-NAMED_FLOOR = 0.05
+NAMED_FLOOR = 0.02
 """A holder of less than this part of the largest one's bytes is not named (a loop's current
 batch beside the list that keeps every batch)."""
 
@@ -198,8 +198,9 @@ def _place(holder: Holder) -> Place:
 
 
 def _held(holders: Sequence[Holder]) -> tuple[int, Place]:
-    """Bytes held at the attribution whose holders hold the most, and that attribution (one
-    search's holders count each storage once; two searches may name the same storage twice)."""
+    """Bytes held at the attribution whose holders hold the most (the latest of equals), and
+    that attribution (one search's holders count each storage once; two searches may name the
+    same storage twice)."""
     by_place: dict[Place, int] = {}
     for holder in holders:
         if holder.path.startswith(PYTHON_OBJECTS):
@@ -207,7 +208,8 @@ def _held(holders: Sequence[Holder]) -> tuple[int, Place]:
         by_place[_place(holder)] = by_place.get(_place(holder), 0) + holder.bytes
     if not by_place:
         return 0, (None, None, None)
-    place = max(by_place, key=lambda p: by_place[p])
+    # The latest of equals: a search at a phase's end confirms what the loop's searches named.
+    place = max(reversed(by_place), key=lambda p: by_place[p])
     return by_place[place], place
 
 

@@ -271,14 +271,19 @@ class _Grouping:
 
     def _collection(self, owner: Any) -> torch.nn.Module | None:
         """The nearest module container (``ModuleList``, ``ModuleDict``, ``Sequential``, a
-        parameter list or dict) above ``owner``, what refers to a tensor's named reference (a
-        module, or its parameter dict): the
+        parameter list or dict) above the module whose parameter or buffer dict ``owner`` is:
+        the
         layers a loop adds to a container are one holder, the container."""
+        store = owner
+        if not isinstance(store, dict):
+            return None
         for _ in range(2):  # a module's parameter dict, reached through the module's __dict__
-            if isinstance(owner, torch.nn.Module) or not isinstance(owner, dict):
-                break
             owner = self.walk.parent.get(id(owner))
-        if not isinstance(owner, torch.nn.Module):
+            if isinstance(owner, torch.nn.Module):
+                break
+        if not isinstance(owner, torch.nn.Module) or not any(
+            owner.__dict__.get(name) is store for name in ("_parameters", "_buffers")
+        ):
             return None
         self.walk.module_name(owner)  # learns the module tree
         node, seen = owner, {id(owner)}

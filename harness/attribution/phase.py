@@ -43,8 +43,9 @@ class PhaseAttribution:
     since the base at its checkpoint, which is what its share is measured against. With
     ``at_end=False`` an END of a phase that never passed ``growth`` attributes nothing, so a run
     that stays within its budget pays for snapshots (well under a millisecond with the
-    recorder's frozen heap) and a comparison per checkpoint, never for a search. With ``sites`` (the default) CUDA allocation stacks are recorded while the recorder
-    is open. ``limit``, ``max_depth`` and ``max_objects`` go to each :func:`attribute`. Each
+    recorder's frozen heap) and a comparison per checkpoint, never for a search. With
+    ``sites`` (the default) CUDA allocation stacks are recorded while the recorder is open.
+    ``limit``, ``max_depth`` and ``max_objects`` go to each :func:`attribute`. Each
     result is kept in :attr:`holders`, tagged with the checkpoint's phase, epoch and label; each
     phase's latest snapshot stays available to :meth:`snapshot_for`. With ``explain`` (the
     dearer search, ``--memreport-explain``) a :class:`~harness.attribution.lines.Lines` notes
@@ -131,9 +132,9 @@ class PhaseAttribution:
         if word == _END:
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
-            if opened.base is None:
+            if opened.named_at is None:  # what the phase left, since its start
                 self.attribute(sample, opened.snapshot, self._growth(opened.start, sample))
-            else:
+            else:  # the growth named during the loop, confirmed at its end
                 self.attribute(sample, opened.base_snapshot, self._growth(opened.base, sample))
             return True
         if opened is None:
