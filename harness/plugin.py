@@ -217,6 +217,8 @@ class LeakGate:
             sites=rules.attribute,
             explain=explain,
             warmup=rules.warmup,
+            drift=rules.size("max_drift"),
+            warmup_epochs=rules.warmup_epochs,
         )
         meta = {"test": item.nodeid}
         try:

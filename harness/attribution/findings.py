@@ -8,12 +8,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import harness.labels as labels
 from harness.attribution.holders import Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS
 from harness.attribution.phase import PhaseAttribution
 from harness.attribution.snapshot import Snapshot
 
-EXPLAINED = ("leak", "teardown", "oom")
+EXPLAINED = ("leak", "drift", "teardown", "oom")
 _SEARCH_LIMIT = 5
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
@@ -104,6 +105,12 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
             continue
         phase, epoch = getattr(finding, "phase", None), getattr(finding, "epoch", None)
         chosen = [h for h in found if h.phase == phase]
+        if kind == "drift":  # named at a later epoch's start, against the first judged one
+            chosen = [
+                h
+                for h in chosen
+                if labels.last_word(h.label) == labels.last_word(labels.SESSION_START)
+            ]
         if epoch is not None and any(h.epoch == epoch for h in chosen):
             chosen = [h for h in chosen if h.epoch == epoch]
         if kind == "teardown" or not chosen:

@@ -22,6 +22,7 @@ from harness.attribution.walk import Walk, kind_of
 from harness.units import format_size
 
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque)
+_MODULE_STORES = ("_modules", "_parameters", "_buffers")
 _PARAMETER_COLLECTIONS = (torch.nn.ParameterList, torch.nn.ParameterDict)
 _COLLECTIONS = (
     torch.nn.ModuleList,
@@ -232,7 +233,7 @@ class _Grouping:
                 None if name is None else self._collection(self.walk.parent.get(id(chain[0])))
             )
             if collection is not None:
-                top, name = id(collection), self.walk.module_name(collection)
+                top, name = id(collection), self.walk.module_path(collection)
             elif name is not None and top is not None and self._alike(chain[0], name):
                 top = name
             group = groups.setdefault((why, top), _Group(name, why, collection=collection))
@@ -272,8 +273,7 @@ class _Grouping:
     def _collection(self, owner: Any) -> torch.nn.Module | None:
         """The nearest module container (``ModuleList``, ``ModuleDict``, ``Sequential``, a
         parameter list or dict) above the module whose parameter or buffer dict ``owner`` is:
-        the
-        layers a loop adds to a container are one holder, the container."""
+        the layers a loop adds to a container are one holder, the container."""
         store = owner
         if not isinstance(store, dict):
             return None
@@ -322,26 +322,30 @@ class _Grouping:
                     break
 
     def _join_siblings(self, groups: dict[tuple[str, object], _Group]) -> None:
-        """Groups of one name (``Extractor.out``) whose owners are items of one list or dict
-        (a module's ``_forward_hooks``, a registry) become one group named by that container:
-        a hook registered every batch is named as the hooks it piles up."""
+        """Groups whose owners are items of one list or dict (hooks piled in a module's
+        ``_forward_hooks``, model copies kept in a list, a registry) become one group named by
+        that container: what a loop adds to it is named as the container, not item by item."""
         by_container: dict[int, list[tuple[tuple[str, object], _Group]]] = {}
         containers: dict[int, Any] = {}
         for key, group in groups.items():
-            if group.why in _LOOSE or group.collection is not None or group.name is None:
+            if group.why in _LOOSE or group.name is None:
                 continue
-            owner = self.walk.parent.get(id(group.chains[0][0]))
-            if isinstance(owner, dict) and not isinstance(self.walk.parent.get(id(owner)), dict):
+            owner = group.collection
+            if owner is None:
+                owner = self.walk.parent.get(id(group.chains[0][0]))
                 host = self.walk.parent.get(id(owner))
-                owner = host if getattr(host, "__dict__", None) is owner else owner
+                if isinstance(owner, dict) and getattr(host, "__dict__", None) is owner:
+                    owner = host
             container = self.walk.parent.get(id(owner))
-            if isinstance(container, (list, dict, collections.deque)) and not isinstance(
-                owner, _SIZED
+            if (
+                isinstance(container, (list, dict, collections.deque))
+                and not isinstance(owner, _SIZED)
+                and not self._module_store(container)
             ):
                 by_container.setdefault(id(container), []).append((key, group))
                 containers[id(container)] = container
         for ident, members in by_container.items():
-            if len(members) < 2 or len({g.name for _, g in members}) != 1:
+            if len(members) < 2:
                 continue
             container = containers[ident]
             name = self.walk.path_of(container)
@@ -352,6 +356,16 @@ class _Grouping:
                 joined.chains += group.chains
                 del groups[key]
             groups[("", ident)] = joined
+
+    def _module_store(self, container: Any) -> bool:
+        """Whether ``container`` is a module's submodules, parameters or buffers: layers of
+        one model stay apart, each named by its path."""
+        module = self.walk.parent.get(id(container))
+        if isinstance(module, dict):
+            module = self.walk.parent.get(id(module))
+        return isinstance(module, torch.nn.Module) and any(
+            module.__dict__.get(store) is container for store in _MODULE_STORES
+        )
 
     def _alike(self, top: Any, name: str) -> bool:
         """Whether holders of one name are one holder however many objects bear it: garbage

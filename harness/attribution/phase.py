@@ -6,12 +6,13 @@ locals that hold them are still alive."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 import harness.labels as labels
+from harness.attribution.census import FLOOR, Census, census, grown
 from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS, Lines
 from harness.attribution.sites import record_sites
@@ -66,10 +67,15 @@ class PhaseAttribution:
         metric: str | None = None,
         explain: bool = False,
         warmup: int = 0,
+        drift: int | str | None = None,
+        warmup_epochs: int = 1,
     ) -> None:
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise TypeError(f"warmup must be a count of batches, got {warmup!r}")
         self.warmup = warmup
+        self.drift = None if drift is None else parse_size(drift, what="drift")
+        self.warmup_epochs = warmup_epochs
+        self._epochs: dict[str | None, _Epochs] = {}
         self.explain = explain
         self.lines = Lines() if explain else None
         self._python: dict[str | None, Any] = {}
@@ -105,9 +111,11 @@ class PhaseAttribution:
         self._open.clear()
 
     def own_bytes(self) -> int:
-        """Host memory the dearer search keeps for itself now (0 without ``explain``): a
-        recorder leaves it out of its readings, so explaining a run never changes its verdict."""
-        return self.lines.own_bytes() if self.lines is not None else 0
+        """Host memory this attribution keeps for itself now (the dearer search's bookkeeping,
+        the censuses of open phases): a recorder leaves it out of its readings, so explaining a
+        run never changes its verdict."""
+        kept = sum(o.census.nbytes() for o in self._open.values() if o.census is not None)
+        return kept + (self.lines.own_bytes() if self.lines is not None else 0)
 
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
         """What was alive when ``phase`` last started, else when the run's first phase did:
@@ -135,7 +143,7 @@ class PhaseAttribution:
             if opened.named_at is None:  # what the phase left, since its start
                 self.attribute(sample, opened.snapshot, self._growth(opened.start, sample))
             else:  # the growth named during the loop, confirmed at its end
-                self.attribute(sample, opened.base_snapshot, self._growth(opened.base, sample))
+                self._name(sample, opened, self._growth(opened.base, sample))
             return True
         if opened is None:
             if sample.phase is None:
@@ -155,8 +163,34 @@ class PhaseAttribution:
             return False
         opened.named_at = grown
         opened.attributions += 1
-        self.attribute(sample, opened.base_snapshot, grown)
+        self._name(sample, opened, grown)
         return True
+
+    def _name(self, sample: Sample, opened: _Open, growth: int | None) -> None:
+        """Name what holds the phase's growth since its base; when tensors hold under half of
+        it, take a census of what collections keep too, and name the ones that grew since the
+        phase's last census, against the growth since then."""
+        found = self.attribute(sample, opened.base_snapshot, growth)
+        held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
+        if growth is None or 2 * held >= growth:
+            return
+        if self.lines is not None and self.lines.open_now:
+            with self.lines.paused():
+                now = census(self.max_objects)
+        else:
+            now = census(self.max_objects)
+        try:
+            if opened.census is not None and growth > opened.census_growth:
+                since = growth - opened.census_growth
+                self.holders += [
+                    replace(
+                        h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=since
+                    )
+                    for h in grown(opened.census, now, floor=max(FLOOR, since // 20))
+                ]
+        finally:
+            now.forget()
+        opened.census, opened.census_growth = now, growth
 
     def attribute(
         self, sample: Sample, before: Snapshot | None, growth: int | None = None
@@ -216,6 +250,26 @@ class PhaseAttribution:
         self._starts[sample.phase] = snapshot
         if self._first is None:
             self._first = snapshot
+        if self.drift is not None and sample.epoch is not None:
+            self._drift(sample, snapshot)
+
+    def _drift(self, sample: Sample, snapshot: Snapshot) -> None:
+        """At a phase's start in a later epoch: name what it keeps that the phase's first judged
+        epoch (after ``warmup_epochs``) did not, once the difference passes ``drift`` and again
+        each time it doubles."""
+        assert self.drift is not None
+        epochs = self._epochs.setdefault(sample.phase, _Epochs())
+        epochs.seen.add(sample.epoch)
+        if epochs.reference is None:
+            if len(epochs.seen) > self.warmup_epochs:
+                epochs.reference = (snapshot, sample)
+            return
+        drift = self._growth(epochs.reference[1], sample)
+        bar = self.drift if epochs.named_at is None else 2 * epochs.named_at
+        if drift is None or drift <= bar or epochs.attributions >= ATTRIBUTIONS:
+            return
+        epochs.named_at, epochs.attributions = drift, epochs.attributions + 1
+        self.attribute(sample, epochs.reference[0], drift)
 
     def _snapshot(self) -> Snapshot:
         """The live tensors, with the dearer search's own bookkeeping paused."""
@@ -232,8 +286,20 @@ class PhaseAttribution:
         return None
 
 
+_UNNAMED = ("<", PYTHON_OBJECTS)
 ATTRIBUTIONS = 6
 """Searches a phase may take: where its growth passes the budget, each doubling, and its end."""
+
+
+@dataclass
+class _Epochs:
+    """A phase across epochs: the epochs seen, the start of its first judged one (snapshot and
+    reading) and the drift named so far."""
+
+    seen: set[int | None] = field(default_factory=set)
+    reference: tuple[Snapshot, Sample] | None = None
+    named_at: int | None = None
+    attributions: int = 0
 
 
 @dataclass
@@ -247,6 +313,8 @@ class _Open:
     base_snapshot: Snapshot | None = None
     named_at: int | None = None
     attributions: int = 0
+    census: Census | None = None
+    census_growth: int = 0
     oom: bool = False
     first_batch: int | None = None
     seen: int = 0

@@ -12,7 +12,7 @@ import inspect
 import itertools
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +34,10 @@ UNROOTED = object()
 class Walk:
     """One breadth-first walk of the object graph: ``parent`` maps ``id(obj)`` to the object
     it was first reached from (``None`` for roots, :data:`UNROOTED` for objects that no root
-    reaches, which only C code or a reference cycle keeps).
+    reaches, which only C code or a reference cycle keeps). ``visit(obj, parent)``, when given,
+    is called for each object the walk reaches (untracked ones, such as arrays and strings,
+    each time they are reached; they get no ``parent``); a tracked object it returns False for
+    is not walked further.
 
     The walk, not ``gc.get_referrers``, finds referrers because ``gc.freeze()`` (which the
     :class:`~harness.Recorder` calls) hides frozen objects from ``gc.get_referrers`` and
@@ -44,8 +47,14 @@ class Walk:
     (a ``locals()`` dict that the function itself keeps is emptied too).
     """
 
-    def __init__(self, budget: int, targets: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        budget: int,
+        targets: set[int] | None = None,
+        visit: Callable[[Any, Any], bool] | None = None,
+    ) -> None:
         self.budget = budget
+        self.visit = visit
         self.visited = 0
         self.complete = False
         self.targets = targets
@@ -65,18 +74,18 @@ class Walk:
         for own in (self, self.__dict__, *self.__dict__.values()):
             self.parent[id(own)] = SKIP
 
-    def run(self) -> None:
-        """Walk until every object is reached, or every one of ``targets`` (ids) when given,
-        or ``budget`` objects were visited (their referents read); :attr:`complete` says
-        which. A target's parent is the same either way: the first object it was reached
-        from."""
+    def run(self, rooted: bool = False) -> None:
+        """Walk until every object is reached (every one a named root reaches, with
+        ``rooted``), or every one of ``targets`` (ids) when given, or ``budget`` objects were
+        visited (their referents read); :attr:`complete` says which. A target's parent is the
+        same either way: the first object it was reached from."""
         frontier: list[Any] = []
         self.parent[id(frontier)] = SKIP
         self._seed_modules(frontier)
         self._seed_frames(frontier)
         if not self._spread(frontier):
             return
-        if not self.missing:
+        if not self.missing or rooted:
             self.complete = True
             return
         # What the named roots do not reach is referenced from C only (or is garbage): walk
@@ -129,9 +138,7 @@ class Walk:
             self.parent[id(local)] = SKIP
             self.frame_locals[id(frame)] = local
             for value in local.values():
-                if id(value) not in self.parent and gc.is_tracked(value):
-                    self._see(value, frame)
-                    frontier.append(value)
+                self._seed(value, frame, frontier)
 
     def _seed_modules(self, frontier: list[Any]) -> None:
         modules = [(n, m) for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType)]
@@ -146,9 +153,17 @@ class Walk:
             namespaces.append(namespace)
         for namespace in namespaces:
             for value in tuple(namespace.values()):
-                if id(value) not in self.parent and gc.is_tracked(value):
-                    self._see(value, namespace)
-                    frontier.append(value)
+                self._seed(value, namespace, frontier)
+
+    def _seed(self, value: Any, root: Any, frontier: list[Any]) -> None:
+        """Start the walk at ``value``, which ``root`` (a namespace, a frame) refers to."""
+        if id(value) in self.parent:
+            return
+        if self.visit is not None and not self.visit(value, root):
+            self.parent[id(value)] = SKIP
+        elif gc.is_tracked(value):
+            self._see(value, root)
+            frontier.append(value)
 
     def _see(self, obj: Any, parent: Any) -> None:
         self.parent[id(obj)] = parent
@@ -188,7 +203,7 @@ class Walk:
         """Breadth-first from ``frontier``; False when the budget ran out first (the objects
         visited until then still have their referents recorded)."""
         parent, kinds, tracked, referents = self.parent, self.kinds, gc.is_tracked, gc.get_referents
-        code = types.CodeType
+        code, visit = types.CodeType, self.visit
         while frontier:
             room = self.budget - self.visited
             cut = len(frontier) > room
@@ -202,7 +217,14 @@ class Walk:
                 if not self.missing:  # every target has its parent: the rest names nothing
                     return True
                 for ref in referents(obj):
-                    if not tracked(ref) or id(ref) in parent:
+                    if id(ref) in parent:
+                        continue
+                    if not tracked(ref):
+                        if visit is not None:
+                            visit(ref, obj)
+                        continue
+                    if visit is not None and not visit(ref, obj):
+                        parent[id(ref)] = SKIP
                         continue
                     parent[id(ref)] = obj
                     kind = type(ref)
@@ -273,6 +295,12 @@ class Walk:
         if not names:
             return type(module).__name__
         return ".".join([self._top_name(node), *reversed(names)])
+
+    def module_path(self, module: torch.nn.Module) -> str:
+        """``module``'s path from a named reference: a submodule's as :meth:`module_name`
+        gives it, a top-level module's from what refers to it (``train:kept[3]``)."""
+        name = self.module_name(module)
+        return self._top_name(module) if id(module) not in self.module_parents else name
 
     def _top_name(self, top: torch.nn.Module) -> str:
         """The named reference to a top-level module (its class name when it has none)."""
