@@ -14,6 +14,9 @@ MARKER = '@pytest.mark.memleak(phase="validation", max_growth="1MB")'
 CASES = f'''
 import functools
 import gc
+import logging
+
+import numpy as np
 
 import pytest
 import torch
@@ -299,7 +302,179 @@ def test_leak_layers_appending_activations(memtrace):
 
 def test_clean_layers_clearing_activations(memtrace):
     recorded(memtrace, cleared=True)
+
+
+# -- losses kept in a local list with their graphs (the incident's own pattern) -----------------
+
+
+def kept_losses(memtrace, as_numbers):
+    model, val_losses = make_model(), []
+    with memtrace.phase("validation", epoch=0):
+        for i, x, y in batches():
+            loss = nn.functional.mse_loss(model(x), y)
+            val_losses.append(loss.item() if as_numbers else loss)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+def test_leak_local_losses_kept_with_their_graph(memtrace):
+    kept_losses(memtrace, as_numbers=False)
+
+
+def test_clean_local_losses_kept_as_numbers(memtrace):
+    kept_losses(memtrace, as_numbers=True)
+
+
+# -- numpy predictions kept in a module-level dict -------------------------------------------------
+
+_PREDS = {{}}
+
+
+def predictions(memtrace, keep):
+    model, total = make_model(), 0.0
+    with memtrace.phase("validation", epoch=0):
+        for i, x, _ in batches():
+            with torch.no_grad():
+                out = np.tile(model(x).numpy(), 4)  # 64 KiB a batch
+            if keep:
+                _PREDS[i] = out
+            total += float(out.mean())
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+    _PREDS.clear()
+
+
+def test_leak_numpy_predictions_in_a_module_dict(memtrace):
+    predictions(memtrace, keep=True)
+
+
+def test_clean_numpy_predictions_summed(memtrace):
+    predictions(memtrace, keep=False)
+
+
+# -- a logging handler added every batch ---------------------------------------------------------
+
+
+def logged(memtrace, tmp_path, per_batch):
+    log = logging.getLogger("catalogue")
+    log.propagate = False
+    try:
+        if not per_batch:
+            log.addHandler(logging.FileHandler(tmp_path / "run.log"))
+        with memtrace.phase("validation", epoch=0):
+            for i in range(400):
+                if per_batch:
+                    log.addHandler(logging.FileHandler(tmp_path / "run.log"))
+                memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+    finally:
+        for handler in log.handlers:
+            handler.close()
+        log.handlers.clear()
+
+
+def test_leak_handler_added_every_batch(memtrace, tmp_path):
+    logged(memtrace, tmp_path, per_batch=True)
+
+
+def test_clean_handler_added_once(memtrace, tmp_path):
+    logged(memtrace, tmp_path, per_batch=False)
+
+
+# -- a forward hook registered every batch --------------------------------------------------------
+
+
+class Extractor:
+    """Keeps the first output it sees, as a feature extractor built per batch would."""
+
+    def __init__(self):
+        self.out = None
+
+    def __call__(self, module, inputs, output):
+        if self.out is None:
+            self.out = output
+
+
+def hooks(memtrace, per_batch):
+    model = make_model()
+    if not per_batch:
+        model[0].register_forward_hook(Extractor())
+    with memtrace.phase("validation", epoch=0):
+        for i, x, _ in batches():
+            if per_batch:
+                model[0].register_forward_hook(Extractor())
+            model(x)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+def test_leak_hook_registered_every_batch(memtrace):
+    hooks(memtrace, per_batch=True)
+
+
+def test_clean_hook_registered_once(memtrace):
+    hooks(memtrace, per_batch=False)
+
+
+# -- layers added to a module container every batch -----------------------------------------------
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.adapters = nn.ModuleList()
+
+
+def adapters(memtrace, per_batch):
+    head = Head()
+    with memtrace.phase("validation", epoch=0):
+        for i in range(BATCHES):
+            if per_batch or not head.adapters:
+                head.adapters.append(nn.Linear(256, 256))
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+def test_leak_layers_added_to_a_module_list(memtrace):
+    adapters(memtrace, per_batch=True)
+
+
+def test_clean_layer_added_once(memtrace):
+    adapters(memtrace, per_batch=False)
 '''
+
+DRIFT_CASES = """
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = pytest.mark.memleak(phase="training", max_drift="1MB")
+
+
+def train(memtrace, keep):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256))
+    for epoch in range(6):
+        optimizer = torch.optim.Adam(model.parameters())
+        keep(optimizer, model)
+        with memtrace.phase("training", epoch=epoch):
+            for i in range(4):
+                optimizer.zero_grad()
+                model(torch.randn(32, 256)).sum().backward()
+                optimizer.step()
+                memtrace.checkpoint("TRAINING_BATCH", batch=i)
+
+
+def test_leak_optimizers_recreated_and_kept(memtrace):
+    optimizers = []
+    train(memtrace, lambda optimizer, model: optimizers.append(optimizer))
+
+
+def test_leak_model_copies_kept(memtrace):
+    best = []
+    train(memtrace, lambda optimizer, model: best.append(copy.deepcopy(model)))
+
+
+def test_clean_optimizers_recreated(memtrace):
+    train(memtrace, lambda optimizer, model: None)
+"""
 
 # What the failure message must name for each leak: a holder, or the line that allocated it.
 NAMED = {
@@ -313,8 +488,16 @@ NAMED = {
     "cpu_results_kept_without_detach": r"kept_on_host",
     "jit_trace_per_batch_kept": r"traces",
     "layers_appending_activations": r"model\.\d\.activations",
+    "local_losses_kept_with_their_graph": r"kept_losses:val_losses \(list, \d+ items",
+    "numpy_predictions_in_a_module_dict": r"test_cases\._PREDS \(dict, \d+ items.*ndarray",
+    "handler_added_every_batch": r"Logger\.handlers \(list, \d+ items.*FileHandler",
+    "hook_registered_every_batch": r"model\.0\._forward_hooks \(OrderedDict, \d+ items",
+    "layers_added_to_a_module_list": r"adapters:head\.adapters \(ModuleList, \d+ items",
 }
-HELD = re.compile(r"held: [\d.]+ of [\d.]+ [KMG]iB")
+# Memory torch.jit keeps in C++ for each trace has no Python holder to weigh.
+UNWEIGHED = {"jit_trace_per_batch_kept"}
+SHARE = 0.8
+HELD = re.compile(r"held: ([\d.]+) of ([\d.]+) [KMG]iB")
 
 
 def setup_module() -> None:
@@ -347,25 +530,90 @@ def check(outcomes: dict[str, tuple[str, str]], cases: list[str]) -> None:
         assert outcome == "failed", case
         assert "[P0 leak] leak in validation epoch 0" in text, (case, text)
         assert re.search(NAMED[case], text), (case, text)
-        assert HELD.search(text), (case, text)
+        held = HELD.search(text)
+        assert held, (case, text)
+        share = float(held[1]) / float(held[2])
+        assert share >= SHARE or case in UNWEIGHED, (case, text)
 
 
-def test_every_catalogued_leak_fails_named_and_every_twin_passes(pytester):
-    check(run_catalogue(pytester), list(NAMED))
+def test_every_catalogued_leak_fails_named_and_the_dearer_search_changes_no_verdict(pytester):
+    plain = run_catalogue(pytester)
+    check(plain, list(NAMED))
+    explained = run_catalogue(pytester, "--memreport-explain")
+    assert {k: v[0] for k, v in explained.items()} == {k: v[0] for k, v in plain.items()}
+    for case in EXPLAINED:
+        text = explained[f"leak_{case}"][1]
+        assert re.search(NAMED[case], text), text
+        assert re.search(r"allocated at test_cases\.py:\d+", text), text
+        assert "hint: --memreport-explain" not in text
 
 
 EXPLAINED = ["losses_summed_with_their_graph", "layers_appending_activations"]
 
+DRIFT_NAMED = {
+    "optimizers_recreated_and_kept": r"test_leak_optimizers_recreated_and_kept:optimizers \(list",
+    "model_copies_kept": r"test_leak_model_copies_kept:best \(list",
+}
 
-def test_the_dearer_search_names_the_lines_that_allocated_what_is_held(pytester):
-    twins = ["losses_summed_as_numbers", "layers_clearing_activations"]
-    chosen = " or ".join(EXPLAINED + twins)
-    outcomes = run_catalogue(pytester, "--memreport-explain", "-k", chosen)
-    check(outcomes, EXPLAINED)
-    for case in EXPLAINED:
-        text = outcomes[f"leak_{case}"][1]
-        assert re.search(r"allocated at test_cases\.py:\d+", text), text
-        assert "hint: --memreport-explain" not in text
+
+def test_drift_names_what_later_epochs_keep_with_its_share(pytester):
+    pytester.makepyfile(test_drift=DRIFT_CASES)
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "-v")
+    reports = result.reprec.getreports("pytest_runtest_logreport")  # type: ignore[attr-defined]
+    outcomes = {
+        r.nodeid.split("::test_")[-1]: (r.outcome, str(r.longrepr or ""))
+        for r in reports
+        if r.when == "call"
+    }
+    assert outcomes["clean_optimizers_recreated"][0] == "passed"
+    for case, pattern in DRIFT_NAMED.items():
+        outcome, text = outcomes[f"leak_{case}"]
+        assert outcome == "failed" and "drift in training: held:" in text, (case, text)
+        assert re.search(pattern, text), (case, text)
+        held = HELD.search(text)
+        assert held and float(held[1]) / float(held[2]) >= SHARE, (case, text)
+
+
+BAR = """
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+
+@functools.lru_cache(maxsize=None)
+def table(n):
+    return torch.randn(n, 1024)
+
+
+def test_fills_a_cache():
+    for n in range(64):
+        table(n + 1000)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="4MB", warmup=5)
+def test_validation_keeps_its_losses(memtrace):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    val_losses = []
+    with memtrace.phase("validation", epoch=0):
+        for batch in range(176):
+            loss = nn.functional.mse_loss(model(torch.randn(64, 64)), torch.randn(64, 64))
+            val_losses.append(loss)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+"""
+
+
+def test_the_incidents_pattern_is_named_as_the_list_with_most_of_the_growth(pytester):
+    pytester.makepyfile(test_bar=BAR)
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    text = result.stdout.str()
+    assert "held by test_validation_keeps_its_losses:val_losses (list, 176 items" in text
+    assert "table" not in text.split("memory verdict FAIL", 1)[1]
+    held = HELD.search(text)
+    assert held and float(held[1]) / float(held[2]) >= SHARE, text
 
 
 # -- the dearer search, in one process ------------------------------------------------------------

@@ -215,7 +215,8 @@ class _Grouping:
         frozen_old = before is not None or gc.get_freeze_count() > 0
         for key, t in candidates.items():
             fresh = key in unfrozen or not frozen_old
-            (self.new if fresh and (before is None or t not in before) else old).append(t)
+            seen = before is not None and t in before and not before.regraphed(t)
+            (self.new if fresh and not seen else old).append(t)
         self.old = {storage_of(t)[0] for t in old}
         if before is None:
             self.old |= _state_storages(walk.modules, walk.optimizers)

@@ -36,9 +36,17 @@ class Snapshot:
     blocks: frozenset[tuple[int, int, int]] = field(default=frozenset(), repr=False)
     time: float = 0.0
     storages: Mapping[int, StorageWeakRef] = field(default_factory=dict, repr=False)
+    graphs: Mapping[int, int] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.tensors)
+
+    def regraphed(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``, seen then, has had an in-place operation recorded on its graph
+        since (``total += loss`` on a tensor that requires grad): what that graph saved since
+        is new memory its old tensor keeps."""
+        grad_fn = tensor.grad_fn
+        return grad_fn is not None and self.graphs.get(id(tensor)) != id(grad_fn)
 
     def __contains__(self, tensor: object) -> bool:
         ref = self.tensors.get(id(tensor))
@@ -54,6 +62,7 @@ def live_tensors() -> Snapshot:
     use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it."""
     tensors: dict[int, weakref.ref[torch.Tensor]] = {}
     storages: dict[int, StorageWeakRef] = {}
+    graphs: dict[int, int] = {}
     tensor_types: dict[type, bool] = {}
     for obj in gc.get_objects():
         kind = type(obj)
@@ -63,13 +72,15 @@ def live_tensors() -> Snapshot:
         if is_tensor:
             try:
                 tensors[id(obj)] = weakref.ref(obj)
+                if obj.grad_fn is not None:
+                    graphs[id(obj)] = id(obj.grad_fn)
                 storage = obj.untyped_storage()
             except NO_STORAGE:
                 continue
             if storage._cdata not in storages:
                 storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
-    return Snapshot(tensors, blocks, time.time(), storages)
+    return Snapshot(tensors, blocks, time.time(), storages, graphs)
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:
