@@ -436,6 +436,29 @@ def test_leak_layers_added_to_a_module_list(memtrace):
 
 def test_clean_layer_added_once(memtrace):
     adapters(memtrace, per_batch=False)
+
+
+# -- a step's log kept after backward, with what its graph still keeps -----------------------------
+
+
+def stepped(memtrace, detach):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(40) for m in (nn.Linear(32, 32), nn.ReLU())])
+    step_outputs = []
+    with memtrace.phase("validation", epoch=0):
+        for i in range(BATCHES):
+            loss = model(torch.randn(8, 32)).sum()
+            loss.backward()
+            step_outputs.append({{"loss": loss.detach() if detach else loss}})
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+def test_leak_step_log_kept_after_backward(memtrace):
+    stepped(memtrace, detach=False)
+
+
+def test_clean_step_log_detached(memtrace):
+    stepped(memtrace, detach=True)
 '''
 
 DRIFT_CASES = """
@@ -493,6 +516,7 @@ NAMED = {
     "handler_added_every_batch": r"Logger\.handlers \(list, \d+ items.*FileHandler",
     "hook_registered_every_batch": r"model\.0\._forward_hooks \(OrderedDict, \d+ items",
     "layers_added_to_a_module_list": r"adapters:head\.adapters \(ModuleList, \d+ items",
+    "step_log_kept_after_backward": r"stepped:step_outputs \(list, \d+ items",
 }
 # Memory torch.jit keeps in C++ for each trace has no Python holder to weigh.
 UNWEIGHED = {"jit_trace_per_batch_kept"}

@@ -115,9 +115,9 @@ def attribute(
     backward (activations, held in C++ where ``gc`` never sees them) are unpacked and their new
     storages counted in ``graph_bytes``, which ``bytes`` includes and holders are ranked by. A
     saved tensor whose Python object survives only because the graph holds it is counted there,
-    not as a holder of its own. The graph's C++ nodes are not counted: about 0.9 KB each,
-    measured on the reference TFT (263 nodes per batch, against 1.3 MB of activations at hidden
-    size 64).
+    not as a holder of its own. The graph's C++ nodes count too
+    (:data:`~harness.attribution.graph.NODE_BYTES` each): a loss kept after ``backward()``
+    freed what its graph saved still keeps the graph.
 
     New means: not in ``before`` and made after the last ``gc.freeze()``, over a storage that
     no tensor of ``before`` had. Without ``before``, the freeze alone decides (a
