@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import BadInput, one_line
 from harness.fsio import read_regular, write_atomic
 from harness.report import (
+    GateDecision,
     Run,
     checkpoint_name,
     ended,
@@ -247,10 +248,16 @@ def _whole(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
             raise BadInput(f"expected a whole number, got {shown(value)}", field=where + key)
 
 
-def write_index(directory: str | os.PathLike[str], *, since: float | None = None) -> Path:
-    """(Re)write ``<directory>/index.md`` from the verdict JSONs there: totals on top, then one
-    row per run, failures first. ``since`` keeps only runs whose timeline header started at or
-    after that time (a session's own runs)."""
+def write_index(
+    directory: str | os.PathLike[str],
+    *,
+    since: float | None = None,
+    decision: GateDecision | None = None,
+) -> Path:
+    """(Re)write ``<directory>/index.md`` from the verdict JSONs there: the gate's ``decision``
+    (when a gate decided) and totals on top, then one row per run, failures first. ``since``
+    keeps only runs whose timeline header started at or after that time (a session's own
+    runs)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     entries = []
@@ -266,7 +273,7 @@ def write_index(directory: str | os.PathLike[str], *, since: float | None = None
             continue
         entries.append((path, doc))
     index = directory / INDEX
-    write_atomic(index, "\n".join(index_lines(entries, unreadable)) + "\n")
+    write_atomic(index, "\n".join(index_lines(entries, unreadable, decision)) + "\n")
     return index
 
 

@@ -104,13 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("new", type=Path, metavar="NEW.json")
     _tolerance_options(compare)
 
-    index = commands.add_parser("index", help="rewrite DIR/index.md from the verdicts in DIR")
+    index = commands.add_parser(
+        "index", help="rewrite DIR/index.md from the verdicts in DIR (no baseline compared)"
+    )
     index.add_argument("directory", type=Path, metavar="DIR")
 
     gate = commands.add_parser(
         "gate",
-        help="index DIR, then exit 1 if any verdict there fails or regresses against a baseline",
-        description="Write DIR/index.md, then check every verdict in DIR: any status but PASS "
+        help="exit 1 if any verdict in DIR fails or regresses against a baseline; DIR/index.md "
+        "shows the decision",
+        description="Check every verdict in DIR, then write DIR/index.md with the decision above "
+        "its table (nothing when the input is refused): any status but PASS "
         "fails the gate, and so does a regression against the same-named verdict in BASELINE "
         "(verdicts without a baseline are listed and checked for their status only). Each "
         "timeline X.jsonl in DIR needs its X.json from the same run (run_id), and must have "

@@ -209,13 +209,13 @@ def test_gate_fails_on_a_failing_verdict_or_a_regression_and_passes_otherwise(tm
     saved(runs, "a", growing(0.3))
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out
-    assert "PASS  a.json (regression against the baseline)" in out and "REGRESSION" in out
+    assert "REGRESSION a.json (PASS by its rules, regressed against the baseline)" in out
 
     saved(runs, "a", growing(0.25))
     saved(runs, "b", incident())
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert "FAIL  b.json (no baseline)" in out and "no baseline for 1 verdict(s): b.json" in out
+    assert "FAIL  b.json (no baseline)" in out and "no baseline for 1 verdict: b.json" in out
     assert out[-1] == "gate: FAIL: 1 of 2 verdicts fail"
 
 
@@ -289,7 +289,7 @@ def test_gate_fails_when_a_baseline_verdict_is_missing_from_the_run(tmp_path, ca
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert "PASS  renamed.json (no baseline)" in out
-    assert "no baseline for 1 verdict(s): renamed.json" in out
+    assert "no baseline for 1 verdict: renamed.json" in out
     assert f"missing from the run: gone.json is in the baseline {baseline} but not in {runs}" in out
     assert out[-1] == "gate: FAIL: 0 of 2 verdicts fail, 1 problem"
 

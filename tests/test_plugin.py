@@ -392,7 +392,7 @@ def test_{name}(memtrace):
         assert any(c["rule"] == name and c["status"] == "ERROR" for c in doc["checks"])
     assert leakgate(["gate", str(pytester.path / "out")]) == 1
     assert (
-        f"0 PASS · 0 FAIL · {len(BROKEN_NAMES)} ERROR"
+        f"0 PASS · 0 REGRESSION · 0 FAIL · {len(BROKEN_NAMES)} ERROR"
         in (pytester.path / "out" / "index.md").read_text()
     )
 
