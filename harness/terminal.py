@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from harness.rules import Verdict
 from harness.sample import Sample
 from harness.units import format_mib
+from harness.verdict import CONFIGURATION
 
 MAX_ROWS = 24
 
@@ -27,7 +28,8 @@ def failure_message(
     lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
     lines += held
     if verdict.error:
-        lines.append(f"  error: {verdict.error}")
+        kind = "configuration error" if verdict.error_kind == CONFIGURATION else "error"
+        lines.append(f"  {kind}: {verdict.error}")
     lines += ["", *checkpoint_table(samples, metric)]
     return "\n".join(lines)
 

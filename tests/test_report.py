@@ -213,6 +213,20 @@ def test_an_error_the_run_did_not_raise_is_not_reported_as_raised():
     assert "ERROR: the run raised `boom`" in render_report(raised)
 
 
+def test_a_configuration_mistake_is_reported_as_one_with_its_fix():
+    text = render_report(run_of(incident(), {**RULES, "phase": "validaton"}))
+    said = (
+        "the rule `phase='validaton'` matched no checkpoint; phases seen: training, validation; "
+        "did you mean 'validation'?"
+    )
+    assert f"ERROR, a configuration mistake: {said}" in text
+    issues = section(text, "Issues Found")
+    assert issues.startswith(f"\n**Configuration mistake:** {said}.\n")
+    assert "No finding: the verdict is ERROR for the reason above." in issues
+    for wrong in ("raised", "None: no rule was broken"):
+        assert wrong not in text
+
+
 def test_thresholds_are_echoed_as_written_beside_their_binary_figure():
     run = run_of(incident(), {**RULES, "max_growth": "30MB", "max_peak": 50 * MB})
     text = render_report(run)

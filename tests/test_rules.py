@@ -159,21 +159,40 @@ def test_too_few_batches_after_warmup_is_an_error_not_a_pass():
     assert judge(loop(noisy(10 * MB, n=9)), allowed).status == "PASS"
 
 
-def test_a_misspelt_phase_is_an_error_naming_the_phases_seen():
-    leak = loop(np.arange(N) * MB)
+def test_a_misspelt_phase_is_a_configuration_error_naming_the_phases_seen_and_the_likely_one():
+    leak = loop(np.arange(N) * MB, phase="training") + loop(np.arange(N) * MB)
     verdict = judge(leak, Rules(phase="validaton", max_growth="1MB"))
     assert verdict.status == "ERROR" and not verdict.findings
-    assert verdict.error == "no checkpoints in phase 'validaton'; seen: 'validation'"
+    assert verdict.error_kind == "configuration"
+    assert verdict.error == (
+        "the rule `phase='validaton'` matched no checkpoint; phases seen: training, validation; "
+        "did you mean 'validation'?"
+    )
+    far = judge(leak, Rules(phase="test", max_growth="1MB"))
+    assert far.error.endswith("phases seen: training, validation")
     assert judge(leak, Rules(phase="validation", max_growth="1MB")).status == "FAIL"
 
 
-def test_rules_over_a_timeline_without_checkpoints_are_an_error():
-    verdict = judge([Sample("TEST_START", "test", collected=True)], Rules(max_growth="1MB"))
-    assert verdict.status == "ERROR"
-    assert (
-        verdict.error == "max_growth judged nothing: no per-batch checkpoints (phases seen: none)"
+def test_rules_over_a_run_without_checkpoints_are_a_configuration_error_with_the_fix():
+    ends = [Sample("TEST_START", "test", collected=True), Sample("TEST_END", "test")]
+    verdict = judge(ends, Rules(max_growth="1MB"))
+    assert verdict.status == "ERROR" and verdict.error_kind == "configuration"
+    assert verdict.error == (
+        "the rule `max_growth='1MB'` matched no checkpoint; no checkpoints at all: pass "
+        "`memtrace` to the trainer as a callback or call `memtrace.checkpoint`"
     )
-    assert judge([Sample("TEST_START", "test")], Rules()).status == "PASS"
+    phase = judge(ends, Rules(phase="validation", max_growth="1MB")).error
+    assert phase.startswith(
+        "the rule `phase='validation'` matched no checkpoint; phases seen: none"
+    )
+    assert phase.endswith("call `memtrace.checkpoint`")
+    assert judge(ends[:1], Rules()).status == "PASS"
+
+
+def test_a_loop_shorter_than_its_warm_up_is_unjudged_not_a_configuration_mistake():
+    verdict = judge(loop(np.zeros(4)), Rules(max_growth="1MB", warmup=50))
+    assert verdict.status == "ERROR" and verdict.error_kind == "unjudged"
+    assert verdict.error.startswith("max_growth judged nothing: ")
 
 
 # -- the re-check after the loop ------------------------------------------------------------------
@@ -380,7 +399,7 @@ def test_phase_selection():
     both = judge(samples, Rules(phase=["training", "validation"], max_growth="5MB"))
     assert kinds(both) == ["leak"] and both.findings[0].phase == "training"
     missing = judge(samples, Rules(phase="test", max_growth="5MB"))
-    assert (missing.checks[0].rule, missing.checks[0].status) == ("phase", "SKIP")
+    assert (missing.checks[0].rule, missing.checks[0].status) == ("configuration", "SKIP")
 
 
 def test_rules_parse_sizes_and_accept_mappings():

@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.advice import advise
-from harness.markdown import Markdown, code, text
+from harness.markdown import Markdown, code, spans, text
 from harness.report.memory import scope
 from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.sample import Sample
 from harness.units import echo_size, format_mib, format_rate, format_size
-from harness.verdict import Finding, Kind, Outcome
+from harness.verdict import CONFIGURATION, Finding, Kind, Outcome, Status, Verdict
 
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
 MESSAGE_CHARS = 600
@@ -38,9 +38,10 @@ def issues(run: Run) -> list[str]:
     lines = ["## Issues Found", ""]
     verdict = run.verdict
     if verdict.error:
-        lines += [f"The run raised {code(verdict.error)}; its timeline was judged up to there."]
-        lines.append("")
+        lines += [error_sentence(verdict), ""]
     if not verdict.findings:
+        if verdict.status == Status.ERROR:
+            return [*lines, "No finding: the verdict is ERROR for the reason above."]
         return [*lines, "None: no rule was broken."]
     for n, finding in enumerate(ranked(verdict.findings), start=1):
         cause, fix = advice(run, finding)
@@ -56,6 +57,18 @@ def issues(run: Run) -> list[str]:
             "",
         ]
     return lines[:-1]
+
+
+def error_sentence(verdict: Verdict) -> str:
+    """Why an ERROR verdict is one, by its kind: the run raised, a configuration mistake (with
+    its likely fix), or a rule asked for that had no evidence."""
+    error = verdict.error or "an error"
+    kind = verdict.error_kind
+    if kind == "raised":
+        return f"The run raised {code(error)}; its timeline was judged up to there."
+    if kind == CONFIGURATION:
+        return f"**Configuration mistake:** {spans(error)}."
+    return f"A rule asked for had no evidence: {code(error)}."
 
 
 def root_cause(run: Run) -> Markdown | None:

@@ -11,14 +11,14 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from harness.markdown import Markdown, code, link_to, strong, table, text
+from harness.markdown import Markdown, code, link_to, spans, strong, table, text
 from harness.options import Rules, judged_options
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
 from harness.report.memory import status
 from harness.report.ranks import analysis, chart, profile, rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
-from harness.verdict import Status, Verdict
+from harness.verdict import CONFIGURATION, Status, Verdict
 
 
 def render_report(run: Run) -> str:
@@ -196,8 +196,10 @@ def run_line(run: Run) -> Markdown:
 
 def verdict_line(verdict: Verdict) -> str:
     if verdict.status == Status.ERROR:
-        raised = any(c.rule == "error" for c in verdict.checks)
-        return f"ERROR: {'the run raised ' * raised}{code(verdict.error or 'an error')}"
+        kind = verdict.error_kind
+        if kind == CONFIGURATION:
+            return f"ERROR, a configuration mistake: {spans(verdict.error or 'an error')}"
+        return f"ERROR: {'the run raised ' * (kind == 'raised')}{code(verdict.error or 'an error')}"
     counts: dict[str, int] = {}
     for f in verdict.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
