@@ -240,13 +240,14 @@ class Verdict:
 
     @property
     def error_kind(self) -> str | None:
-        """What made an ERROR verdict: ``raised`` (the run raised), ``configuration`` (a rule
-        that matched no checkpoint: a misspelt phase, no checkpoints at all) or ``unjudged``
-        (a rule that judged nothing or could not judge); None for any other status."""
+        """What made an ERROR verdict: ``raised`` (the run raised, or no check says otherwise),
+        ``configuration`` (a rule that matched no checkpoint: a misspelt phase, no checkpoints
+        at all) or ``unjudged`` (a rule that judged nothing or could not judge); None for any
+        other status."""
         if self.status != Status.ERROR:
             return None
         ruled = {c.rule for c in self.checks if c.status == CheckStatus.ERROR}
-        if RAISED in ruled:
+        if RAISED in ruled or not ruled:
             return "raised"
         return CONFIGURATION if CONFIGURATION in ruled else "unjudged"
 
