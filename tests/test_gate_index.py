@@ -5,57 +5,61 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
+from markdown_it import MarkdownIt
 from test_cli import clean, growing, run_with_id, saved
 from test_report import incident
 
 from harness.cli import main
 
-try:
-    from markdown_it import MarkdownIt
-except ImportError:  # not in every environment: the plain reading below stands alone
-    MarkdownIt = None
-
-ESCAPED = re.compile(r"\\(.)")
+PARSER = MarkdownIt("commonmark").enable("table")
 
 
 @dataclass
 class Page:
-    """What ``index.md`` says: the gate's verdict (None when no gate decided), the bullets of
-    each section, the verdict of each table row, and the totals line's counts."""
+    """What ``index.md`` says once rendered: the gate's verdict (None when no gate decided), its
+    first paragraph, the items of each section, the Verdict cell of each table row, and the
+    totals' counts."""
 
     gate: str | None = None
+    opening: str = ""
     sections: dict[str, list[str]] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)
     totals: dict[str, int] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)
 
 
-def unescaped(text):
-    return ESCAPED.sub(r"\1", text).replace("`", "")
+def shown(inline):
+    """An inline token as a reader sees it: its text and code, escapes resolved."""
+    return "".join(
+        " " if c.type == "softbreak" else c.content
+        for c in inline.children
+        if c.type in ("text", "code_inline", "softbreak")
+    )
 
 
-def read_page(text):
-    """The page read line by line; where markdown-it is installed, its tokens must agree."""
-    page = Page(lines=text.splitlines())
+def read_page(markdown):
+    """The page parsed by markdown-it, as a reader sees it."""
+    page = Page()
+    tokens = PARSER.parse(markdown)
     section = None
-    table = [line for line in page.lines if line.startswith("|")]
-    for line in page.lines:
-        if gate := re.match(r"\*\*Gate: (\w+)\*\*", line):
-            page.gate = gate[1]
-        elif line.startswith("## "):
-            section = line[3:]
-            page.sections[section] = []
-        elif line.startswith("- ") and section is not None:
-            page.sections[section].append(unescaped(line[2:]))
-        elif totals := re.match(r"\*\*\d+ traced runs?: (.*?)\*\*", line):
-            page.totals = {s: int(n) for n, s in re.findall(r"(\d+) (\w+)", totals[1])}
-    page.rows = [unescaped(line.split(" | ")[0][2:]).strip("*") for line in table[2:]]
-    if MarkdownIt is not None:
-        tokens = MarkdownIt().enable("table").parse(text)
-        cells = [t for t in tokens if t.type == "td_open"]
-        assert len(cells) == 5 * len(page.rows)
-        items = [t for t in tokens if t.type == "list_item_open"]
-        assert len(items) == sum(map(len, page.sections.values()))
+    cell = None
+    for i, token in enumerate(tokens):
+        if token.type != "inline":
+            if token.type == "td_open":
+                cell = 0 if tokens[i - 1].type == "tr_open" else (cell or 0) + 1
+            continue
+        said, before = shown(token), tokens[i - 1]
+        if before.type == "heading_open" and before.tag == "h2":
+            section = page.sections.setdefault(said, [])
+        elif before.type == "td_open" and cell == 0:
+            page.rows.append(said)
+        elif before.type == "paragraph_open" and tokens[i - 2].type == "list_item_open":
+            section.append(said)
+        elif before.type == "paragraph_open":
+            page.opening = page.opening or said
+            if gate := re.match(r"Gate: (\w+):", said):
+                page.gate = gate[1]
+            elif totals := re.match(r"\d+ traced runs?: (\d+ \w+(?: · \d+ \w+)*)", said):
+                page.totals = {s: int(n) for n, s in re.findall(r"(\d+) (\w+)", totals[1])}
     return page
 
 
@@ -153,7 +157,7 @@ def test_a_regression_is_listed_with_its_phase_metric_values_and_tolerance(tmp_p
     case_regression(runs, baseline)
     assert gate(runs, baseline) == 1
     page = read_page((runs / "index.md").read_text())
-    assert f"against the baseline {baseline} (tolerance 10% and " in unescaped(page.lines[2])
+    assert f"against the baseline {baseline} (tolerance 10% and " in page.opening
     reasons = page.sections["Regressions against the baseline"]
     growth = next(r for r in reasons if "growth" in r)
     assert re.fullmatch(
@@ -178,5 +182,5 @@ def test_the_index_alone_says_no_baseline_was_compared(tmp_path, capsys):
     assert main(["index", str(tmp_path)]) == 0
     page = read_page((tmp_path / "index.md").read_text())
     assert page.gate is None and page.rows == ["PASS"] and not page.sections
-    assert page.lines[2].startswith("No baseline was compared")
+    assert page.opening.startswith("No baseline was compared")
     assert "REGRESSION" not in page.totals
