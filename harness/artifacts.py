@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput, one_line
 from harness.fsio import read_regular, write_atomic
+from harness.naming import is_rebuilt
 from harness.report import (
     GateDecision,
     Run,
@@ -248,6 +249,12 @@ def _whole(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
             raise BadInput(f"expected a whole number, got {shown(value)}", field=where + key)
 
 
+def verdict_files(directory: Path) -> list[Path]:
+    """The runs' own verdicts in ``directory``: its ``*.json`` files, rebuilt copies
+    (``<name>.rebuilt.json``, :func:`~harness.naming.rebuilt`) left out, sorted."""
+    return [path for path in sorted(directory.glob("*.json")) if not is_rebuilt(path)]
+
+
 def write_index(
     directory: str | os.PathLike[str],
     *,
@@ -262,7 +269,7 @@ def write_index(
     directory.mkdir(parents=True, exist_ok=True)
     entries = []
     unreadable = 0
-    for path in sorted(directory.glob("*.json")):
+    for path in verdict_files(directory):
         try:
             doc = load_run_document(path)
         except ValueError:

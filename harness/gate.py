@@ -12,10 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.artifacts import Change, Comparison, load_run_document, write_index
+from harness.artifacts import (
+    Change,
+    Comparison,
+    load_run_document,
+    verdict_files,
+    write_index,
+)
 from harness.baseline import judge_verdict, missing_from_run, regression_lines, tolerance_text
 from harness.errors import BadInput, as_bad_input, as_unwritable
-from harness.labels import is_run_end
+from harness.finish import unfinished
 from harness.merge import gate_problems
 from harness.report.index import GateDecision
 from harness.timeline import read_timeline
@@ -72,7 +78,7 @@ def decide(
     if not directory.is_dir():
         raise BadInput("not a directory", path=directory)
     baseline = _baseline(baseline_dir) if baseline_dir is not None else None
-    verdicts = sorted(directory.glob("*.json"))
+    verdicts = verdict_files(directory)
     timelines = sorted(directory.glob("*.jsonl"))
     if not verdicts and not timelines:
         raise BadInput("no verdicts to gate", path=directory)
@@ -129,7 +135,7 @@ def _baseline(folder: Path) -> dict[str, Path]:
     if not folder.is_dir():
         what = "not a directory" if folder.exists() else "no such directory"
         raise BadInput(what, path=folder, field="baseline")
-    found = {path.name: path for path in sorted(folder.glob("*.json"))}
+    found = {path.name: path for path in verdict_files(folder)}
     if not found:
         raise BadInput("no verdicts in it", path=folder, field="baseline")
     return found
@@ -144,7 +150,8 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]:
     """What stops a timeline's run from counting: no verdict beside it, a verdict from another
-    run (a killed run leaves the previous run's verdict in place), or a run that did not end.
+    run (a killed run leaves the previous run's verdict in place), or a run that did not end
+    (no end record, nor, in a timeline older than end records, its end checkpoint).
     A rank's timeline needs its run's merged verdict (:func:`~harness.merge.gate_problems`),
     and a verdict of its own, when there is one, from the same run."""
     try:
@@ -169,7 +176,7 @@ def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]
             f"stale verdict: {verdict} is from run {doc.get('run_id') or 'unknown'}, "
             f"{path.name} from run {run_id or 'unknown'}"
         )
-    if not any(is_run_end(s.label) for s in timeline.samples):
+    if timeline.end is None and unfinished(timeline) is not None:
         epochs = [s.epoch for s in timeline.samples if s.epoch is not None]
         problems.append(
             f"incomplete run: {path.name} ended at checkpoint {len(timeline.samples)} "

@@ -321,11 +321,13 @@ class Recorder:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
 
-    def end(self, error: str | None = None) -> None:
-        """Write the timeline's end record once: the run finished, raising ``error`` (text)."""
+    def end(self, error: str | None = None, details: Mapping[str, Any] | None = None) -> None:
+        """Write the timeline's end record once: the run finished, raising ``error`` (text),
+        with ``details`` for a report rebuilt from the timeline (:func:`harness.finish_run`'s
+        rules, holders and shares)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
-            self._timeline.end(error)
+            self._timeline.end(error, details)
 
     @property
     def closed(self) -> bool:

@@ -113,8 +113,9 @@ def growing(per_batch_mb, *, offset_mb=0.0):
 
 
 def saved(folder, name, samples):
+    """A run's timeline, and its verdict and report (replacing those of an earlier run)."""
     timeline = write_timeline(folder / f"{name}.jsonl", samples)
-    assert main(["report", str(timeline)]) in (0, 1)
+    assert main(["report", str(timeline), "-o", str(folder / f"{name}.md")]) in (0, 1)
     return str(folder / f"{name}.json")
 
 
