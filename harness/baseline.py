@@ -31,6 +31,7 @@ from harness.fsio import write_atomic
 from harness.naming import safe_name
 from harness.report import GateDecision
 from harness.units import format_mib, format_size
+from harness.wording import plural
 
 SUMMARY_SCHEMA = "leakgate-session/1"
 PHASE_FIELDS = ("phase", "epoch", "metric", "status", "growth", "slope", "peak_rise", "budget")
@@ -277,7 +278,7 @@ def close_session(
     if save is not None:
         try:
             files = save_baseline(save, {f"{safe_name(k)}.json": v for k, v in documents.items()})
-            lines.append(f"leakgate: saved {len(files)} verdict(s) as the baseline {save}")
+            lines.append(f"leakgate: saved {plural(len(files), 'verdict')} as the baseline {save}")
         except OSError as exc:
             lines.append(f"leakgate warning: the baseline was not saved ({_os_error(exc)})")
             failed = True

@@ -27,6 +27,7 @@ from harness.store import NONE
 from harness.timeline import Timeline
 from harness.units import format_size
 from harness.verdict import Rules, Verdict
+from harness.wording import plural
 
 if TYPE_CHECKING:
     from harness.attribution import Holder, Share
@@ -218,8 +219,8 @@ def ending(rules: Rules, holders: Sequence[Holder], shares: Sequence[Share]) -> 
 
 
 def summary_line(verdict: Verdict) -> str:
-    """``FAIL: 2 finding(s), worst leak +3.2MB`` for a command's last line."""
-    text = f"{verdict.status}: {len(verdict.findings)} finding(s)"
+    """``FAIL: 2 findings, worst leak +3.2MB`` for a command's last line."""
+    text = f"{verdict.status}: {plural(len(verdict.findings), 'finding')}"
     worst = verdict.worst()
     if worst is not None and worst.bytes is not None:
         text += f", worst {worst.kind} {format_size(worst.bytes, signed=worst.kind != 'oom')}"

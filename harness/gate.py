@@ -204,7 +204,8 @@ def comparison_lines(comparison: Comparison) -> list[str]:
     ]
     if c.only_in_base or c.only_in_new:
         lines.append(
-            f"not compared: {c.only_in_base} value(s) only in BASE, {c.only_in_new} only in NEW"
+            f"not compared: {plural(c.only_in_base, 'value')} only in BASE, {c.only_in_new} only "
+            "in NEW"
         )
     beyond = regressions + sorted(
         (x for x in c.changes if x.improvement), key=lambda x: x.delta or 0

@@ -8,6 +8,7 @@ from harness.rules import Verdict
 from harness.sample import Sample
 from harness.units import format_mib
 from harness.verdict import CONFIGURATION
+from harness.wording import plural
 
 MAX_ROWS = 24
 
@@ -57,7 +58,11 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
         rows.append((label, s.phase or "", format_mib(value), delta))
     if len(rows) > MAX_ROWS:
         half = MAX_ROWS // 2
-        rows = [*rows[:half], (f"... {len(rows) - MAX_ROWS} rows ...", "", "", ""), *rows[-half:]]
+        rows = [
+            *rows[:half],
+            (f"... {plural(len(rows) - MAX_ROWS, 'row')} ...", "", "", ""),
+            *rows[-half:],
+        ]
     header = ("checkpoint", "phase", metric, "delta")
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
     return [

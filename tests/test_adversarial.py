@@ -311,7 +311,7 @@ def test_a_malformed_verdict_is_one_line_naming_the_file_and_field(tmp_path, cap
     if command == "index":  # the index skips what it cannot read and says how many
         assert (
             code == 0
-            and "1 JSON file(s) here are not leakgate verdicts"
+            and "1 JSON file here is not a leakgate verdict"
             in (tmp_path / "index.md").read_text()
         )
         return

@@ -384,7 +384,7 @@ def test_every_command_refuses_an_odd_input_at_once(short_tmp, kind, command):
     if command == "index":  # the index counts what it cannot read and goes on
         assert done.returncode == 0, done.stderr
         assert (
-            "1 JSON file(s) here are not leakgate verdicts" in (short_tmp / "index.md").read_text()
+            "1 JSON file here is not a leakgate verdict" in (short_tmp / "index.md").read_text()
         )
         return
     assert done.returncode == 2 and one_line(done.stderr), done.stderr

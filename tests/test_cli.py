@@ -44,7 +44,7 @@ def test_report_judges_by_the_header_rules_and_writes_markdown_and_json(tmp_path
     assert main(["report", str(timeline), "-o", str(out)]) == 1
     printed = capsys.readouterr().out
     assert (
-        printed.startswith("FAIL: 1 finding(s), worst leak +") and f"; wrote {out} and " in printed
+        printed.startswith("FAIL: 1 finding, worst leak +") and f"; wrote {out} and " in printed
     )
     text = out.read_text()
     assert text.startswith("# Memory report: t.py::test_x\n")
@@ -95,7 +95,7 @@ def test_report_to_stdout(tmp_path, capsys):
     assert (
         captured.out.startswith("# Memory report: ") and "ALL CHECKS PASSING: YES" in captured.out
     )
-    assert captured.err.startswith("PASS: 0 finding(s)")
+    assert captured.err.startswith("PASS: 0 findings")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
 
 

@@ -215,7 +215,7 @@ def test_a_recorder_closed_by_hand_ends_cleanly_and_only_a_stopped_one_reads_as_
     assert read_timeline(path).end == {"error": None}
     capsys.readouterr()
     assert main(["report", str(path)]) == 0
-    assert capsys.readouterr().out.startswith("PASS: 0 finding(s)")
+    assert capsys.readouterr().out.startswith("PASS: 0 findings")
     assert json.loads((tmp_path / "t.json").read_text())["error"] is None
 
 

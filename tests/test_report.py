@@ -111,7 +111,7 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
     summary = section(text, "Executive Summary")
     assert "torch 2.13.0" in summary and "Python 3.11.7" in summary
     assert "1 of 1 epochs completed" in summary
-    assert "**Verdict:** FAIL: 1 P0 finding(s) in 2 checks" in summary
+    assert "**Verdict:** FAIL: 1 P0 finding in 2 checks" in summary
     assert re.search(
         r"Root cause:\*\* leak in validation epoch 0: .*held by `Trainer._attn_cache`"
         r" \(list, 176 items, 2.3MiB\)",
@@ -181,7 +181,7 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
 
     results = section(text, "Test Results Summary")
     assert "| max_growth | validation epoch 0 | **FAIL** |" in results
-    assert "| oom | run | PASS | 0 OOM event(s) |" in results
+    assert "| oom | run | PASS | 0 OOM events |" in results
 
     final = section(text, "Final Verdict")
     assert "**ALL CHECKS PASSING: NO**" in final
@@ -627,7 +627,7 @@ def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
         "| P0 leak (validation, +34.0MiB) | [b.md](b.md) |"
     )
     assert rows[1] == "| PASS | `t.py::test_clean` | none | none | [a.md](a.md) |"
-    assert "1 JSON file(s) here are not leakgate verdicts" in "\n".join(lines)
+    assert "1 JSON file here is not a leakgate verdict" in "\n".join(lines)
     recent = write_index(tmp_path, since=1_750_000_000.0).read_text()
     assert "**1 traced run: 0 PASS · 1 FAIL" in recent and "test_clean" not in recent
 

@@ -65,7 +65,12 @@ def index_lines(
         total += f" · most severe: {text(finding_text(top))} ({code(run_name(path, doc))})"
     lines = ["# leakgate memory verdicts", "", *decision_lines(decision), total, ""]
     if unreadable:
-        lines += [f"{unreadable} JSON file(s) here are not leakgate verdicts and were skipped.", ""]
+        skipped = (
+            "1 JSON file here is not a leakgate verdict and was skipped."
+            if unreadable == 1
+            else f"{unreadable} JSON files here are not leakgate verdicts and were skipped."
+        )
+        lines += [skipped, ""]
     if not entries:
         return [*lines, "No traced run."]
     rows = []

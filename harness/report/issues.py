@@ -16,6 +16,7 @@ from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.sample import Sample
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import CONFIGURATION, Finding, Kind, Outcome, Status, Verdict
+from harness.wording import plural
 
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
 MESSAGE_CHARS = 600
@@ -123,7 +124,8 @@ def recheck(run: Run, finding: Finding) -> Markdown | None:
     where = text(checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch)))
     against = (
         f"against the loop's fitted start level of {format_mib(level)} ({code(stats.metric)}, "
-        f"median of the first {stats.baseline_batches} batches after the warm-up): "
+        f"median of the first {plural(stats.baseline_batches or 0, 'batch', 'batches')} after "
+        "the warm-up): "
         f"{format_size(value - level, signed=True)}"
     )
     if finding.outcome == Outcome.RELEASED:
@@ -191,7 +193,7 @@ def holder_text(holder: Mapping[str, Any]) -> Markdown:
         details.append(text(describe(holder["container"])))
     items = as_int(holder.get("items"))
     if items is not None:
-        details.append(f"{items} item{'s' * (items != 1)}")
+        details.append(plural(items, "item"))
     size = as_int(holder.get("bytes"))
     if size is not None:
         details.append(format_size(size))

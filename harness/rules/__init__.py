@@ -45,6 +45,7 @@ from harness.verdict import (
     Status,
     Verdict,
 )
+from harness.wording import plural
 
 register_rule(_ranks.RULE, _ranks.rank_outlier, scope="run", option=None)
 
@@ -261,7 +262,7 @@ def _judge_error(
     if error_is_oom and not ooms:
         findings.append(Finding(Kind.OOM, None, None, None, f"out of memory: {text}", rule="oom"))
     failed = bool(ooms) or error_is_oom
-    details = f"{len(ooms)} OOM event(s)" + (f"; raised {text}" if error_is_oom else "")
+    details = plural(len(ooms), "OOM event") + (f"; raised {text}" if error_is_oom else "")
     ctx.check("oom", "run", CheckStatus.FAIL if failed else CheckStatus.PASS, details)
     if error is None or error_is_oom:
         return None

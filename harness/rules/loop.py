@@ -17,6 +17,7 @@ from harness.rules.context import Context, Fit, Group, rate, where
 from harness.rules.registry import register_rule
 from harness.units import format_size
 from harness.verdict import Finding, Kind, Outcome
+from harness.wording import plural
 
 ALPHA = 0.01
 MIN_TREND_POINTS = 6
@@ -31,7 +32,8 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
             "max_growth",
             group.scope,
             "SKIP",
-            f"{len(judged)} batches after {ctx.rules.warmup} warm-up: too few for a trend"
+            f"{plural(len(judged), 'batch', 'batches')} after {ctx.rules.warmup} warm-up: too "
+            "few for a trend"
             f" (need {MIN_TREND_POINTS})",
             None,
             limit,
