@@ -311,8 +311,7 @@ def test_a_malformed_verdict_is_one_line_naming_the_file_and_field(tmp_path, cap
     if command == "index":  # the index skips what it cannot read and says how many
         assert (
             code == 0
-            and "1 JSON file here is not a leakgate verdict"
-            in (tmp_path / "index.md").read_text()
+            and "1 JSON file here is not a leakgate verdict" in (tmp_path / "index.md").read_text()
         )
         return
     assert code == 2 and err == f"error: {tmp_path / 'v.json'}: {message}\n"

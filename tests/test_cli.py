@@ -43,9 +43,7 @@ def test_report_judges_by_the_header_rules_and_writes_markdown_and_json(tmp_path
     out = tmp_path / "out" / "leaky.md"
     assert main(["report", str(timeline), "-o", str(out)]) == 1
     printed = capsys.readouterr().out
-    assert (
-        printed.startswith("FAIL: 1 finding, worst leak +") and f"; wrote {out} and " in printed
-    )
+    assert printed.startswith("FAIL: 1 finding, worst leak +") and f"; wrote {out} and " in printed
     text = out.read_text()
     assert text.startswith("# Memory report: t.py::test_x\n")
     assert "(P0): Leak in validation epoch 0" in text and "max_growth " in text
