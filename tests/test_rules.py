@@ -337,6 +337,24 @@ def test_an_oom_sample_is_a_finding_not_a_crash():
     assert oom.evidence[0].batch == 1
 
 
+def test_each_failure_of_a_batch_is_one_reading_of_its_oom_finding():
+    """A capacity checkpoint and the OOM the trainer reports for it are one failure; the batch
+    retried at half the size fails again: two failures, two readings."""
+    over = "emulated capacity 512.0MiB exceeded at 'VALIDATION_BATCH': 600.0MiB on cpu"
+    failure = [
+        Sample("VALIDATION_BATCH", "validation", 0, 3, 2.0, {"allocated": BASE}, note=over),
+        Sample("OOM", "validation", 0, 3, 2.1, {"allocated": BASE}, note=over),
+    ]
+    samples = loop(noisy(0.0, n=3))
+    samples[3:3] = failure * 2
+    (oom,) = judge(samples, Rules()).findings
+    assert [(e.label, e.batch) for e in oom.evidence] == [("VALIDATION_BATCH", 3)] * 2
+    reported = [replace(s, label="OOM") for s in failure]  # two OOMs the trainer reported
+    samples[3:7] = reported
+    (oom,) = judge(samples, Rules()).findings
+    assert [e.label for e in oom.evidence] == ["OOM", "OOM"]
+
+
 @pytest.mark.parametrize(
     "note",
     ["RuntimeError: out of memory", "emulated capacity 4096.0MB exceeded at 'B': 4100.2MB on cpu"],
