@@ -213,6 +213,25 @@ def test_an_error_the_run_did_not_raise_is_not_reported_as_raised():
     assert "ERROR: the run raised `boom`" in render_report(raised)
 
 
+def test_the_re_check_line_shows_only_where_a_re_check_could_have_run():
+    stopped = render_report(run_of(incident(30, oom=True)))  # out of memory inside the loop
+    assert "Re-check:" not in stopped and "re-check" not in section(stopped, "Issues Found")
+    unchecked = [s for s in incident() if s.label != "AFTER_VALIDATION"]
+    unchecked = [replace(s, metrics={"allocated": 1651 * MB}) if s.label == "VALIDATION_END"
+                 else s for s in unchecked]  # fmt: skip
+    (leak,) = judge(unchecked, RULES).of_kind("leak")
+    assert leak.outcome == "unchecked"
+    assert "- **Re-check:** no collected reading after the loop" in render_report(run_of(unchecked))
+
+
+def test_a_rank_holder_is_named_as_code_its_rank_as_text():
+    holder = {**HOLDER, "path": "rank 0: test_ddp.KEPT", "rank": 0}
+    text = render_report(run_of(incident(), holders=[holder]))
+    assert "held by rank 0: `test_ddp.KEPT` (list, 176 items" in text
+    assert "Clear rank 0: `test_ddp.KEPT` inside the loop" in text
+    assert "`rank 0" not in text
+
+
 def test_a_configuration_mistake_is_reported_as_one_with_its_fix():
     text = render_report(run_of(incident(), {**RULES, "phase": "validaton"}))
     said = (

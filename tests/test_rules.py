@@ -230,6 +230,14 @@ def test_memory_freed_after_the_phase_by_other_code_does_not_clear_a_leak():
     assert leak.kind == "leak" and "no collected re-check" in leak.message
 
 
+def test_a_run_that_stopped_inside_the_loop_says_nothing_of_a_re_check():
+    stopped = loop(noisy(64 * KB))[:-1]  # no VALIDATION_END: the run ended in the loop
+    (leak,) = judge(stopped, Rules(max_growth="5MB")).findings
+    assert leak.outcome == "unchecked" and "re-check" not in leak.message
+    (leak,) = judge(loop(noisy(64 * KB)), Rules(max_growth="5MB")).findings
+    assert leak.message.endswith("; no collected re-check after the loop")
+
+
 def test_growth_still_held_after_collection_is_a_retained_leak():
     samples = with_after(loop(noisy(64 * KB)), ("AFTER_GC", "validation", BASE + 11 * MB, True))
     (leak,) = judge(samples, Rules(max_growth="5MB")).findings

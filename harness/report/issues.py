@@ -103,10 +103,14 @@ def explanation(oom: Finding, findings: Sequence[Finding]) -> Finding | None:
 def recheck(run: Run, finding: Finding) -> Markdown | None:
     """What a leak's re-check compared: the loop's fitted start level against the reading
     after the loop that released the memory, or against the collected one that still held
-    it. ``None`` for other findings, or when the judged loop cannot be found again."""
+    it. ``None`` for other findings, for a run that stopped inside the loop (no reading of the
+    phase after it, where a re-check could have been), or when the judged loop cannot be found
+    again."""
     if finding.kind != Kind.LEAK or finding.outcome is None:
         return None
     if finding.outcome == Outcome.UNCHECKED:
+        if not went_on(run, finding):
+            return None
         return Markdown("no collected reading after the loop, so the growth inside it stands.")
     if len(finding.evidence) < 3:
         return None
@@ -141,20 +145,31 @@ def recheck(run: Run, finding: Finding) -> Markdown | None:
     )
 
 
+def went_on(run: Run, finding: Finding) -> bool:
+    """Whether ``finding``'s phase and epoch have a reading after its last evidence (the loop's
+    last judged batch) that is not a batch of the loop; True when that cannot be found."""
+    last = finding.evidence[-1] if finding.evidence else None
+    if last is None or not 0 <= last.index < len(run.samples):
+        return True
+    later = (run.samples[i] for i in range(last.index + 1, len(run.samples)))
+    return any(
+        (s.phase, s.epoch) == (finding.phase, finding.epoch) and s.batch is None for s in later
+    )
+
+
 def advice(run: Run, finding: Finding) -> tuple[str, str]:
     """The suspected root cause and the recommended fix for ``finding``."""
     holders = holders_for(run, finding)
     described = holder_text(holders[0]) if holders else ""
     if len(holders) > 1:
         described += "; also " + "; ".join(holder_text(h) for h in holders[1:3])
-    path = holders[0].get("path") if holders else None
     return advise(
         finding,
         run.verdict.findings,
         phase=text(finding.phase) if finding.phase else "the run",
         size=format_size(as_int(finding.bytes)),
         holders=described,
-        holder=code(path) if path else "",
+        holder=holder_name(holders[0]) if holders and holders[0].get("path") else "",
     )
 
 
@@ -197,14 +212,23 @@ def holder_text(holder: Mapping[str, Any]) -> Markdown:
     size = as_int(holder.get("bytes"))
     if size is not None:
         details.append(format_size(size))
-    path = holder.get("path")
-    said = f"held by {code(path)}" if path else "held by an unnamed object"
+    said = f"held by {holder_name(holder)}" if holder.get("path") else "held by an unnamed object"
     if details:
         said += f" ({', '.join(details)})"
     sites = holder.get("sites")
     if isinstance(sites, (list, tuple)) and sites:
         said += ", allocated at " + ", ".join(code(s) for s in sites[:3])
     return Markdown(said)
+
+
+def holder_name(holder: Mapping[str, Any]) -> Markdown:
+    """A holder's path as code: what a user edits. A merged run's ``rank N: `` before it is
+    text, outside the code."""
+    path = str(holder.get("path"))
+    rank = f"rank {holder.get('rank')}: "
+    if "rank" in holder and path.startswith(rank) and path != rank:
+        return Markdown(text(rank.strip()) + " " + code(path.removeprefix(rank)))
+    return code(path)
 
 
 def evidence(finding: Finding) -> Markdown:
