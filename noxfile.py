@@ -1,4 +1,5 @@
-"""Sessions: ``gpu_leak`` (the main job), ``gpu_check``, ``tests``, ``lint``, ``bench``.
+"""Sessions: ``gpu_leak`` (the main job), ``budgets``, ``gpu_check``, ``tests``, ``lint``,
+``bench``.
 
 How torch is chosen, in order:
 
@@ -109,6 +110,15 @@ def gpu_leak(session: nox.Session) -> None:
     else:
         session.log(f"no baseline verdicts in {baseline}: the gate judges the run's verdicts alone")
     session.run(*gate)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def budgets(session: nox.Session) -> None:
+    """The main job's budgets from measured spread (``benchmarks/budgets.py``): the clean job
+    run N times, each budget the largest reading plus k times the spread; ``--write`` puts them
+    in ``tft/budgets.json`` (arguments after ``--``: ``--runs 5 --k 3 --write``)."""
+    install(session, "test")
+    session.run("python", "benchmarks/budgets.py", *session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)

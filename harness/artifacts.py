@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput, one_line
 from harness.fsio import read_regular, write_atomic
+from harness.naming import is_rebuilt
 from harness.report import (
+    GateDecision,
     Run,
     checkpoint_name,
     ended,
@@ -247,15 +249,27 @@ def _whole(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
             raise BadInput(f"expected a whole number, got {shown(value)}", field=where + key)
 
 
-def write_index(directory: str | os.PathLike[str], *, since: float | None = None) -> Path:
-    """(Re)write ``<directory>/index.md`` from the verdict JSONs there: totals on top, then one
-    row per run, failures first. ``since`` keeps only runs whose timeline header started at or
-    after that time (a session's own runs)."""
+def verdict_files(directory: Path) -> list[Path]:
+    """The runs' own verdicts in ``directory``: its ``*.json`` files, rebuilt copies
+    (``<name>.rebuilt.json``, :func:`~harness.naming.rebuilt`) left out, sorted."""
+    return [path for path in sorted(directory.glob("*.json")) if not is_rebuilt(path)]
+
+
+def write_index(
+    directory: str | os.PathLike[str],
+    *,
+    since: float | None = None,
+    decision: GateDecision | None = None,
+) -> Path:
+    """(Re)write ``<directory>/index.md`` from the verdict JSONs there: the gate's ``decision``
+    (when a gate decided) and totals on top, then one row per run, failures first. ``since``
+    keeps only runs whose timeline header started at or after that time (a session's own
+    runs)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     entries = []
     unreadable = 0
-    for path in sorted(directory.glob("*.json")):
+    for path in verdict_files(directory):
         try:
             doc = load_run_document(path)
         except ValueError:
@@ -266,7 +280,7 @@ def write_index(directory: str | os.PathLike[str], *, since: float | None = None
             continue
         entries.append((path, doc))
     index = directory / INDEX
-    write_atomic(index, "\n".join(index_lines(entries, unreadable)) + "\n")
+    write_atomic(index, "\n".join(index_lines(entries, unreadable, decision)) + "\n")
     return index
 
 

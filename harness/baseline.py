@@ -29,7 +29,9 @@ from harness.artifacts import (
 from harness.errors import BadInput
 from harness.fsio import write_atomic
 from harness.naming import safe_name
-from harness.units import format_size
+from harness.report import GateDecision
+from harness.units import format_mib, format_size
+from harness.wording import plural
 
 SUMMARY_SCHEMA = "leakgate-session/1"
 PHASE_FIELDS = ("phase", "epoch", "metric", "status", "growth", "slope", "peak_rise", "budget")
@@ -199,10 +201,12 @@ class Outcome(Protocol):
 
 @dataclass(frozen=True)
 class Closed:
-    """A session's end: the terminal lines, and whether the session fails for them."""
+    """A session's end: the terminal lines, whether the session fails for them, and the
+    comparison's decision for the index (None when no baseline was compared)."""
 
     lines: list[str]
     failed: bool
+    decision: GateDecision | None = None
 
 
 def close_session(
@@ -229,6 +233,7 @@ def close_session(
                 failed = True
     judged: dict[str, Judged] = {}
     missing: list[str] = []
+    decision = None
     if compare is not None:
         base = {path.name: path for path in sorted(compare.glob("*.json"))}
         for nodeid, new in documents.items():
@@ -243,23 +248,37 @@ def close_session(
         regressed = [nodeid for nodeid, j in judged.items() if j.regressed]
         for nodeid in regressed:
             lines.append(f"leakgate REGRESSION {nodeid} against the baseline {compare}")
-            lines += [f"    {line}" for line in _regression_lines(judged[nodeid].comparison)]
-        lines += [
-            f"leakgate REGRESSION missing from the run: {name} is in the baseline {compare} "
+            lines += [f"    {line}" for line in regression_lines(judged[nodeid].comparison)]
+        problems = [
+            f"missing from the run: {name} is in the baseline {compare} "
             "but no test of this session wrote it"
             for name in missing
         ]
-        unmatched = sum(j.comparison is None for j in judged.values())
-        lines.append(
-            f"leakgate baseline {compare}: {'FAIL' if regressed or missing else 'PASS'}: "
+        lines += [f"leakgate REGRESSION {problem}" for problem in problems]
+        unmatched = [f"{safe_name(n)}.json" for n, j in judged.items() if j.comparison is None]
+        totals = (
             f"{len(regressed)} of {len(judged)} verdicts regressed, {len(missing)} missing, "
-            f"{unmatched} without a base"
+            f"{len(unmatched)} without a base"
+        )
+        lines.append(
+            f"leakgate baseline {compare}: {'FAIL' if regressed or missing else 'PASS'}: {totals}"
         )
         failed = failed or bool(regressed or missing)
+        decision = GateDecision(
+            not failed and all(o.status == "PASS" for o in outcomes),
+            totals,
+            baseline=str(compare),
+            tolerance=tolerance_text(DEFAULT_TOLERANCE, DEFAULT_MIN_BYTES),
+            regressions={
+                f"{safe_name(n)}.json": regression_lines(judged[n].comparison) for n in regressed
+            },
+            problems=problems,
+            unmatched=unmatched,
+        )
     if save is not None:
         try:
             files = save_baseline(save, {f"{safe_name(k)}.json": v for k, v in documents.items()})
-            lines.append(f"leakgate: saved {len(files)} verdict(s) as the baseline {save}")
+            lines.append(f"leakgate: saved {plural(len(files), 'verdict')} as the baseline {save}")
         except OSError as exc:
             lines.append(f"leakgate warning: the baseline was not saved ({_os_error(exc)})")
             failed = True
@@ -282,7 +301,7 @@ def close_session(
         except OSError as exc:
             lines.append(f"leakgate warning: the summary was not written ({_os_error(exc)})")
             failed = True
-    return Closed(lines, failed)
+    return Closed(lines, failed, decision)
 
 
 def _comparison_of(judged: Judged | None) -> dict[str, Any] | None:
@@ -291,13 +310,17 @@ def _comparison_of(judged: Judged | None) -> dict[str, Any] | None:
     return comparison_summary(judged.comparison)
 
 
-def _regression_lines(comparison: Comparison | None) -> list[str]:
-    """Why one verdict regressed: its status, or each value beyond the tolerance."""
+def regression_lines(comparison: Comparison | None) -> list[str]:
+    """Why one verdict regressed: nothing in common with its base, a status that passed there
+    and not here, each value beyond the tolerance (what, phase and metric, base -> now, what
+    was allowed)."""
     if comparison is None:
         return []
     if comparison.nothing_compared:
         return ["nothing compared: no judged phase or teardown check in common with the base"]
-    lines = [f"status {comparison.base_status} -> {comparison.new_status}"]
+    lines = []
+    if comparison.status_regressed:
+        lines.append(f"status {comparison.base_status} -> {comparison.new_status}")
     lines += [
         f"{c.item} ({c.metric}): {_size(c, c.base)} -> {_size(c, c.new)}, more than "
         f"{comparison.tolerance:.0%} and {_size(c, c.floor)} allowed"
@@ -308,6 +331,11 @@ def _regression_lines(comparison: Comparison | None) -> list[str]:
 
 def _size(change: Change, value: float | None) -> str:
     return format_size(value) + ("/batch" if change.per_batch else "")
+
+
+def tolerance_text(tolerance: float, min_bytes: int) -> str:
+    """The growth a comparison allows: ``10% and 1.0 MiB``."""
+    return f"{tolerance:.0%} and {format_mib(min_bytes)}"
 
 
 def _os_error(error: OSError) -> str:

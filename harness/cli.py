@@ -17,7 +17,6 @@ import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.artifacts import (
     DEFAULT_MIN_BYTES,
@@ -38,10 +37,10 @@ from harness.fsio import would_replace
 from harness.gate import FAIL, PASS, comparison_lines, gate_folder, write_index_to
 from harness.identity import check_world_size
 from harness.merge import merge_timelines
-from harness.naming import check_file_name
+from harness.naming import check_file_name, rebuilt
 from harness.options import Rules, judged_options
 from harness.report import render_report
-from harness.timeline import MAX_BYTES, read_timeline
+from harness.timeline import MAX_BYTES, Timeline, read_timeline
 from harness.units import parse_size
 
 BAD_INPUT = 2
@@ -67,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         metavar="OUT.md",
-        help="report path (default: TIMELINE with .md; - for stdout)",
+        help="report path (default: TIMELINE with .md, or with .rebuilt.md when the run's own "
+        "report or verdict is there; - for stdout)",
     )
     report.add_argument(
         "--json", type=Path, metavar="OUT.json", help="verdict path (default: OUT with .json)"
@@ -104,17 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("new", type=Path, metavar="NEW.json")
     _tolerance_options(compare)
 
-    index = commands.add_parser("index", help="rewrite DIR/index.md from the verdicts in DIR")
+    index = commands.add_parser(
+        "index", help="rewrite DIR/index.md from the verdicts in DIR (no baseline compared)"
+    )
     index.add_argument("directory", type=Path, metavar="DIR")
 
     gate = commands.add_parser(
         "gate",
-        help="index DIR, then exit 1 if any verdict there fails or regresses against a baseline",
-        description="Write DIR/index.md, then check every verdict in DIR: any status but PASS "
+        help="exit 1 if any verdict in DIR fails or regresses against a baseline; DIR/index.md "
+        "shows the decision",
+        description="Check every verdict in DIR, then write DIR/index.md with the decision above "
+        "its table (nothing when the input is refused): any status but PASS "
         "fails the gate, and so does a regression against the same-named verdict in BASELINE "
         "(verdicts without a baseline are listed and checked for their status only). Each "
         "timeline X.jsonl in DIR needs its X.json from the same run (run_id), and must have "
-        "reached its end checkpoint; every verdict in BASELINE must be in DIR. A DIR without "
+        "ended (its end record, or in an older timeline its end checkpoint); every verdict in "
+        "BASELINE must be in DIR. Rebuilt copies (X.rebuilt.json) are not read. A DIR without "
         "verdicts, or a BASELINE that is not a folder of verdicts, is bad input: a gate that "
         "judged nothing must not pass.",
     )
@@ -184,12 +189,10 @@ def _report(args: argparse.Namespace) -> int:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path=args.timeline) from None
     except ValueError as exc:
         raise as_bad_input(exc) from None
-    rules = _rules(args, timeline.header)
+    rules = _rules(args, timeline)
+    markdown, document = _outputs(args)
+    replaced = [p for p in (markdown, document) if p is not None and p.exists()]
     to_stdout = args.output == "-"
-    markdown = None if to_stdout else Path(args.output or args.timeline.with_suffix(".md"))
-    document = None
-    if markdown is not None and not args.no_json:
-        document = args.json or markdown.with_suffix(".json")
     try:
         for path in (markdown, document):
             if path is not None:
@@ -212,7 +215,9 @@ def _report(args: argparse.Namespace) -> int:
         raise as_unwritable(finished.write_error, markdown)
     if to_stdout:
         sys.stdout.write(render_report(finished.run))
-    written = " and ".join(str(p) for p in (markdown, document) if p is not None)
+    written = " and ".join(
+        f"{p} (replaced)" if p in replaced else str(p) for p in (markdown, document) if p
+    )
     summary = summary_line(finished.verdict)
     if timeline.torn:
         summary += f", {timeline.torn} torn line skipped"
@@ -222,14 +227,26 @@ def _report(args: argparse.Namespace) -> int:
     return PASS if finished.verdict.passed else FAIL
 
 
+def _outputs(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """Where the report and the verdict go: ``-o`` (and ``--json``) as given; else beside the
+    timeline as ``<name>.md`` and ``.json``, or, when the run's own report or verdict is there,
+    as ``<name>.rebuilt.md`` and ``.json``, so a rebuild never replaces the original."""
+    if args.output == "-":
+        return None, None
+    markdown = Path(args.output) if args.output else args.timeline.with_suffix(".md")
+    if not args.output and (markdown.exists() or markdown.with_suffix(".json").exists()):
+        markdown = rebuilt(markdown)
+    document = None if args.no_json else Path(args.json or markdown.with_suffix(".json"))
+    return markdown, document
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before anything is read or written, a report or verdict path whose write would
     replace the input timeline (through a linked folder, a link or a hard link too), and one
     path for both outputs."""
-    if args.output == "-":
+    markdown, document = _outputs(args)
+    if markdown is None:
         return
-    markdown = Path(args.output or args.timeline.with_suffix(".md"))
-    document = None if args.no_json else Path(args.json or markdown.with_suffix(".json"))
     for kind, path in (("report", markdown), ("verdict", document)):
         if path is not None and would_replace(path, args.timeline):
             raise BadInput(f"is the input timeline; the {kind} must go elsewhere", path=path)
@@ -237,10 +254,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise BadInput("the report and the verdict cannot be written to one file", path=markdown)
 
 
-def _rules(args: argparse.Namespace, header: dict[str, Any]) -> Rules:
-    """The timeline's stored rules, each overridden by an option given on the command line."""
+def _rules(args: argparse.Namespace, timeline: Timeline) -> Rules:
+    """The rules the timeline's run was judged by, each overridden by an option given on the
+    command line."""
     try:
-        stored = rules_of(header)
+        stored = rules_of(timeline.header, timeline.end)
         given = {o.name: getattr(args, o.name) for o in judged_options()}
         given = {k: tuple(v) if k == "phase" else v for k, v in given.items() if v is not None}
         written = {k: v for k, v in stored.written.items() if k not in given}

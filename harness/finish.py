@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from harness.store import NONE
 from harness.timeline import Timeline
 from harness.units import format_size
 from harness.verdict import Rules, Verdict
+from harness.wording import plural
 
 if TYPE_CHECKING:
     from harness.attribution import Holder, Share
@@ -79,10 +81,13 @@ class Finished:
         return lines
 
 
-def rules_of(header: Mapping[str, Any]) -> Rules:
-    """The rules a timeline was recorded under (``header["rules"]``, or an older timeline's
-    ``meta.rules``); default rules when it names none. ``ValueError`` when they do not read."""
-    stored = header.get("rules")
+def rules_of(header: Mapping[str, Any], end: Mapping[str, Any] | None = None) -> Rules:
+    """The rules a timeline's run was judged by (its end record's ``rules``) or recorded under
+    (``header["rules"]``, or an older timeline's ``meta.rules``); default rules when it names
+    none. ``ValueError`` when they do not read."""
+    stored = (end or {}).get("rules")
+    if stored is None:
+        stored = header.get("rules")
     if stored is None:
         meta = header.get("meta")
         stored = meta.get("rules") if isinstance(meta, Mapping) else None
@@ -118,18 +123,29 @@ def finish_run(
     fails is returned as ``write_error``, never raised: the verdict must still reach its caller.
     """
     live = not isinstance(record, Timeline)
+    kept: Mapping[str, Any] = {}
     if isinstance(record, Timeline):
         header, samples, torn = record.header, record.samples, record.torn
         error = record.error if record.end is not None else unfinished(record)
+        kept = record.end or {}
     else:
         header, samples, torn = record.header, record.samples, 0
         timeline = timeline or record.timeline_path
-        record.end(None if error is None else describe_error(error))
     if rules is None:
-        rules = rules_of(header)
-    verdict = judge(samples, rules, error=error)
-    explained = _shares(record, verdict) if not isinstance(record, Timeline) else []
-    holders = _named(explained)
+        rules = rules_of(header, kept)
+    explained: list[Share] = []
+    holders: list[Holder] = []
+    try:
+        verdict = judge(samples, rules, error=error)
+        if not isinstance(record, Timeline):
+            explained = _shares(record, verdict)
+            holders = _named(explained)
+    finally:
+        if not isinstance(record, Timeline):
+            record.end(
+                None if error is None else describe_error(error),
+                ending(rules, holders, explained),
+            )
     if directory is not None:
         folder = Path(directory)
         if live and timeline is not None and timeline.parent == folder:
@@ -144,7 +160,7 @@ def finish_run(
         samples=samples,
         verdict=verdict,
         title=title or _test_of(header),
-        holders=[h.to_dict() for h in holders],
+        holders=[h.to_dict() for h in holders] if live else list(kept.get("holders") or ()),
         torn=torn,
         timeline=relative(timeline, here),
         verdict_file=relative(document, here),
@@ -191,9 +207,20 @@ def unfinished(timeline: Timeline) -> str | None:
     return f"run ended at checkpoint {len(samples)}, {where}: killed or crashed before its end"
 
 
+def ending(rules: Rules, holders: Sequence[Holder], shares: Sequence[Share]) -> dict[str, Any]:
+    """What a run's end record keeps so that its report can be rebuilt as it was: the rules it
+    was judged by (as written), the holders named, and each finding's share as the
+    attribution gave it (every field, and its text)."""
+    return {
+        "rules": rules.to_dict(),
+        "holders": [h.to_dict() for h in holders],
+        "shares": [{**dataclasses.asdict(s), "text": str(s)} for s in shares],
+    }
+
+
 def summary_line(verdict: Verdict) -> str:
-    """``FAIL: 2 finding(s), worst leak +3.2MB`` for a command's last line."""
-    text = f"{verdict.status}: {len(verdict.findings)} finding(s)"
+    """``FAIL: 2 findings, worst leak +3.2MB`` for a command's last line."""
+    text = f"{verdict.status}: {plural(len(verdict.findings), 'finding')}"
     worst = verdict.worst()
     if worst is not None and worst.bytes is not None:
         text += f", worst {worst.kind} {format_size(worst.bytes, signed=worst.kind != 'oom')}"

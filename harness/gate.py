@@ -8,65 +8,101 @@ odd file, no verdicts at all) raises :class:`~harness.errors.BadInput` for the C
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.artifacts import Change, Comparison, load_run_document, write_index
-from harness.baseline import judge_verdict, missing_from_run
+from harness.artifacts import (
+    Change,
+    Comparison,
+    load_run_document,
+    verdict_files,
+    write_index,
+)
+from harness.baseline import judge_verdict, missing_from_run, regression_lines, tolerance_text
 from harness.errors import BadInput, as_bad_input, as_unwritable
-from harness.labels import is_run_end
+from harness.finish import unfinished
 from harness.merge import gate_problems
+from harness.report.index import GateDecision
 from harness.timeline import read_timeline
 from harness.units import format_mib, format_size
+from harness.wording import plural
 
 PASS, FAIL = 0, 1
 TABLE_ROWS = 20
 
 
-def write_index_to(directory: Path) -> Path:
-    """Write ``directory``'s ``index.md`` and say so; bad input unless it is a folder."""
+def write_index_to(directory: Path, decision: GateDecision | None = None) -> Path:
+    """Write ``directory``'s ``index.md`` (with the gate's ``decision`` when one was made) and
+    say so; bad input unless it is a folder."""
     if not directory.is_dir():
         raise BadInput("not a directory", path=directory)
     try:
-        path = write_index(directory)
+        path = write_index(directory, decision=decision)
     except OSError as exc:
         raise as_unwritable(exc, directory) from None
     print(f"wrote {path}")
     return path
 
 
+@dataclass(frozen=True)
+class Gated:
+    """The gate's decision (as ``index.md`` shows it) and its lines for the terminal."""
+
+    decision: GateDecision
+    lines: list[str]
+
+
 def gate_folder(
     directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int
 ) -> int:
-    """Check every verdict and timeline in DIR, and DIR against the baseline; one line per
-    verdict, one per problem, then the total.
+    """Decide on DIR (:func:`decide`), write its ``index.md`` with the decision, then print one
+    line per verdict, one per problem, and the total. Input the gate refuses writes nothing."""
+    gated = decide(directory, baseline_dir, tolerance=tolerance, min_bytes=min_bytes)
+    write_index_to(directory, gated.decision)
+    for line in gated.lines:
+        print(line)
+    return PASS if gated.decision.passed else FAIL
+
+
+def decide(
+    directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int
+) -> Gated:
+    """Check every verdict and timeline in DIR, and DIR against the baseline, writing nothing.
 
     A verdict or timeline the gate cannot read is bad input (exit 2, one line naming it), and
     so is one that is not a regular file (a FIFO, a socket, a link to a device), refused before
     it is opened: the gate cannot know what that run decided, and a FIFO would block it. It is
     not skipped with a problem line, because exit 1 tells CI that the memory regressed, while
     this is a broken folder to be fixed, as an unreadable verdict is."""
+    if not directory.is_dir():
+        raise BadInput("not a directory", path=directory)
     baseline = _baseline(baseline_dir) if baseline_dir is not None else None
-    write_index_to(directory)
-    verdicts = sorted(directory.glob("*.json"))
+    verdicts = verdict_files(directory)
     timelines = sorted(directory.glob("*.jsonl"))
     if not verdicts and not timelines:
         raise BadInput("no verdicts to gate", path=directory)
     docs = {path.name: _load(path) for path in verdicts}
     problems = [line for path in timelines for line in _timeline_problems(path, docs)]
     failed = 0
+    lines = []
+    regressions: dict[str, list[str]] = {}
     for path in verdicts:
         new = docs[path.name]
         base = _load(baseline[path.name]) if baseline and path.name in baseline else None
         judged = judge_verdict(new, base, tolerance=tolerance, min_bytes=min_bytes)
-        line = f"{judged.status:<5} {path.name}"
         if judged.comparison is not None and judged.regressed:
-            line += " (regression against the baseline)\n"
+            regressions[path.name] = regression_lines(judged.comparison)
+            status = "REGRESSION" if judged.status == "PASS" else judged.status
+            line = f"{status:<5} {path.name} ({judged.status} by its rules, regressed against "
+            line += "the baseline)\n"
             line += "\n".join(f"    {x}" for x in comparison_lines(judged.comparison))
-        elif baseline is not None and base is None:
-            line += " (no baseline)"
+        else:
+            line = f"{judged.status:<5} {path.name}"
+            line += " (no baseline)" if baseline is not None and base is None else ""
         failed += judged.failed
-        print(line)
+        lines.append(line)
+    unmatched: list[str] = []
     if baseline is not None:
         problems += [
             f"missing from the run: {name} is in the baseline {baseline_dir} but not in {directory}"
@@ -74,14 +110,24 @@ def gate_folder(
         ]
         unmatched = sorted(docs.keys() - baseline.keys())
         if unmatched:
-            print(f"no baseline for {len(unmatched)} verdict(s): {', '.join(unmatched)}")
-    for problem in problems:
-        print(problem)
-    total = f"{failed} of {len(verdicts)} verdicts fail"
+            lines.append(
+                f"no baseline for {plural(len(unmatched), 'verdict')}: {', '.join(unmatched)}"
+            )
+    totals = f"{failed} of {len(verdicts)} verdicts fail"
     if problems:
-        total += f", {len(problems)} problem{'s' * (len(problems) != 1)}"
-    print(f"gate: {'FAIL' if failed or problems else 'PASS'}: {total}")
-    return FAIL if failed or problems else PASS
+        totals += f", {plural(len(problems), 'problem')}"
+    passed = not failed and not problems
+    lines += [*problems, f"gate: {'PASS' if passed else 'FAIL'}: {totals}"]
+    decision = GateDecision(
+        passed,
+        totals,
+        baseline=None if baseline_dir is None else str(baseline_dir),
+        tolerance=tolerance_text(tolerance, min_bytes),
+        regressions=regressions,
+        problems=problems,
+        unmatched=unmatched,
+    )
+    return Gated(decision, lines)
 
 
 def _baseline(folder: Path) -> dict[str, Path]:
@@ -89,7 +135,7 @@ def _baseline(folder: Path) -> dict[str, Path]:
     if not folder.is_dir():
         what = "not a directory" if folder.exists() else "no such directory"
         raise BadInput(what, path=folder, field="baseline")
-    found = {path.name: path for path in sorted(folder.glob("*.json"))}
+    found = {path.name: path for path in verdict_files(folder)}
     if not found:
         raise BadInput("no verdicts in it", path=folder, field="baseline")
     return found
@@ -104,7 +150,8 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]:
     """What stops a timeline's run from counting: no verdict beside it, a verdict from another
-    run (a killed run leaves the previous run's verdict in place), or a run that did not end.
+    run (a killed run leaves the previous run's verdict in place), or a run that did not end
+    (no end record, nor, in a timeline older than end records, its end checkpoint).
     A rank's timeline needs its run's merged verdict (:func:`~harness.merge.gate_problems`),
     and a verdict of its own, when there is one, from the same run."""
     try:
@@ -129,7 +176,7 @@ def _timeline_problems(path: Path, docs: dict[str, dict[str, Any]]) -> list[str]
             f"stale verdict: {verdict} is from run {doc.get('run_id') or 'unknown'}, "
             f"{path.name} from run {run_id or 'unknown'}"
         )
-    if not any(is_run_end(s.label) for s in timeline.samples):
+    if timeline.end is None and unfinished(timeline) is not None:
         epochs = [s.epoch for s in timeline.samples if s.epoch is not None]
         problems.append(
             f"incomplete run: {path.name} ended at checkpoint {len(timeline.samples)} "
@@ -142,7 +189,7 @@ def comparison_lines(comparison: Comparison) -> list[str]:
     """A summary line, then a small table: every value beyond the tolerance (or, when none is,
     the three largest changes)."""
     c = comparison
-    limit = f"{c.tolerance:.0%} and {format_mib(c.min_bytes)}"
+    limit = tolerance_text(c.tolerance, c.min_bytes)
     regressions = c.regressions
     if c.nothing_compared:
         return [
@@ -157,7 +204,8 @@ def comparison_lines(comparison: Comparison) -> list[str]:
     ]
     if c.only_in_base or c.only_in_new:
         lines.append(
-            f"not compared: {c.only_in_base} value(s) only in BASE, {c.only_in_new} only in NEW"
+            f"not compared: {plural(c.only_in_base, 'value')} only in BASE, {c.only_in_new} only "
+            "in NEW"
         )
     beyond = regressions + sorted(
         (x for x in c.changes if x.improvement), key=lambda x: x.delta or 0

@@ -58,7 +58,7 @@ def text(value: object, limit: int = LIMIT) -> Markdown:
     either end). It renders as the same characters, never as a link, an image, HTML, code,
     emphasis, a heading or another table cell."""
     one = plain(value, limit)
-    out = []
+    out: list[str] = []
     last = len(one) - 1
     for i, char in enumerate(one):
         if char in _SPECIAL:
@@ -92,6 +92,25 @@ def code(value: object, limit: int = LIMIT) -> Markdown:
     fence = "`" * (_longest_run(one, "`") + 1)
     pad = " " if one.startswith("`") or one.endswith("`") else ""
     return Markdown(f"{fence}{pad}{one}{pad}{fence}")
+
+
+def spans(value: object, limit: int = LIMIT) -> Markdown:
+    """A sentence of leakgate's own with outside values in it: the parts between paired
+    backticks as inline code (:func:`code`), the rest as :func:`text`; with an unpaired
+    backtick, all of it as text."""
+    one = plain(value, limit)
+    parts = one.split("`")
+    if len(parts) % 2 == 0:
+        return text(one, limit)
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        if i % 2:
+            out.append(code(part))
+            continue
+        lead = " " if part.startswith(" ") else ""
+        trail = " " if part.endswith(" ") and part.strip() else ""
+        out.append(lead + text(part) + trail)
+    return Markdown("".join(out))
 
 
 def strong(value: object) -> Markdown:

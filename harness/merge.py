@@ -33,7 +33,7 @@ from harness.report.ranks import MergedRun, RankRun
 from harness.rules import decide
 from harness.rules.ranks import judge_ranks
 from harness.timeline import Timeline, read_timeline
-from harness.verdict import Check, CheckStatus, PhaseStats, Rules, Status, Verdict
+from harness.verdict import RAISED, Check, CheckStatus, PhaseStats, Rules, Status, Verdict
 
 if TYPE_CHECKING:
     from harness.recorder import Recorder
@@ -106,7 +106,7 @@ def merge_verdicts(parts: Sequence[RankRun], rules: Rules, world_size: int) -> V
     raised = [
         p
         for p in parts
-        if any(c.rule == "error" and c.status == CheckStatus.ERROR for c in p.verdict.checks)
+        if any(c.rule == RAISED and c.status == CheckStatus.ERROR for c in p.verdict.checks)
     ]
     if missing:
         text = f"rank {missing} of {world_size} left no timeline"

@@ -1,5 +1,6 @@
 """File names the harness makes: a test id as a safe file name, a name a user gives checked to
-be one, a rank's timeline name, and the run and rank read back from one."""
+be one, a rank's timeline name, the run and rank read back from one, and a rebuilt copy's
+name."""
 
 from __future__ import annotations
 
@@ -63,3 +64,18 @@ def run_name(path: str | os.PathLike[str]) -> tuple[str, int] | None:
     stem = Path(path).stem
     found = re.fullmatch(r"(.+)\.rank(\d+)", stem)
     return (found.group(1), int(found.group(2))) if found else None
+
+
+REBUILT = ".rebuilt"
+"""The mark of a report and verdict rebuilt from a timeline beside the run's own."""
+
+
+def rebuilt(path: str | os.PathLike[str]) -> Path:
+    """``<stem>.rebuilt<suffix>`` for ``path``: a rebuilt copy's name beside the original."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}{REBUILT}{path.suffix}")
+
+
+def is_rebuilt(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a rebuilt copy (``x.rebuilt.json``), not a run's own file."""
+    return Path(path).stem.endswith(REBUILT)

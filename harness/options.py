@@ -194,8 +194,8 @@ class Rules:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise BadInput(
-                f"unknown rule(s) {sorted(map(str, unknown))}; known rules: "
-                + ", ".join(option_names())
+                f"unknown rule{'s' * (len(unknown) != 1)} {sorted(map(str, unknown))}; known "
+                "rules: " + ", ".join(option_names())
             )
         try:
             return cls(**data)

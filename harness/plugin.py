@@ -34,6 +34,7 @@ from harness.options import options, parse_option
 if TYPE_CHECKING:
     from harness.baseline import SessionOptions
     from harness.recorder import Recorder
+    from harness.report import GateDecision
     from harness.rules import Rules, Verdict
 
 DEFAULT_DIR = "reports"
@@ -176,6 +177,7 @@ class LeakGate:
         if self.directory is not None:  # where run_ranks inside a test writes (harness.spawn)
             os.environ[MEMREPORT_ENV] = str(self.directory.resolve())
         self.session_lines: list[str] = []
+        self.decision: GateDecision | None = None
         self.snapshot_note: str | None = None
 
     def rules_for(self, item: pytest.Item) -> Rules:
@@ -407,7 +409,7 @@ class LeakGate:
                 self.session.save,
                 self.session.json,
             )
-            self.session_lines = closed.lines
+            self.session_lines, self.decision = closed.lines, closed.decision
             if closed.failed and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.directory is None or hasattr(self.config, "workerinput"):
@@ -416,7 +418,7 @@ class LeakGate:
             from harness.artifacts import write_index
 
             try:
-                write_index(self.directory, since=self.started)
+                write_index(self.directory, since=self.started, decision=self.decision)
             except OSError as exc:
                 self.write_failed(exc)
 

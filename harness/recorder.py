@@ -24,6 +24,7 @@ from harness.errors import BadInput
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
+from harness.rules import describe_error
 from harness.sample import Sample
 from harness.store import SampleStore, make_sample
 from harness.timeline import TimelineWriter
@@ -322,11 +323,13 @@ class Recorder:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
 
-    def end(self, error: str | None = None) -> None:
-        """Write the timeline's end record once: the run finished, raising ``error`` (text)."""
+    def end(self, error: str | None = None, details: Mapping[str, Any] | None = None) -> None:
+        """Write the timeline's end record once: the run finished, raising ``error`` (text),
+        with ``details`` for a report rebuilt from the timeline (:func:`harness.finish_run`'s
+        rules, holders and shares)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
-            self._timeline.end(error)
+            self._timeline.end(error, details)
 
     @property
     def closed(self) -> bool:
@@ -334,10 +337,18 @@ class Recorder:
         return self._closed
 
     def close(self) -> None:
-        """Close the timeline and the probe, and undo the recorder's ``gc.freeze()``."""
+        """End the run cleanly (the timeline's end record, unless :meth:`end` wrote one), close
+        the timeline and the probe, and undo the recorder's ``gc.freeze()``. Only a timeline
+        that stops without its end record reads as a killed or crashed run."""
         if self._closed:
             return
-        self._closed = True
+        try:
+            self.end()
+        finally:
+            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
         try:
             if self._timeline is not None:
                 self._timeline.close()
@@ -351,7 +362,10 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        """Close; a block that raised ends the run with its error."""
+        if error is not None:
+            self.end(describe_error(error))
         self.close()
 
 

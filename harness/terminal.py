@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from harness.rules import Verdict
 from harness.sample import Sample
 from harness.units import format_mib
+from harness.verdict import CONFIGURATION
+from harness.wording import plural
 
 MAX_ROWS = 24
 
@@ -27,7 +29,8 @@ def failure_message(
     lines += [f"  [{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
     lines += held
     if verdict.error:
-        lines.append(f"  error: {verdict.error}")
+        kind = "configuration error" if verdict.error_kind == CONFIGURATION else "error"
+        lines.append(f"  {kind}: {verdict.error}")
     lines += ["", *checkpoint_table(samples, metric)]
     return "\n".join(lines)
 
@@ -55,7 +58,11 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
         rows.append((label, s.phase or "", format_mib(value), delta))
     if len(rows) > MAX_ROWS:
         half = MAX_ROWS // 2
-        rows = [*rows[:half], (f"... {len(rows) - MAX_ROWS} rows ...", "", "", ""), *rows[-half:]]
+        rows = [
+            *rows[:half],
+            (f"... {plural(len(rows) - MAX_ROWS, 'row')} ...", "", "", ""),
+            *rows[-half:],
+        ]
     header = ("checkpoint", "phase", metric, "delta")
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
     return [

@@ -25,6 +25,7 @@ from harness.timeline_checks import (
     MAX_DEPTH,
     READS,
     Timeline,
+    check_end,
     check_header,
     check_tree,
     expect,
@@ -110,10 +111,10 @@ def read_lines(path: str | os.PathLike[str], data: bytes | None = None) -> Timel
             raise BadInput("a line after the end record", path=path, line=number)
         if isinstance(record, dict) and "leakgate_end" in record:
             end = record["leakgate_end"]
-            if not isinstance(end, dict) or not isinstance(end.get("error"), (str, type(None))):
-                raise BadInput(
-                    "expected {'error': text or null}", path=path, line=number, field="end record"
-                )
+            try:
+                check_end(end)
+            except BadInput as exc:
+                raise _located(exc, path, number, "end record") from None
             continue
         try:
             samples.append(sample_of(record))

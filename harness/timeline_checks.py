@@ -89,6 +89,25 @@ def check_header(header: Mapping[str, Any]) -> None:
                 _check_size(value, f"{where}.{name}")
 
 
+def check_end(end: Any) -> None:
+    """Check an end record: ``error`` text or null; ``rules`` an object of sizes that read;
+    ``holders`` and ``shares`` lists of objects; nesting and numbers as :func:`check_tree`
+    allows. Raises :class:`~harness.errors.BadInput` whose ``field`` is the field."""
+    expect(end, (dict,), "", "an object")
+    expect(end.get("error"), (str, type(None)), ".error", "text or null")
+    check_tree(end)
+    rules = end.get("rules")
+    expect(rules, (Mapping, type(None)), ".rules", "an object")
+    for name in size_fields() if isinstance(rules, Mapping) else ():
+        if rules.get(name) is not None:
+            _check_size(rules[name], f".rules.{name}")
+    for key in ("holders", "shares"):
+        value = end.get(key)
+        expect(value, (list, type(None)), f".{key}", "a list")
+        for i, item in enumerate(value or ()):
+            expect(item, (dict,), f".{key}[{i}]", "an object")
+
+
 def sample_of(record: Any) -> Sample:
     """A sample from one timeline line, each field of :data:`~harness.sample.FIELDS` checked
     as its kind says (a field the line lacks takes its default).

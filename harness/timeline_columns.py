@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 from harness.errors import BadInput
 from harness.sample import METRICS, line_order
 from harness.store import NONE, SampleStore
-from harness.timeline_checks import Timeline, check_header
+from harness.timeline_checks import Timeline, check_end, check_header
 
 _BLOCK = 1 << 18
 """Bytes pyarrow parses at a time: memory stays near the store's size, whatever the file's
@@ -131,8 +131,10 @@ def _tail(fd: int, start: int, size: int) -> tuple[int | None, dict[str, Any] | 
         return last_start, None, 1
     if isinstance(record, dict) and "leakgate_end" in record:
         end = record["leakgate_end"]
-        if not isinstance(end, dict) or not isinstance(end.get("error"), (str, type(None))):
-            return None, None, 0
+        try:
+            check_end(end)
+        except BadInput:
+            return None, None, 0  # the line reader names what is wrong with it
         return last_start, end, 0
     return size, None, 0
 

@@ -186,9 +186,10 @@ class TimelineWriter:
             line = _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
         self._write(line)
 
-    def end(self, error: str | None) -> None:
-        """Write the end record: the run finished (``error``: what it raised, if anything)."""
-        self._write(_encode({"leakgate_end": {"error": error}}))
+    def end(self, error: str | None, details: Mapping[str, Any] | None = None) -> None:
+        """Write the end record: the run finished (``error``: what it raised, if anything), with
+        ``details`` (what its report needs to be rebuilt: rules, holders, shares)."""
+        self._write(_encode({"leakgate_end": {"error": error, **(details or {})}}))
 
     def close(self) -> None:
         """Close the file, which ends this writer's hold on its name."""

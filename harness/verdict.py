@@ -201,6 +201,12 @@ class PhaseStats:
     baseline_batches: int | None = None
 
 
+RAISED = "error"
+"""The rule of the check that holds what the run raised."""
+CONFIGURATION = "configuration"
+"""The rule of the checks that hold a configuration mistake: a rule that matched no checkpoint."""
+
+
 @dataclass(frozen=True)
 class Check:
     """One rule applied to one scope, with its outcome (a :class:`CheckStatus`)."""
@@ -231,6 +237,19 @@ class Verdict:
     def passed(self) -> bool:
         """``status == "PASS"``."""
         return self.status == Status.PASS
+
+    @property
+    def error_kind(self) -> str | None:
+        """What made an ERROR verdict: ``raised`` (the run raised, or no check says otherwise),
+        ``configuration`` (a rule that matched no checkpoint: a misspelt phase, no checkpoints
+        at all) or ``unjudged`` (a rule that judged nothing or could not judge); None for any
+        other status."""
+        if self.status != Status.ERROR:
+            return None
+        ruled = {c.rule for c in self.checks if c.status == CheckStatus.ERROR}
+        if RAISED in ruled or not ruled:
+            return "raised"
+        return CONFIGURATION if CONFIGURATION in ruled else "unjudged"
 
     def of_kind(self, kind: str) -> list[Finding]:
         """The findings of one kind."""

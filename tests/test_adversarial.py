@@ -67,7 +67,7 @@ def test_report_on_a_full_disk_keeps_the_previous_verdict_and_report(tmp_path, m
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     capsys.readouterr()
     full_disk_after(monkeypatch, 0)
-    code = main(["report", str(timeline), "--title", "changed"])
+    code = main(["report", str(timeline), "-o", str(tmp_path / "run.md"), "--title", "changed"])
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
@@ -83,7 +83,7 @@ def test_a_link_planted_at_an_output_is_replaced_never_written_through(tmp_path)
     for name in ("x.json", "x.md", "index.md"):
         (reports / name).symlink_to(outside)
     timeline = write_timeline(reports / "x.jsonl", clean())
-    assert main(["report", str(timeline)]) == 0
+    assert main(["report", str(timeline), "-o", str(reports / "x.md")]) == 0
     assert main(["index", str(reports)]) == 0
     assert outside.read_text() == "keep"
     for name in ("x.json", "x.md", "index.md"):
@@ -223,8 +223,9 @@ def test_two_recorders_on_one_timeline_name_keep_both_runs(tmp_path):
 def test_a_reader_during_a_write_sees_the_old_file_or_the_new_one(tmp_path, monkeypatch):
     """The index rebuilt while a verdict is half written still reads the previous verdict."""
     timeline = write_timeline(tmp_path / "run.jsonl", clean())
-    assert main(["report", str(timeline), "--no-json", "-o", str(tmp_path / "run.md")]) == 0
-    assert main(["report", str(timeline)]) == 0
+    report = str(tmp_path / "run.md")
+    assert main(["report", str(timeline), "--no-json", "-o", report]) == 0
+    assert main(["report", str(timeline), "-o", report]) == 0
     seen = []
     real_fsync = os.fsync
 
@@ -235,7 +236,7 @@ def test_a_reader_during_a_write_sees_the_old_file_or_the_new_one(tmp_path, monk
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    assert main(["report", str(timeline), "--title", "again"]) == 0
+    assert main(["report", str(timeline), "-o", report, "--title", "again"]) == 0
     monkeypatch.undo()
     assert "**1 traced run: 1 PASS" in seen[0]
     assert "not leakgate verdicts" not in seen[0]
@@ -310,8 +311,7 @@ def test_a_malformed_verdict_is_one_line_naming_the_file_and_field(tmp_path, cap
     if command == "index":  # the index skips what it cannot read and says how many
         assert (
             code == 0
-            and "1 JSON file(s) here are not leakgate verdicts"
-            in (tmp_path / "index.md").read_text()
+            and "1 JSON file here is not a leakgate verdict" in (tmp_path / "index.md").read_text()
         )
         return
     assert code == 2 and err == f"error: {tmp_path / 'v.json'}: {message}\n"

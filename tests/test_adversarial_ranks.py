@@ -383,9 +383,7 @@ def test_every_command_refuses_an_odd_input_at_once(short_tmp, kind, command):
         done = leakgate(command, *args)
     if command == "index":  # the index counts what it cannot read and goes on
         assert done.returncode == 0, done.stderr
-        assert (
-            "1 JSON file(s) here are not leakgate verdicts" in (short_tmp / "index.md").read_text()
-        )
+        assert "1 JSON file here is not a leakgate verdict" in (short_tmp / "index.md").read_text()
         return
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
     assert "not a regular file" in done.stderr

@@ -160,6 +160,10 @@ def test_a_saved_baseline_then_a_leaking_change_fails_the_session_naming_it(pyte
         ]
     )
     assert "REGRESSION test_loop.py::test_loop_clean" not in result.stdout.str()
+    index = (pytester.path / "out" / "index.md").read_text()
+    assert "**Gate: FAIL**: 1 of 2 verdicts regressed, 0 missing, 0 without a base" in index
+    rows = [line for line in index.splitlines() if line.startswith("| ")]
+    assert next(r for r in rows if "test_loop_keeps" in r).startswith("| **REGRESSION** |")
     summary = json.loads((pytester.path / "s.json").read_text())
     assert violations(summary, SCHEMA) == []
     assert summary["regressions"] == ["test_loop.py::test_loop_keeps"] and summary["failed"]

@@ -43,9 +43,7 @@ def test_report_judges_by_the_header_rules_and_writes_markdown_and_json(tmp_path
     out = tmp_path / "out" / "leaky.md"
     assert main(["report", str(timeline), "-o", str(out)]) == 1
     printed = capsys.readouterr().out
-    assert (
-        printed.startswith("FAIL: 1 finding(s), worst leak +") and f"; wrote {out} and " in printed
-    )
+    assert printed.startswith("FAIL: 1 finding, worst leak +") and f"; wrote {out} and " in printed
     text = out.read_text()
     assert text.startswith("# Memory report: t.py::test_x\n")
     assert "(P0): Leak in validation epoch 0" in text and "max_growth " in text
@@ -95,7 +93,7 @@ def test_report_to_stdout(tmp_path, capsys):
     assert (
         captured.out.startswith("# Memory report: ") and "ALL CHECKS PASSING: YES" in captured.out
     )
-    assert captured.err.startswith("PASS: 0 finding(s)")
+    assert captured.err.startswith("PASS: 0 findings")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
 
 
@@ -113,8 +111,9 @@ def growing(per_batch_mb, *, offset_mb=0.0):
 
 
 def saved(folder, name, samples):
+    """A run's timeline, and its verdict and report (replacing those of an earlier run)."""
     timeline = write_timeline(folder / f"{name}.jsonl", samples)
-    assert main(["report", str(timeline)]) in (0, 1)
+    assert main(["report", str(timeline), "-o", str(folder / f"{name}.md")]) in (0, 1)
     return str(folder / f"{name}.json")
 
 
@@ -209,13 +208,13 @@ def test_gate_fails_on_a_failing_verdict_or_a_regression_and_passes_otherwise(tm
     saved(runs, "a", growing(0.3))
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out
-    assert "PASS  a.json (regression against the baseline)" in out and "REGRESSION" in out
+    assert "REGRESSION a.json (PASS by its rules, regressed against the baseline)" in out
 
     saved(runs, "a", growing(0.25))
     saved(runs, "b", incident())
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert "FAIL  b.json (no baseline)" in out and "no baseline for 1 verdict(s): b.json" in out
+    assert "FAIL  b.json (no baseline)" in out and "no baseline for 1 verdict: b.json" in out
     assert out[-1] == "gate: FAIL: 1 of 2 verdicts fail"
 
 
@@ -289,7 +288,7 @@ def test_gate_fails_when_a_baseline_verdict_is_missing_from_the_run(tmp_path, ca
     assert main(["gate", str(runs), "--baseline", str(baseline)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert "PASS  renamed.json (no baseline)" in out
-    assert "no baseline for 1 verdict(s): renamed.json" in out
+    assert "no baseline for 1 verdict: renamed.json" in out
     assert f"missing from the run: gone.json is in the baseline {baseline} but not in {runs}" in out
     assert out[-1] == "gate: FAIL: 0 of 2 verdicts fail, 1 problem"
 

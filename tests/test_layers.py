@@ -30,6 +30,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.version",
             "harness.naming",
             "harness.identity",
+            "harness.wording",
             "tft",
         ),
     ),

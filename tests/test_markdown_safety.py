@@ -21,7 +21,7 @@ from markdown_it import MarkdownIt
 from harness import labels
 from harness.artifacts import save_run, write_index
 from harness.chart import memory_chart
-from harness.markdown import code, fenced, link_to, mermaid, plain, table, text
+from harness.markdown import code, fenced, link_to, mermaid, plain, spans, table, text
 from harness.report import Run, render_report
 from harness.rules import judge
 from harness.sample import Sample
@@ -177,6 +177,15 @@ def test_an_index_keeps_its_structure_whatever_the_text(tmp_path_factory, test_i
 PLAIN_INDEX: list[str] = []
 
 
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_a_misspelt_phase_renders_as_text_in_its_configuration_error(hostile):
+    def report(phase):
+        run = run_with(PLAIN)
+        return render_report(replace(run, verdict=judge(run.samples, {"phase": phase})))
+
+    assert_inert(report("v" + hostile), report("vB_"))
+
+
 def test_an_absurdly_long_test_id_is_shortened_with_an_ellipsis():
     huge = "x" * 50_000_000
     report = render_report(run_with(names([huge, *["a"] * 10])))
@@ -195,4 +204,6 @@ def test_the_pieces():
     assert fenced("text", ["a ``` b", "c\nd"]) == ["````text", "a ``` b", "c d", "````"]
     assert table(["a|b"], [[text("x|y")]]) == ["| a\\|b |", "|---|", "| x\\|y |"]
     assert mermaid('a"b<c>`#;') == "a#quot;b#lt;c#gt;#96;#35;#59;"
+    assert spans("the rule `a_b` matched *x* `c|d` ") == "the rule `a_b` matched \\*x\\* c\\|d"
+    assert spans("one ` alone") == "one \\` alone"
     assert memory_chart({"m": [1, 2]}, title='x" --> y')[2] == '    title "x#quot; --#gt; y"'

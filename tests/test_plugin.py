@@ -155,7 +155,9 @@ def test_named(memtrace, name):
     header = json.loads(timeline[0])
     assert header["meta"]["test"].startswith("test_loop.py::test_named[")
     labels = [json.loads(line)["label"] for line in timeline[1:-1]]
-    assert json.loads(timeline[-1]) == {"leakgate_end": {"error": None}}
+    end = json.loads(timeline[-1])["leakgate_end"]
+    assert end["error"] is None and end["holders"] == end["shares"] == []
+    assert end["rules"] == json.loads(timeline[0])["rules"]
     assert labels[0] == "TEST_START" and labels[-1] == "TEST_END"
     assert labels.count("VALIDATION_BATCH") == 176
 
@@ -392,7 +394,7 @@ def test_{name}(memtrace):
         assert any(c["rule"] == name and c["status"] == "ERROR" for c in doc["checks"])
     assert leakgate(["gate", str(pytester.path / "out")]) == 1
     assert (
-        f"0 PASS · 0 FAIL · {len(BROKEN_NAMES)} ERROR"
+        f"0 PASS · 0 REGRESSION · 0 FAIL · {len(BROKEN_NAMES)} ERROR"
         in (pytester.path / "out" / "index.md").read_text()
     )
 
@@ -426,7 +428,7 @@ def test_failed(memtrace):
     out = pytester.path / "out"
     timeline = out / f"{safe_name('test_loop.py::test_failed')}.jsonl"
     assert leakgate(["report", str(timeline)]) == 1
-    rebuilt = json.loads(timeline.with_suffix(".json").read_text())
+    rebuilt = json.loads(timeline.with_suffix(".rebuilt.json").read_text())
     assert rebuilt["status"] == "ERROR"
     assert "'always_fails' is read by no registered rule" in rebuilt["error"]
     assert leakgate(["gate", str(out)]) == 1

@@ -114,8 +114,11 @@ def test_opted_out(memtrace):
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(
         [
-            "*error: no checkpoints in phase 'validaton'; seen: 'validation'*",
-            "*error: max_growth judged nothing: no per-batch checkpoints (phases seen: none)*",
+            "*configuration error: the rule `phase='validaton'` matched no checkpoint; phases "
+            "seen: validation; did you mean 'validation'?*",
+            "*configuration error: the rule `max_growth='1MB'` matched no checkpoint; no "
+            "checkpoints at all: pass `memtrace` to the trainer as a callback or call "
+            "`memtrace.checkpoint`*",
             "*error: max_growth judged nothing: 0 batches after 50 warm-up*",
         ],
         consecutive=False,

@@ -90,3 +90,91 @@ def test_nothing_may_follow_the_end_record(tmp_path, after):
     path.write_text(path.read_text() + after + "\n" + after + "\n")
     with pytest.raises(ValueError, match="after the end record"):
         read_timeline(path)
+
+
+class Cache:
+    def __init__(self) -> None:
+        self._items: list[torch.Tensor] = []
+
+
+def leak_with_holders(folder):
+    """A validation loop that keeps 256 KiB a batch in ``Cache._items``, judged and reported
+    while the cache is alive, so that the report names it."""
+    cache = Cache()
+    rules = Rules(phase="validation", max_growth="1MiB", warmup=2)
+    with Recorder("cpu", timeline=folder / "leak.jsonl", rules=rules, attribute=True) as rec:
+        with rec.phase("validation", epoch=0):
+            for batch in range(24):
+                cache._items.append(torch.ones(2**16))
+                rec.checkpoint("VALIDATION_BATCH", batch=batch)
+        return finish_run(rec, name="leak", directory=folder)
+
+
+def issues(report):
+    return report.split("## Issues Found\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_a_rebuilt_report_names_the_same_holders_and_leaves_the_original_untouched(
+    tmp_path, capsys
+):
+    first = leak_with_holders(tmp_path)
+    assert first.verdict.status == "FAIL" and first.run.holders
+    assert first.run.holders[0]["path"] == "Cache._items"
+    originals = {p: p.read_bytes() for p in (tmp_path / "leak.md", tmp_path / "leak.json")}
+    capsys.readouterr()
+    assert leakgate(["report", str(tmp_path / "leak.jsonl")]) == 1
+    assert capsys.readouterr().out.endswith(
+        f"wrote {tmp_path / 'leak.rebuilt.md'} and {tmp_path / 'leak.rebuilt.json'}\n"
+    )
+    assert {p: p.read_bytes() for p in originals} == originals
+    original = json.loads(originals[tmp_path / "leak.json"])
+    rebuilt = json.loads((tmp_path / "leak.rebuilt.json").read_text())
+    assert verdict_of(rebuilt) == verdict_of(original)
+    assert rebuilt["attribution"] == original["attribution"]
+    before = issues(originals[tmp_path / "leak.md"].decode())
+    assert "Cache.\\_items" in before or "Cache._items" in before
+    assert issues((tmp_path / "leak.rebuilt.md").read_text()) == before
+
+
+def test_a_rebuild_over_an_existing_file_says_so_and_o_names_where_it_goes(tmp_path, capsys):
+    leak_with_holders(tmp_path)
+    timeline = str(tmp_path / "leak.jsonl")
+    assert leakgate(["report", timeline]) == 1
+    capsys.readouterr()
+    assert leakgate(["report", timeline]) == 1
+    assert capsys.readouterr().out.endswith(
+        f"wrote {tmp_path / 'leak.rebuilt.md'} (replaced) and "
+        f"{tmp_path / 'leak.rebuilt.json'} (replaced)\n"
+    )
+    named = tmp_path / "elsewhere" / "mine.md"
+    assert leakgate(["report", timeline, "-o", str(named)]) == 1
+    assert named.is_file() and named.with_suffix(".json").is_file()
+
+
+def test_the_gate_reads_the_runs_own_verdict_not_its_rebuilt_copy(tmp_path, capsys):
+    leak_with_holders(tmp_path)
+    assert leakgate(["report", str(tmp_path / "leak.jsonl")]) == 1
+    capsys.readouterr()
+    assert leakgate(["gate", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "gate: FAIL: 1 of 1 verdicts fail" and "leak.rebuilt" not in "".join(out)
+    assert "**1 traced run:" in (tmp_path / "index.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("end", "field"),
+    [
+        ({"error": None, "holders": {"path": "x"}}, "end record.holders: expected a list"),
+        ({"error": None, "shares": [1]}, "end record.shares[0]: expected an object"),
+        ({"error": None, "rules": {"max_growth": "lots"}}, "end record.rules.max_growth"),
+    ],
+)
+def test_an_end_record_that_does_not_read_is_bad_input(tmp_path, capsys, end, field):
+    path = tmp_path / "t.jsonl"
+    with Recorder("cpu", timeline=path) as rec:
+        rec.checkpoint("X")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines[:-1], json.dumps({"leakgate_end": end})]) + "\n")
+    assert leakgate(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"t.jsonl:3: {field}" in err

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from harness import DeviceOutOfMemory, Recorder, Sample, probes, read_timeline
+from harness.cli import main
 from harness.probes import CpuProbe
 
 MiB = 2**20
@@ -201,6 +202,31 @@ def test_closed_recorder_refuses_checkpoints(tmp_path):
         rec.checkpoint("late")
 
 
+def test_a_recorder_closed_by_hand_ends_cleanly_and_only_a_stopped_one_reads_as_a_crash(
+    tmp_path, capsys
+):
+    path = tmp_path / "t.jsonl"
+    rec = Recorder("cpu", timeline=path)
+    for batch in range(30):
+        rec.checkpoint("TRAIN_BATCH", phase="training", epoch=0, batch=batch)
+    assert main(["report", str(path), "-o", str(tmp_path / "live.md")]) == 1  # still running
+    assert "killed or crashed" in json.loads((tmp_path / "live.json").read_text())["error"]
+    rec.close()
+    assert read_timeline(path).end == {"error": None}
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    assert capsys.readouterr().out.startswith("PASS: 0 findings")
+    assert json.loads((tmp_path / "t.json").read_text())["error"] is None
+
+
+def test_a_with_block_that_raises_ends_the_run_with_its_error(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with pytest.raises(KeyError), Recorder("cpu", timeline=path) as rec:
+        rec.checkpoint("A")
+        raise KeyError("batch")
+    assert read_timeline(path).end == {"error": "KeyError: 'batch'"}
+
+
 def test_fallbacks_are_noted_once_in_the_header(monkeypatch, tmp_path):
     monkeypatch.setattr(probes, "_LIBC", None)
     monkeypatch.setattr(probes, "_CLEAR_REFS", str(tmp_path))
@@ -272,6 +298,7 @@ def test_reader_skips_a_torn_last_line_at_any_cut(tmp_path):
         for batch in range(2):
             rec.checkpoint("TRAIN_BATCH", batch=batch, note="é")
     data = path.read_bytes()
+    data = data[: data.rindex(b"\n", 0, -1) + 1]  # the end record off: a run cut short
     ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
     cut_path = tmp_path / "cut.jsonl"
     for cut in range(ends[0], len(data) + 1):

@@ -111,7 +111,7 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
     summary = section(text, "Executive Summary")
     assert "torch 2.13.0" in summary and "Python 3.11.7" in summary
     assert "1 of 1 epochs completed" in summary
-    assert "**Verdict:** FAIL: 1 P0 finding(s) in 2 checks" in summary
+    assert "**Verdict:** FAIL: 1 P0 finding in 2 checks" in summary
     assert re.search(
         r"Root cause:\*\* leak in validation epoch 0: .*held by `Trainer._attn_cache`"
         r" \(list, 176 items, 2.3MiB\)",
@@ -181,7 +181,7 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
 
     results = section(text, "Test Results Summary")
     assert "| max_growth | validation epoch 0 | **FAIL** |" in results
-    assert "| oom | run | PASS | 0 OOM event(s) |" in results
+    assert "| oom | run | PASS | 0 OOM events |" in results
 
     final = section(text, "Final Verdict")
     assert "**ALL CHECKS PASSING: NO**" in final
@@ -211,6 +211,39 @@ def test_an_error_the_run_did_not_raise_is_not_reported_as_raised():
     assert "the run raised" not in unread
     raised = Run("incident", HEADER, incident(), judge(incident(), RULES, error="boom"))
     assert "ERROR: the run raised `boom`" in render_report(raised)
+
+
+def test_the_re_check_line_shows_only_where_a_re_check_could_have_run():
+    stopped = render_report(run_of(incident(30, oom=True)))  # out of memory inside the loop
+    assert "Re-check:" not in stopped and "re-check" not in section(stopped, "Issues Found")
+    unchecked = [s for s in incident() if s.label != "AFTER_VALIDATION"]
+    unchecked = [replace(s, metrics={"allocated": 1651 * MB}) if s.label == "VALIDATION_END"
+                 else s for s in unchecked]  # fmt: skip
+    (leak,) = judge(unchecked, RULES).of_kind("leak")
+    assert leak.outcome == "unchecked"
+    assert "- **Re-check:** no collected reading after the loop" in render_report(run_of(unchecked))
+
+
+def test_a_rank_holder_is_named_as_code_its_rank_as_text():
+    holder = {**HOLDER, "path": "rank 0: test_ddp.KEPT", "rank": 0}
+    text = render_report(run_of(incident(), holders=[holder]))
+    assert "held by rank 0: `test_ddp.KEPT` (list, 176 items" in text
+    assert "Clear rank 0: `test_ddp.KEPT` inside the loop" in text
+    assert "`rank 0" not in text
+
+
+def test_a_configuration_mistake_is_reported_as_one_with_its_fix():
+    text = render_report(run_of(incident(), {**RULES, "phase": "validaton"}))
+    said = (
+        "the rule `phase='validaton'` matched no checkpoint; phases seen: training, validation; "
+        "did you mean 'validation'?"
+    )
+    assert f"ERROR, a configuration mistake: {said}" in text
+    issues = section(text, "Issues Found")
+    assert issues.startswith(f"\n**Configuration mistake:** {said}.\n")
+    assert "No finding: the verdict is ERROR for the reason above." in issues
+    for wrong in ("raised", "None: no rule was broken"):
+        assert wrong not in text
 
 
 def test_thresholds_are_echoed_as_written_beside_their_binary_figure():
@@ -258,7 +291,7 @@ def test_one_oom_event_seen_twice_is_one_issue():
     )
     text = render_report(run_of(samples))
     (oom,) = judge(samples, RULES).of_kind("oom")
-    assert [e.label for e in oom.evidence] == ["VALIDATION_BATCH", "OOM"]
+    assert [e.label for e in oom.evidence] == ["VALIDATION_BATCH"]  # the OOM reports it again
     assert text.count("Out of memory in validation epoch 0") == 1
     (row,) = [r for r in section(text, "Memory Profile").splitlines() if "[OOM ERROR]" in r]
     assert row.startswith("[OOM ERROR] Epoch 0 VALIDATION_BATCH #12:")
@@ -602,7 +635,8 @@ def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
     (tmp_path / "other.json").write_text('{"not": "a verdict"}')
     lines = write_index(tmp_path).read_text().splitlines()
     assert lines[0] == "# leakgate memory verdicts"
-    assert lines[2] == (
+    assert lines[2].startswith("No baseline was compared: these are the runs' own verdicts")
+    assert lines[4] == (
         "**2 traced runs: 1 PASS · 1 FAIL · 0 ERROR** · most severe: P0 leak in validation "
         "epoch 0: +34.0MiB (`t.py::test_leaky`)"
     )
@@ -612,7 +646,7 @@ def test_the_index_puts_totals_on_top_and_failures_first(tmp_path):
         "| P0 leak (validation, +34.0MiB) | [b.md](b.md) |"
     )
     assert rows[1] == "| PASS | `t.py::test_clean` | none | none | [a.md](a.md) |"
-    assert "1 JSON file(s) here are not leakgate verdicts" in "\n".join(lines)
+    assert "1 JSON file here is not a leakgate verdict" in "\n".join(lines)
     recent = write_index(tmp_path, since=1_750_000_000.0).read_text()
     assert "**1 traced run: 0 PASS · 1 FAIL" in recent and "test_clean" not in recent
 

@@ -159,21 +159,40 @@ def test_too_few_batches_after_warmup_is_an_error_not_a_pass():
     assert judge(loop(noisy(10 * MB, n=9)), allowed).status == "PASS"
 
 
-def test_a_misspelt_phase_is_an_error_naming_the_phases_seen():
-    leak = loop(np.arange(N) * MB)
+def test_a_misspelt_phase_is_a_configuration_error_naming_the_phases_seen_and_the_likely_one():
+    leak = loop(np.arange(N) * MB, phase="training") + loop(np.arange(N) * MB)
     verdict = judge(leak, Rules(phase="validaton", max_growth="1MB"))
     assert verdict.status == "ERROR" and not verdict.findings
-    assert verdict.error == "no checkpoints in phase 'validaton'; seen: 'validation'"
+    assert verdict.error_kind == "configuration"
+    assert verdict.error == (
+        "the rule `phase='validaton'` matched no checkpoint; phases seen: training, validation; "
+        "did you mean 'validation'?"
+    )
+    far = judge(leak, Rules(phase="test", max_growth="1MB"))
+    assert far.error.endswith("phases seen: training, validation")
     assert judge(leak, Rules(phase="validation", max_growth="1MB")).status == "FAIL"
 
 
-def test_rules_over_a_timeline_without_checkpoints_are_an_error():
-    verdict = judge([Sample("TEST_START", "test", collected=True)], Rules(max_growth="1MB"))
-    assert verdict.status == "ERROR"
-    assert (
-        verdict.error == "max_growth judged nothing: no per-batch checkpoints (phases seen: none)"
+def test_rules_over_a_run_without_checkpoints_are_a_configuration_error_with_the_fix():
+    ends = [Sample("TEST_START", "test", collected=True), Sample("TEST_END", "test")]
+    verdict = judge(ends, Rules(max_growth="1MB"))
+    assert verdict.status == "ERROR" and verdict.error_kind == "configuration"
+    assert verdict.error == (
+        "the rule `max_growth='1MB'` matched no checkpoint; no checkpoints at all: pass "
+        "`memtrace` to the trainer as a callback or call `memtrace.checkpoint`"
     )
-    assert judge([Sample("TEST_START", "test")], Rules()).status == "PASS"
+    phase = judge(ends, Rules(phase="validation", max_growth="1MB")).error
+    assert phase.startswith(
+        "the rule `phase='validation'` matched no checkpoint; phases seen: none"
+    )
+    assert phase.endswith("call `memtrace.checkpoint`")
+    assert judge(ends[:1], Rules()).status == "PASS"
+
+
+def test_a_loop_shorter_than_its_warm_up_is_unjudged_not_a_configuration_mistake():
+    verdict = judge(loop(np.zeros(4)), Rules(max_growth="1MB", warmup=50))
+    assert verdict.status == "ERROR" and verdict.error_kind == "unjudged"
+    assert verdict.error.startswith("max_growth judged nothing: ")
 
 
 # -- the re-check after the loop ------------------------------------------------------------------
@@ -209,6 +228,14 @@ def test_memory_freed_after_the_phase_by_other_code_does_not_clear_a_leak():
     samples = with_after(loop(noisy(64 * KB)), ("TEST_END", "test", BASE, True))
     (leak,) = judge(samples, Rules(max_growth="5MB")).findings
     assert leak.kind == "leak" and "no collected re-check" in leak.message
+
+
+def test_a_run_that_stopped_inside_the_loop_says_nothing_of_a_re_check():
+    stopped = loop(noisy(64 * KB))[:-1]  # no VALIDATION_END: the run ended in the loop
+    (leak,) = judge(stopped, Rules(max_growth="5MB")).findings
+    assert leak.outcome == "unchecked" and "re-check" not in leak.message
+    (leak,) = judge(loop(noisy(64 * KB)), Rules(max_growth="5MB")).findings
+    assert leak.message.endswith("; no collected re-check after the loop")
 
 
 def test_growth_still_held_after_collection_is_a_retained_leak():
@@ -318,6 +345,24 @@ def test_an_oom_sample_is_a_finding_not_a_crash():
     assert oom.evidence[0].batch == 1
 
 
+def test_each_failure_of_a_batch_is_one_reading_of_its_oom_finding():
+    """A capacity checkpoint and the OOM the trainer reports for it are one failure; the batch
+    retried at half the size fails again: two failures, two readings."""
+    over = "emulated capacity 512.0MiB exceeded at 'VALIDATION_BATCH': 600.0MiB on cpu"
+    failure = [
+        Sample("VALIDATION_BATCH", "validation", 0, 3, 2.0, {"allocated": BASE}, note=over),
+        Sample("OOM", "validation", 0, 3, 2.1, {"allocated": BASE}, note=over),
+    ]
+    samples = loop(noisy(0.0, n=3))
+    samples[3:3] = failure * 2
+    (oom,) = judge(samples, Rules()).findings
+    assert [(e.label, e.batch) for e in oom.evidence] == [("VALIDATION_BATCH", 3)] * 2
+    reported = [replace(s, label="OOM") for s in failure]  # two OOMs the trainer reported
+    samples[3:7] = reported
+    (oom,) = judge(samples, Rules()).findings
+    assert [e.label for e in oom.evidence] == ["OOM", "OOM"]
+
+
 @pytest.mark.parametrize(
     "note",
     ["RuntimeError: out of memory", "emulated capacity 4096.0MB exceeded at 'B': 4100.2MB on cpu"],
@@ -380,7 +425,7 @@ def test_phase_selection():
     both = judge(samples, Rules(phase=["training", "validation"], max_growth="5MB"))
     assert kinds(both) == ["leak"] and both.findings[0].phase == "training"
     missing = judge(samples, Rules(phase="test", max_growth="5MB"))
-    assert (missing.checks[0].rule, missing.checks[0].status) == ("phase", "SKIP")
+    assert (missing.checks[0].rule, missing.checks[0].status) == ("configuration", "SKIP")
 
 
 def test_rules_parse_sizes_and_accept_mappings():

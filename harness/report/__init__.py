@@ -10,11 +10,12 @@ into the report; its sections live in :mod:`~harness.report.sections` (the frame
 
 from __future__ import annotations
 
-from harness.report.index import index_lines
+from harness.report.index import GateDecision, index_lines
 from harness.report.run import Run, checkpoint_name, ended, epochs, oom_positions, unbatched
 from harness.report.sections import render_report
 
 __all__ = [
+    "GateDecision",
     "Run",
     "checkpoint_name",
     "ended",

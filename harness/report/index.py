@@ -1,43 +1,81 @@
-"""The directory's ``index.md``: totals on top, then one row per saved run, failures first,
-each run summed up by its most severe finding (ranked as ``Verdict.worst`` ranks them) with its
-size in its own unit: a reading for an out-of-memory, a change for the others. It reads the
-runs' JSON documents (as :mod:`harness.artifacts` writes them) as plain mappings, so any value
-in them may be missing or malformed.
+"""The directory's ``index.md``: the gate's decision on top (or a line saying no gate decided),
+the totals, then one row per saved run, failures first, each run summed up by its most severe
+finding (ranked as ``Verdict.worst`` ranks them) with its size in its own unit: a reading for an
+out-of-memory, a change for the others. It reads the runs' JSON documents (as
+:mod:`harness.artifacts` writes them) as plain mappings, so any value in them may be missing or
+malformed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.markdown import code, link_to, plain, strong, table, text
 from harness.units import format_size
-from harness.verdict import Finding, Kind, Status
+from harness.verdict import Finding, Kind
+from harness.wording import plural
+
+REGRESSION = "REGRESSION"
+SHOWN = ("PASS", REGRESSION, "FAIL", "ERROR")
+"""What the index's Verdict column may show, mildest first."""
 
 
-def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> list[str]:
+@dataclass(frozen=True)
+class GateDecision:
+    """What ``leakgate gate`` decided for a folder, shown above its index's table: the verdict
+    and its totals, when it was decided, the baseline and tolerance compared with (None when no
+    baseline was given), each regressed verdict's reasons by file name, every problem, and the
+    verdicts that had no base."""
+
+    passed: bool
+    totals: str
+    baseline: str | None = None
+    tolerance: str = ""
+    regressions: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    problems: Sequence[str] = ()
+    unmatched: Sequence[str] = ()
+    decided: float = field(default_factory=time.time)
+
+
+def index_lines(
+    entries: list[tuple[Path, dict[str, Any]]],
+    unreadable: int,
+    decision: GateDecision | None = None,
+) -> list[str]:
     """The lines of ``index.md`` for ``entries`` (a verdict JSON's path and its document);
-    ``unreadable`` counts the JSON files that were not verdicts."""
-    entries = sorted(entries, key=lambda e: (-status_rank(e[1].get("status")), run_name(*e)))
-    counts = {s: sum(doc.get("status") == s for _, doc in entries) for s in ("FAIL", "ERROR")}
-    passed = sum(doc.get("status") == "PASS" for _, doc in entries)
+    ``unreadable`` counts the JSON files that were not verdicts; ``decision`` is the gate's,
+    when a gate wrote it: a verdict that passed its rules but regressed shows as REGRESSION."""
+    shown = {path: shown_status(path, doc, decision) for path, doc in entries}
+    entries = sorted(entries, key=lambda e: (-SHOWN.index(shown[e[0]]), run_name(*e)))
+    counts = {s: sum(status == s for status in shown.values()) for s in SHOWN}
     worst = {path: worst_finding(doc) for path, doc in entries}
-    total = f"**{len(entries)} traced run{'s' * (len(entries) != 1)}: {passed} PASS"
-    total += f" · {counts['FAIL']} FAIL · {counts['ERROR']} ERROR**"
+    total = f"**{plural(len(entries), 'traced run')}: "
+    total += " · ".join(
+        f"{counts[s]} {s}" for s in SHOWN if s != REGRESSION or decision is not None
+    )
+    total += "**"
     ranked = [(f, path, doc) for path, doc in entries if (f := worst[path]) is not None]
     if ranked:
         top, path, doc = min(ranked, key=lambda r: rank(r[0]))
         total += f" · most severe: {text(finding_text(top))} ({code(run_name(path, doc))})"
-    lines = ["# leakgate memory verdicts", "", total, ""]
+    lines = ["# leakgate memory verdicts", "", *decision_lines(decision), total, ""]
     if unreadable:
-        lines += [f"{unreadable} JSON file(s) here are not leakgate verdicts and were skipped.", ""]
+        skipped = (
+            "1 JSON file here is not a leakgate verdict and was skipped."
+            if unreadable == 1
+            else f"{unreadable} JSON files here are not leakgate verdicts and were skipped."
+        )
+        lines += [skipped, ""]
     if not entries:
         return [*lines, "No traced run."]
     rows = []
     for path, doc in entries:
-        status = str(doc.get("status"))
+        status = shown[path]
         report = doc.get("report")
         report = report if isinstance(report, str) and report else f"{path.stem}.md"
         plain_name = plain(report) == report and "/" not in report and "\\" not in report
@@ -54,6 +92,50 @@ def index_lines(entries: list[tuple[Path, dict[str, Any]]], unreadable: int) -> 
         )
     header = ("Verdict", "Run", "Most severe finding", "Findings", "Report")
     return lines + table(header, rows)
+
+
+def decision_lines(decision: GateDecision | None) -> list[str]:
+    """The gate's decision as the index opens with it: its verdict, totals, time, baseline and
+    tolerance, then every regression and problem as a list; without a decision, a line saying
+    that these are the runs' own verdicts, compared with no baseline."""
+    if decision is None:
+        return [
+            "No baseline was compared: these are the runs' own verdicts, not a gate's decision "
+            "(`leakgate gate DIR --baseline BASE` decides and rewrites this page).",
+            "",
+        ]
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(decision.decided))
+    against = "no baseline"
+    if decision.baseline is not None:
+        against = f"the baseline {code(decision.baseline)} (tolerance {decision.tolerance})"
+    verdict = strong(f"Gate: {'PASS' if decision.passed else 'FAIL'}")
+    lines = [f"{verdict}: {text(decision.totals)}; decided {when} against {against}.", ""]
+    regressions = [
+        f"- {code(name)}: {text(reason)}"
+        for name, reasons in sorted(decision.regressions.items())
+        for reason in reasons
+    ]
+    for title, items in (
+        ("Regressions against the baseline", regressions),
+        ("Problems", [f"- {text(problem)}" for problem in decision.problems]),
+    ):
+        if items:
+            lines += [f"## {title}", "", *items, ""]
+    if decision.unmatched:
+        names = ", ".join(code(name) for name in decision.unmatched)
+        lines += [f"No baseline for {plural(len(decision.unmatched), 'verdict')}: {names}.", ""]
+    return lines
+
+
+def shown_status(path: Path, doc: Mapping[str, Any], decision: GateDecision | None) -> str:
+    """A run's Verdict cell: its status, or REGRESSION where it passed its rules and the gate
+    found it regressed against its base; a status that is not one reads as ERROR."""
+    status = doc.get("status")
+    if status not in SHOWN or status == REGRESSION:
+        return "ERROR"
+    if status == "PASS" and decision is not None and path.name in decision.regressions:
+        return REGRESSION
+    return str(status)
 
 
 def findings(doc: Mapping[str, Any]) -> list[Finding]:
@@ -76,15 +158,6 @@ def worst_finding(doc: Mapping[str, Any]) -> Finding | None:
 def rank(finding: Finding) -> tuple[bool, int, int]:
     """:meth:`Verdict.worst`'s order: blocking first, then P0 before P1, then larger."""
     return (not finding.blocking, -finding.severity.rank, -(size(finding) or 0))
-
-
-def status_rank(status: Any) -> int:
-    """How severe a document's status is (:attr:`Status.rank`); one that is not a status
-    ranks as ERROR."""
-    try:
-        return Status(status).rank
-    except ValueError:
-        return Status.ERROR.rank
 
 
 def finding_text(finding: Finding) -> str:

@@ -10,12 +10,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.advice import advise
-from harness.markdown import Markdown, code, text
+from harness.markdown import Markdown, code, spans, text
 from harness.report.memory import scope
 from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.sample import Sample
 from harness.units import echo_size, format_mib, format_rate, format_size
-from harness.verdict import Finding, Kind, Outcome
+from harness.verdict import CONFIGURATION, Finding, Kind, Outcome, Status, Verdict
+from harness.wording import plural
 
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
 MESSAGE_CHARS = 600
@@ -38,9 +39,10 @@ def issues(run: Run) -> list[str]:
     lines = ["## Issues Found", ""]
     verdict = run.verdict
     if verdict.error:
-        lines += [f"The run raised {code(verdict.error)}; its timeline was judged up to there."]
-        lines.append("")
+        lines += [error_sentence(verdict), ""]
     if not verdict.findings:
+        if verdict.status == Status.ERROR:
+            return [*lines, "No finding: the verdict is ERROR for the reason above."]
         return [*lines, "None: no rule was broken."]
     for n, finding in enumerate(ranked(verdict.findings), start=1):
         cause, fix = advice(run, finding)
@@ -56,6 +58,18 @@ def issues(run: Run) -> list[str]:
             "",
         ]
     return lines[:-1]
+
+
+def error_sentence(verdict: Verdict) -> str:
+    """Why an ERROR verdict is one, by its kind: the run raised, a configuration mistake (with
+    its likely fix), or a rule asked for that had no evidence."""
+    error = verdict.error or "an error"
+    kind = verdict.error_kind
+    if kind == "raised":
+        return f"The run raised {code(error)}; its timeline was judged up to there."
+    if kind == CONFIGURATION:
+        return f"**Configuration mistake:** {spans(error)}."
+    return f"A rule asked for had no evidence: {code(error)}."
 
 
 def root_cause(run: Run) -> Markdown | None:
@@ -89,10 +103,14 @@ def explanation(oom: Finding, findings: Sequence[Finding]) -> Finding | None:
 def recheck(run: Run, finding: Finding) -> Markdown | None:
     """What a leak's re-check compared: the loop's fitted start level against the reading
     after the loop that released the memory, or against the collected one that still held
-    it. ``None`` for other findings, or when the judged loop cannot be found again."""
+    it. ``None`` for other findings, for a run that stopped inside the loop (no reading of the
+    phase after it, where a re-check could have been), or when the judged loop cannot be found
+    again."""
     if finding.kind != Kind.LEAK or finding.outcome is None:
         return None
     if finding.outcome == Outcome.UNCHECKED:
+        if not went_on(run, finding):
+            return None
         return Markdown("no collected reading after the loop, so the growth inside it stands.")
     if len(finding.evidence) < 3:
         return None
@@ -110,7 +128,8 @@ def recheck(run: Run, finding: Finding) -> Markdown | None:
     where = text(checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch)))
     against = (
         f"against the loop's fitted start level of {format_mib(level)} ({code(stats.metric)}, "
-        f"median of the first {stats.baseline_batches} batches after the warm-up): "
+        f"median of the first {plural(stats.baseline_batches or 0, 'batch', 'batches')} after "
+        "the warm-up): "
         f"{format_size(value - level, signed=True)}"
     )
     if finding.outcome == Outcome.RELEASED:
@@ -126,20 +145,31 @@ def recheck(run: Run, finding: Finding) -> Markdown | None:
     )
 
 
+def went_on(run: Run, finding: Finding) -> bool:
+    """Whether ``finding``'s phase and epoch have a reading after its last evidence (the loop's
+    last judged batch) that is not a batch of the loop; True when that cannot be found."""
+    last = finding.evidence[-1] if finding.evidence else None
+    if last is None or not 0 <= last.index < len(run.samples):
+        return True
+    later = (run.samples[i] for i in range(last.index + 1, len(run.samples)))
+    return any(
+        (s.phase, s.epoch) == (finding.phase, finding.epoch) and s.batch is None for s in later
+    )
+
+
 def advice(run: Run, finding: Finding) -> tuple[str, str]:
     """The suspected root cause and the recommended fix for ``finding``."""
     holders = holders_for(run, finding)
     described = holder_text(holders[0]) if holders else ""
     if len(holders) > 1:
         described += "; also " + "; ".join(holder_text(h) for h in holders[1:3])
-    path = holders[0].get("path") if holders else None
     return advise(
         finding,
         run.verdict.findings,
         phase=text(finding.phase) if finding.phase else "the run",
         size=format_size(as_int(finding.bytes)),
         holders=described,
-        holder=code(path) if path else "",
+        holder=holder_name(holders[0]) if holders and holders[0].get("path") else "",
     )
 
 
@@ -178,18 +208,27 @@ def holder_text(holder: Mapping[str, Any]) -> Markdown:
         details.append(text(describe(holder["container"])))
     items = as_int(holder.get("items"))
     if items is not None:
-        details.append(f"{items} item{'s' * (items != 1)}")
+        details.append(plural(items, "item"))
     size = as_int(holder.get("bytes"))
     if size is not None:
         details.append(format_size(size))
-    path = holder.get("path")
-    said = f"held by {code(path)}" if path else "held by an unnamed object"
+    said = f"held by {holder_name(holder)}" if holder.get("path") else "held by an unnamed object"
     if details:
         said += f" ({', '.join(details)})"
     sites = holder.get("sites")
     if isinstance(sites, (list, tuple)) and sites:
         said += ", allocated at " + ", ".join(code(s) for s in sites[:3])
     return Markdown(said)
+
+
+def holder_name(holder: Mapping[str, Any]) -> Markdown:
+    """A holder's path as code: what a user edits. A merged run's ``rank N: `` before it is
+    text, outside the code."""
+    path = str(holder.get("path"))
+    rank = f"rank {holder.get('rank')}: "
+    if "rank" in holder and path.startswith(rank) and path != rank:
+        return Markdown(text(rank.strip()) + " " + code(path.removeprefix(rank)))
+    return code(path)
 
 
 def evidence(finding: Finding) -> Markdown:

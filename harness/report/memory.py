@@ -16,6 +16,7 @@ from harness.report.run import Run, as_int, checkpoint_name, oom_events, oom_lab
 from harness.store import NONE
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import PhaseStats, Rules
+from harness.wording import plural
 
 PROFILE_BATCH_ROWS = 6
 """About how many rows a run of per-batch checkpoints gets in the Memory Profile (first, every
@@ -63,7 +64,7 @@ def profile(run: Run) -> list[str]:
         f"{code(metric)} at each named checkpoint"
         + (explained if batch_runs(run) else "")
         + capacity_text
-        + f". {len(run.samples)} checkpoints in all."
+        + f". {plural(len(run.samples), 'checkpoint')} in all."
     )
     return [*lines, "", *fenced("text", body)]
 

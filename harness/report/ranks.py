@@ -28,6 +28,7 @@ from harness.report.run import Run, as_int, checkpoint_name
 from harness.sample import Sample
 from harness.units import format_mib
 from harness.verdict import CheckStatus, Verdict
+from harness.wording import plural
 
 if TYPE_CHECKING:
     from harness.attribution import Share
@@ -224,7 +225,7 @@ def rank_logs(run: Run) -> list[str]:
     """One Logs line per rank's timeline (none for a run that is not merged)."""
     lines = []
     for r in ranks_of(run):
-        count = f"{len(r.samples)} checkpoints"
+        count = plural(len(r.samples), "checkpoint")
         if r.torn:
             count += f"; {r.torn} torn last line skipped"
         where = link_to(r.timeline, r.timeline) if r.timeline else "not written"

@@ -11,14 +11,15 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from harness.markdown import Markdown, code, link_to, strong, table, text
+from harness.markdown import Markdown, code, link_to, spans, strong, table, text
 from harness.options import Rules, judged_options
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
 from harness.report.memory import status
 from harness.report.ranks import analysis, chart, profile, rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
-from harness.verdict import Status, Verdict
+from harness.verdict import CONFIGURATION, Status, Verdict
+from harness.wording import plural
 
 
 def render_report(run: Run) -> str:
@@ -141,7 +142,7 @@ def final(run: Run) -> list[str]:
 
 
 def logs(run: Run) -> list[str]:
-    count = f"{len(run.samples)} checkpoints"
+    count = plural(len(run.samples), "checkpoint")
     if run.torn:
         count += f"; {run.torn} torn last line skipped: the writer was killed mid-line"
     timeline = link_to(run.timeline, run.timeline) if run.timeline else "not written"
@@ -179,7 +180,7 @@ def run_line(run: Run) -> Markdown:
         line = f"{done} epochs completed (planned: n/a)"
     else:
         line = "epochs: n/a"
-    line += f" · {len(run.samples)} checkpoints"
+    line += f" · {plural(len(run.samples), 'checkpoint')}"
     times = run.times()
     times = times[times > 0]
     if len(times) > 1:
@@ -196,17 +197,20 @@ def run_line(run: Run) -> Markdown:
 
 def verdict_line(verdict: Verdict) -> str:
     if verdict.status == Status.ERROR:
-        raised = any(c.rule == "error" for c in verdict.checks)
-        return f"ERROR: {'the run raised ' * raised}{code(verdict.error or 'an error')}"
+        kind = verdict.error_kind
+        if kind == CONFIGURATION:
+            return f"ERROR, a configuration mistake: {spans(verdict.error or 'an error')}"
+        return f"ERROR: {'the run raised ' * (kind == 'raised')}{code(verdict.error or 'an error')}"
     counts: dict[str, int] = {}
     for f in verdict.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
     found = ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items()))
     ran = sum(c.status != "SKIP" for c in verdict.checks)
     if verdict.status == "PASS":
-        text = f"PASS: every rule checked held ({ran} checks)"
+        text = f"PASS: every rule checked held ({plural(ran, 'check')})"
         return text + (f"; warnings: {found}" if found else "")
-    return f"{verdict.status}: {found or 'no'} finding(s) in {ran} checks"
+    noun = "finding" if len(verdict.findings) == 1 else "findings"
+    return f"{verdict.status}: {found or 'no'} {noun} in {plural(ran, 'check')}"
 
 
 def rules_text(verdict: Verdict) -> str:

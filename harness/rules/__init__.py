@@ -25,11 +25,14 @@ from harness.rules import loop, run, saturation  # noqa: F401  (registers the bu
 from harness.rules import ranks as _ranks
 from harness.rules.context import Context, Group
 from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS
+from harness.rules.mistakes import nothing_recorded, recorded_nothing, unmatched_phase
 from harness.rules.registry import Rule, register_rule, registered, unregister_rule
 from harness.sample import Sample
 from harness.stats import edge_window
 from harness.verdict import (
+    CONFIGURATION,
     KINDS,
+    RAISED,
     SCHEMA_VERSION,
     SEVERITY,
     Check,
@@ -42,6 +45,7 @@ from harness.verdict import (
     Status,
     Verdict,
 )
+from harness.wording import plural
 
 register_rule(_ranks.RULE, _ranks.rank_outlier, scope="run", option=None)
 
@@ -90,7 +94,8 @@ def judge(
     seen = ", ".join(repr(p) for p in ctx.phases_seen()) or "none"
     for phase in rules.phase or ():
         if all(g.phase != phase for g in ctx.groups):
-            ctx.check("phase", phase, "SKIP", f"no checkpoints in phase {phase!r}; seen: {seen}")
+            said = unmatched_phase(phase, ctx.phases_seen(), ctx.samples)
+            ctx.check(CONFIGURATION, phase, CheckStatus.SKIP, said)
     broken = _unread_options(ctx)
     phase_rules = [r for r in registered() if r.scope == "phase"]
     by_phase: dict[str | None, list[list[Finding]]] = {}
@@ -112,8 +117,8 @@ def judge(
         message = "; ".join(dict.fromkeys(broken))
     unjudged = None if rules.allow_unjudged else _unjudged(ctx, findings, seen)
     if unjudged is not None:
-        ctx.check("evidence", "run", CheckStatus.ERROR, unjudged)
-    status, message = decide(findings, error=message, unjudged=unjudged)
+        ctx.check(unjudged[0], "run", CheckStatus.ERROR, unjudged[1])
+    status, message = decide(findings, error=message, unjudged=unjudged and unjudged[1])
     return Verdict(status, tuple(findings), tuple(phases), tuple(ctx.checks), rules, message)
 
 
@@ -165,14 +170,17 @@ def _unread_options(ctx: Context) -> list[str]:
     return unread
 
 
-def _unjudged(ctx: Context, findings: list[Finding], seen: str) -> str | None:
-    """Why the verdict has no evidence for a rule it was asked to apply, or None: a selected
-    phase that never appeared, or an enabled rule that judged nothing (no checkpoints, a loop
-    shorter than its warm-up, no collected reading after the run)."""
-    missing = [c.details for c in ctx.checks if c.rule == "phase"]
+def _unjudged(ctx: Context, findings: list[Finding], seen: str) -> tuple[str, str] | None:
+    """Why the verdict has no evidence for a rule it was asked to apply, as the rule of its
+    check and its text, or None: a configuration mistake (a selected phase that never appeared,
+    rules over a run that recorded no checkpoint), or an enabled rule that judged nothing (no
+    per-batch checkpoints, a loop shorter than its warm-up, no collected reading after the
+    run)."""
+    missing = [c.details for c in ctx.checks if c.rule == CONFIGURATION]
     if missing:
-        return "; ".join(missing)
+        return CONFIGURATION, "; ".join(missing)
     reasons = []
+    idle = []
     for rule in registered():
         enabled, _ = rule.enabled_with(ctx.rules)
         if not enabled or rule.option is None:
@@ -184,7 +192,10 @@ def _unjudged(ctx: Context, findings: list[Finding], seen: str) -> str | None:
             continue
         why = checks[0].details if checks else f"no per-batch checkpoints (phases seen: {seen})"
         reasons.append(f"{rule.name} judged nothing: {why}")
-    return "; ".join(reasons) or None
+        idle.append(rule)
+    if idle and recorded_nothing(ctx.samples):
+        return CONFIGURATION, nothing_recorded(ctx.rules, idle)
+    return ("evidence", "; ".join(reasons)) if reasons else None
 
 
 def _judge_group(
@@ -251,11 +262,11 @@ def _judge_error(
     if error_is_oom and not ooms:
         findings.append(Finding(Kind.OOM, None, None, None, f"out of memory: {text}", rule="oom"))
     failed = bool(ooms) or error_is_oom
-    details = f"{len(ooms)} OOM event(s)" + (f"; raised {text}" if error_is_oom else "")
+    details = plural(len(ooms), "OOM event") + (f"; raised {text}" if error_is_oom else "")
     ctx.check("oom", "run", CheckStatus.FAIL if failed else CheckStatus.PASS, details)
     if error is None or error_is_oom:
         return None
-    ctx.check("error", "run", CheckStatus.ERROR, f"raised {text}")
+    ctx.check(RAISED, "run", CheckStatus.ERROR, f"raised {text}")
     return text
 
 

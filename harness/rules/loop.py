@@ -15,8 +15,10 @@ import numpy as np
 
 from harness.rules.context import Context, Fit, Group, rate, where
 from harness.rules.registry import register_rule
+from harness.store import NONE
 from harness.units import format_size
 from harness.verdict import Finding, Kind, Outcome
+from harness.wording import plural
 
 ALPHA = 0.01
 MIN_TREND_POINTS = 6
@@ -31,7 +33,8 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
             "max_growth",
             group.scope,
             "SKIP",
-            f"{len(judged)} batches after {ctx.rules.warmup} warm-up: too few for a trend"
+            f"{plural(len(judged), 'batch', 'batches')} after {ctx.rules.warmup} warm-up: too "
+            "few for a trend"
             f" (need {MIN_TREND_POINTS})",
             None,
             limit,
@@ -45,7 +48,7 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
     if not (t.p < ALPHA and fit.growth > limit):
         ctx.check("max_growth", group.scope, "PASS", summary, fit.growth, limit)
         return []
-    released, recheck = after_loop(ctx, group, judged[-1], metric, fit.baseline + limit)
+    released, recheck, went_on = after_loop(ctx, group, judged[-1], metric, fit.baseline + limit)
     evidence = [ctx.evidence(i, metric) for i in (judged[0], judged[-1])]
     if released is not None:
         outcome = Outcome.RELEASED
@@ -63,12 +66,15 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         note = f"retained after collection ({_reading(ctx, recheck, metric, fit)})"
         evidence.append(ctx.evidence(recheck, metric))
     else:
+        # Where the phase went on after the loop, a collected reading there would have told
+        # a leak from what a collection gives back; where it stopped in the loop, none could.
         outcome = Outcome.UNCHECKED
-        note = "no collected re-check after the loop"
-    ctx.check("max_growth", group.scope, "FAIL", f"{summary}; {note}", fit.growth, limit)
+        note = "no collected re-check after the loop" if went_on else ""
+    tail = f"; {note}" if note else ""
+    ctx.check("max_growth", group.scope, "FAIL", summary + tail, fit.growth, limit)
     message = (
         f"leak in {group.scope}: {rate(t.slope)}, {format_size(fit.growth, signed=True)} "
-        f"> max_growth {ctx.rules.shown('max_growth')} (trend p={t.p:.2g}); {note}"
+        f"> max_growth {ctx.rules.shown('max_growth')} (trend p={t.p:.2g}){tail}"
     )
     return [
         Finding(
@@ -153,11 +159,12 @@ def fragmentation(ctx: Context, group: Group, _: None) -> list[Finding]:
 
 def after_loop(
     ctx: Context, group: Group, last: int, metric: str, level: float
-) -> tuple[int | None, int | None]:
+) -> tuple[int | None, int | None, bool]:
     """Between the loop's last batch and the next loop, among the samples of the same group:
-    the first uncollected one, before any collection, at or below ``level``; and the last
-    collected one. Positions, or None. Samples of other phases never clear a leak: what the
-    code frees after the phase (a function returning, say) says nothing of the phase."""
+    the first uncollected one, before any collection, at or below ``level``; the last
+    collected one (positions, or None); and whether one is not of a batch (the phase went on
+    after the loop). Samples of other phases never clear a leak: what the code frees after the
+    phase (a function returning, say) says nothing of the phase."""
     cols = ctx.columns
     phase, epoch = cols.phase[last], cols.epoch[last]
     loops = ctx.loop_positions.array
@@ -167,11 +174,13 @@ def after_loop(
     span = np.arange(last + 1, stop)
     window = span[cols.present(metric)[span]]
     own = (cols.phase[window] == phase) & (cols.epoch[window] == epoch)
+    went_on = bool((own & (cols.batch[window] == NONE)).any())  # an OOM in the loop stops it
     collected = window[own & cols.collected[window]]
     if len(collected):
         own &= window < collected[0]
     low = window[own & (cols.values(metric)[window] <= level)]
-    return (int(low[0]) if len(low) else None), (int(collected[-1]) if len(collected) else None)
+    found = (int(low[0]) if len(low) else None), (int(collected[-1]) if len(collected) else None)
+    return (*found, went_on)
 
 
 def _reading(ctx: Context, i: int, metric: str, fit: Fit) -> str:

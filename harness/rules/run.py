@@ -10,6 +10,7 @@ finding per failing batch; an error the run raised that is an OOM counts too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -153,9 +154,10 @@ def failed_checks(ctx: Context, _: None) -> list[Finding]:
 
 @register_rule("oom", option=None)
 def oom(ctx: Context, _: None) -> list[Finding]:
-    """One finding per failing batch: a checkpoint over an emulated capacity and the OOM
-    event the trainer then reports for the same batch are one failure, with both samples as
-    evidence. The error the run raised is judged by :func:`harness.rules.judge`."""
+    """One finding per failing batch, with one reading per failure as evidence: a checkpoint
+    over an emulated capacity and the OOM event the trainer then reports for the same batch
+    are one failure, read at the checkpoint (:func:`_failures`). The error the run raised is
+    judged by :func:`harness.rules.judge`."""
     samples = ctx.samples
     events: list[list[int]] = []
     for i in np.flatnonzero(ctx.columns.oom).tolist():
@@ -180,11 +182,31 @@ def oom(ctx: Context, _: None) -> list[Finding]:
                 s.get(metric) if metric else None,
                 f"out of memory at {where(s)}: {note}",
                 None,
-                tuple(ctx.evidence(i, metric) for i in event),
+                tuple(ctx.evidence(i, metric) for i in _failures(samples, event)),
                 rule="oom",
             )
         )
     return findings
+
+
+def _failures(samples: Sequence[Sample], event: list[int]) -> list[int]:
+    """The positions of ``event`` (OOM samples at one place) that are failures of their own:
+    an ``OOM`` label right after a checkpoint the capacity stopped is that failure reported
+    again, and is left out."""
+    kept: list[int] = []
+    echoed = False
+    for i in event:
+        reported = _reported(samples[i])
+        if reported and kept and not echoed and not _reported(samples[kept[-1]]):
+            echoed = True
+            continue
+        kept.append(i)
+        echoed = False
+    return kept
+
+
+def _reported(s: Sample) -> bool:
+    return labels.canonical(s.label) == labels.OOM
 
 
 def _place(s: Sample) -> tuple[str | None, int | None, int | None]:

@@ -31,6 +31,7 @@ from harness.rules.loop import ALPHA, MIN_TREND_POINTS
 from harness.rules.registry import register_rule
 from harness.units import format_size
 from harness.verdict import CheckStatus, Finding, Kind, PhaseStats
+from harness.wording import plural
 
 MIN_EPOCHS = 2
 FLAT = 0.25
@@ -54,7 +55,8 @@ def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
             "project_to",
             group.scope,
             "SKIP",
-            f"{len(group.judged)} batches after {ctx.rules.warmup} warm-up: too few for a trend"
+            f"{plural(len(group.judged), 'batch', 'batches')} after {ctx.rules.warmup} warm-up: "
+            "too few for a trend"
             f" (need {MIN_TREND_POINTS})",
             None,
             limit,

@@ -1,0 +1,122 @@
+"""Set the main job's budgets from measured spread.
+
+Runs the clean main job (``python -m tft.train --epochs 5 --batch-size 1 --memreport DIR``) N
+times, reads each run's verdict, and sets each budget to the largest reading of the clean runs
+plus k times their spread (largest minus smallest):
+
+- ``max_growth``: the largest growth of any judged phase and epoch;
+- ``max_peak``: the largest peak rise above a phase's start;
+- ``teardown``: the residue the teardown check measured.
+
+The budgets and what they were set from are written to ``tft/budgets.json``, which
+``tft.train.MEMORY_RULES`` reads. Run it on the machine the gate runs on (a busy CI runner
+spreads wider than a quiet desktop), then check that the faults the job must catch still fail:
+
+    python benchmarks/budgets.py [--runs 5] [--k 3] [--device auto] [--write]
+
+Without ``--write`` it prints the budgets and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.units import parse_size
+
+ROOT = Path(__file__).resolve().parent.parent
+BUDGETS = ROOT / "tft" / "budgets.json"
+JOB = ["-m", "tft.train", "--epochs", "5", "--batch-size", "1"]
+VERDICT = "tft-train-clean.json"
+KiB, MiB = 2**10, 2**20
+
+
+def readings(document: Mapping[str, Any]) -> dict[str, float]:
+    """One clean run's readings for each budget, in bytes, from its verdict document."""
+    phases = [p for p in document.get("phases", []) if isinstance(p, Mapping)]
+    teardown = [c for c in document.get("checks", []) if c.get("rule") == "teardown"]
+    return {
+        "max_growth": max(float(p.get("growth") or 0.0) for p in phases),
+        "max_peak": max(float(p.get("peak_rise") or 0.0) for p in phases),
+        "teardown": max(float(c.get("measured") or 0.0) for c in teardown),
+    }
+
+
+def budget(values: Sequence[float], k: float) -> float:
+    """The largest reading plus ``k`` times the spread of the readings."""
+    return max(values) + k * (max(values) - min(values))
+
+
+def size_text(nbytes: float) -> str:
+    """A budget as a size rule reads it, rounded up: whole KiB below 1 MiB, else tenths of a
+    MiB."""
+    if nbytes < MiB:
+        return f"{max(1, math.ceil(nbytes / KiB))}KiB"
+    tenths = math.ceil(10 * nbytes / MiB)
+    return f"{tenths // 10}MiB" if tenths % 10 == 0 else f"{tenths / 10:.1f}MiB"
+
+
+def measure(runs: int, device: str) -> list[dict[str, float]]:
+    """Run the clean job ``runs`` times, one process each; each run's readings."""
+    found = []
+    with tempfile.TemporaryDirectory(prefix="leakgate-budgets-") as scratch:
+        for i in range(runs):
+            out = Path(scratch) / f"run{i}"
+            started = time.monotonic()
+            command = [sys.executable, *JOB, "--device", device, "--memreport", str(out)]
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+            path = out / VERDICT
+            if not path.is_file():
+                sys.exit(
+                    f"run {i + 1}: no verdict (exit {done.returncode}):\n{done.stderr[-2000:]}"
+                )
+            document = json.loads(path.read_text())
+            found.append(readings(document))
+            took = time.monotonic() - started
+            shown = ", ".join(f"{k} {v / KiB:.1f}KiB" for k, v in found[-1].items())
+            print(f"run {i + 1}/{runs}: {document['status']} in {took:.0f} s: {shown}", flush=True)
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="clean runs to measure (at least 2)")
+    parser.add_argument("--k", type=float, default=3.0, help="spreads above the largest reading")
+    parser.add_argument("--device", default="auto", help="what tft.train runs on")
+    parser.add_argument("--write", action="store_true", help=f"write {BUDGETS.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    if args.runs < 2:
+        parser.error("--runs: at least 2 runs are needed for a spread")
+    found = measure(args.runs, args.device)
+    budgets = {name: size_text(budget([r[name] for r in found], args.k)) for name in found[0]}
+    current = json.loads(BUDGETS.read_text())["budgets"]
+    for name, value in budgets.items():
+        values = [r[name] for r in found]
+        print(
+            f"{name}: {value} (was {current.get(name)}; largest {max(values) / KiB:.1f}KiB, "
+            f"spread {(max(values) - min(values)) / KiB:.1f}KiB, k={args.k:g}; "
+            f"{parse_size(value) / KiB:.0f}KiB)"
+        )
+    if args.write:
+        measured = {
+            "runs": args.runs,
+            "k": args.k,
+            "device": args.device,
+            "readings": {name: [round(r[name]) for r in found] for name in budgets},
+            "when": time.strftime("%Y-%m-%d", time.gmtime()),
+        }
+        BUDGETS.write_text(json.dumps({"budgets": budgets, "measured": measured}, indent=2) + "\n")
+        print(f"wrote {BUDGETS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

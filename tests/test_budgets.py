@@ -1,0 +1,45 @@
+"""The main job's budgets: read from ``tft/budgets.json``, set by ``benchmarks/budgets.py`` as
+the largest clean reading plus k times the spread."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+from harness.units import parse_size
+from tft.train import BUDGETS, MEMORY_RULES
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = importlib.util.spec_from_file_location("budgets", ROOT / "benchmarks" / "budgets.py")
+budgets = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(budgets)
+KiB, MiB = 2**10, 2**20
+
+
+def test_the_main_job_is_judged_by_the_budgets_file():
+    written = json.loads(BUDGETS.read_text())["budgets"]
+    assert {k: MEMORY_RULES[k] for k in written} == written
+    assert set(written) == {"max_growth", "max_peak", "teardown"}
+
+
+def test_a_budget_is_the_largest_reading_plus_k_spreads_rounded_up():
+    peaks = [7 * MiB, 7.5 * MiB, 7.25 * MiB]
+    assert budgets.budget(peaks, 3) == 9 * MiB
+    assert budgets.size_text(budgets.budget(peaks, 2)) == "8.5MiB"
+    assert budgets.size_text(budgets.budget(peaks, 3)) == "9MiB"
+    assert budgets.size_text(17.2 * KiB) == "18KiB" and budgets.size_text(8 * MiB) == "8MiB"
+    assert parse_size(budgets.size_text(12_345_678)) >= 12_345_678
+
+
+def test_a_clean_runs_readings_come_from_its_verdict():
+    document = {
+        "phases": [
+            {"phase": "training", "growth": 17_000.0, "peak_rise": 7 * MiB},
+            {"phase": "validation", "growth": 2_500.0, "peak_rise": None},
+        ],
+        "checks": [{"rule": "teardown", "measured": 131_000}, {"rule": "oom", "measured": None}],
+    }
+    assert budgets.readings(document) == {
+        "max_growth": 17_000.0,
+        "max_peak": 7 * MiB,
+        "teardown": 131_000.0,
+    }
