@@ -70,6 +70,8 @@ def test_an_attribute_list_is_named_by_class_and_attribute():
     assert (holder.container, holder.items, holder.tensors) == ("list", 4, 4)
     assert holder.bytes == 4 * 1024
     assert str(holder) == f"Cache._items (list, 4 items, {format_size(4096)})"
+    one = Holder("run:loss", "tensor", 1, 1, 4096)
+    assert str(one) == f"run:loss (tensor, 1 item, {format_size(4096)})"
     del cache
 
 

@@ -20,6 +20,7 @@ from harness.attribution.sites import Block, cuda_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
 from harness.attribution.walk import Walk, kind_of
 from harness.units import format_size
+from harness.wording import plural
 
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque)
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")
@@ -63,9 +64,8 @@ class Holder:
 
     def __str__(self) -> str:
         note = f"; {self.note}" if self.note else ""
-        return (
-            f"{self.path} ({self.container}, {self.items} items, {format_size(self.bytes)}{note})"
-        )
+        items = plural(self.items, "item")
+        return f"{self.path} ({self.container}, {items}, {format_size(self.bytes)}{note})"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
