@@ -34,7 +34,7 @@ import stat
 import tempfile
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +186,14 @@ class TimelineWriter:
             line = _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
         self._write(line)
 
-    def end(self, error: str | None) -> None:
-        """Write the end record: the run finished (``error``: what it raised, if anything)."""
-        self._write(_encode({"leakgate_end": {"error": error}}))
+    def end(self, error: str | None, metrics: Sequence[str] = ()) -> None:
+        """Write the end record: the run finished (``error``: what it raised, if anything);
+        ``metrics`` names the metrics the samples held beyond the header's (children's roles,
+        known only as they came), so that the columnar reader can declare them."""
+        record: dict[str, Any] = {"error": error}
+        if metrics:
+            record["metrics"] = list(metrics)
+        self._write(_encode({"leakgate_end": record}))
 
     def close(self) -> None:
         """Close the file, which ends this writer's hold on its name."""
