@@ -12,7 +12,6 @@ from typing import Any
 from harness.errors import BadInput
 from harness.units import parse_size
 
-
 CHILD_METRICS = ("uss", "pss")
 """What ``child_metric`` may name: a child's private memory, or its proportional share."""
 

@@ -338,10 +338,8 @@ class Recorder:
         finally:
             try:
                 if not self._closed:
-                    end = f"{name} END"
-                    self._record(
-                        end, None, None, None, collect, ended_by, may_raise=not ended_by, rollup=True
-                    )
+                    end, by = f"{name} END", ended_by
+                    self._record(end, None, None, None, collect, by, may_raise=not by, rollup=True)
             finally:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
