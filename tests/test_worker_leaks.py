@@ -275,3 +275,68 @@ def test_copied_pages_are_not_new_memory():
     samples = [sample(b, 11, 10 * MiB + b * 64 << 10, 40 * MiB - b * 64 << 10) for b in range(60)]
     verdict = judge(samples, RULES)
     assert [f.kind for f in verdict.findings] == [Kind.COPY_ON_READ]
+
+
+MARKED = """
+import mmap
+
+import pytest
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+
+class Cache(Dataset):
+    def __init__(self):
+        self.kept = []
+
+    def __len__(self):
+        return 120
+
+    def __getitem__(self, index):
+        if get_worker_info().id == 0:
+            item = mmap.mmap(-1, 65536, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            item.write(b"\\1" * 65536)
+            self.kept.append(item)
+        return index
+
+
+@pytest.mark.memleak(phase="validation", max_growth="4MB", warmup=5{extra})
+def test_workers(memtrace):
+    loader = DataLoader(Cache(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    with memtrace.phase("validation", epoch=0):
+        for batch, _ in enumerate(loader):
+            memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "ini", "outcome"),
+    [
+        ("", "", "failed"),
+        (", children=False", "", "passed"),
+        ("", "memleak_children = no", "passed"),
+    ],
+    ids=["default", "marker-off", "ini-off"],
+)
+def test_the_marker_judges_workers_by_default(pytester, extra, ini, outcome):
+    pytester.makepyfile(test_marked=MARKED.replace("{extra}", extra))
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(**{outcome: 1})
+    if outcome == "failed":
+        result.stdout.fnmatch_lines(["*[[]P0 child-leak[]]*worker 0 +*max_child_growth 256KiB*"])
+
+
+def test_child_options_are_checked_and_saved():
+    from harness.errors import BadInput
+    from harness.verdict import Finding, Verdict
+
+    with pytest.raises(BadInput) as raised:
+        Rules(child_metric="rss")
+    assert raised.value.field == "Rules.child_metric"
+    rules = Rules(max_child_growth="1MiB", child_metric="pss", children=False)
+    over = Finding(Kind.COPY_ON_READ, "validation", 0, 5 << 20, "copied", over_budget=True)
+    verdict = Verdict("FAIL", (over,), rules=rules)
+    again = Verdict.from_dict(verdict.to_dict())
+    assert again == verdict and again.rules.shown("max_child_growth") == "1MiB"
+    assert (again.findings[0].severity, again.findings[0].blocking) == ("P1", True)
+    assert Rules().shown("max_child_growth") == "256KiB"
