@@ -21,6 +21,7 @@ import torch
 
 from harness.attribution import Holder, PhaseAttribution
 from harness.child_sampling import SCHEDULE, ChildSampler
+from harness.children import SUMS
 from harness.errors import BadInput
 from harness.identity import rank_info
 from harness.naming import rank_timeline
@@ -152,7 +153,7 @@ class Recorder:
             "python": platform.python_version(),
             "probe": self.probe.name,
             "primary": self.probe.primary,
-            "metrics": list(self.probe.metrics),
+            "metrics": [*self.probe.metrics, *(SUMS if self._children is not None else ())],
             **self.probe.describe(),
             "capacity": self.capacity,
             "capacity_emulated": emulated,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import mmap
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -323,7 +324,12 @@ def test_the_marker_judges_workers_by_default(pytester, extra, ini, outcome):
     result = pytester.runpytest("-p", "no:randomly")
     result.assert_outcomes(**{outcome: 1})
     if outcome == "failed":
-        result.stdout.fnmatch_lines(["*[[]P0 child-leak[]]*worker 0 +*max_child_growth 256KiB*"])
+        result.stdout.fnmatch_lines(
+            [
+                "*[[]P0 child-leak[]]*worker 0 +*max_child_growth 256KiB*",
+                "*checkpoint*phase*allocated*delta*children_anon*",
+            ]
+        )
 
 
 def test_child_options_are_checked_and_saved():
@@ -340,3 +346,25 @@ def test_child_options_are_checked_and_saved():
     assert again == verdict and again.rules.shown("max_child_growth") == "1MiB"
     assert (again.findings[0].severity, again.findings[0].blocking) == ("P1", True)
     assert Rules().shown("max_child_growth") == "256KiB"
+
+
+def test_the_report_has_a_column_per_worker(tmp_path):
+    from harness.finish import finish_run
+    from harness.terminal import checkpoint_table
+
+    with Recorder("cpu", rules=RULES) as rec:
+        validate(rec, loader(WorkerCache(leaky=(0,))))
+        finish_run(rec, RULES, name="workers", directory=tmp_path)
+    report = (tmp_path / "workers.md").read_text()
+    profile = report.split("## Memory Profile")[1].split("\n## ")[0]
+    assert re.search(r"checkpoint +worker 0 +worker 1 +allocated", profile)
+    assert re.search(r"VALIDATION_BATCH #119: +\d+\.\dMiB +\d+\.\dMiB", profile)
+    analysis = report.split("## Memory Analysis")[1].split("\n## ")[0]
+    assert "| Status | worker 0 | worker 1 |" in analysis
+    assert re.search(r"\| \*\*FAIL\*\* \| \+3\.\dMiB \| \+\d+(\.\d)?K?i?B \|", analysis)
+    assert "Child processes are sampled so: anon (statm) of every live child" in analysis
+    assert "the workers' total `anon`" in report
+    assert "### Issue 1 (P0): Leak in a child process in validation epoch 0" in report
+    assert "numpy" not in report and "caches what it makes" in report
+    header = checkpoint_table(rec.samples, "allocated")[0].split()
+    assert header == ["checkpoint", "phase", "allocated", "delta", "children_anon"]
