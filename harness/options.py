@@ -130,6 +130,14 @@ class Rules:
             "size",
         ),
     )
+    max_copy_on_read: int | str | None = field(
+        default=None,
+        metadata=_option(
+            "pages a worker may copy from its parent in a phase by reading Python objects "
+            "(copy-on-read) before it fails (default: a P2 warning only)",
+            "size",
+        ),
+    )
     custom: Mapping[str, Any] = field(
         default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
     )

@@ -148,7 +148,8 @@ def test_copy_on_read_is_its_own_kind():
     assert finding.kind == Kind.COPY_ON_READ and finding.severity == "P2"
     assert "worker 0" in finding.message and "worker 1" in finding.message
     assert finding.bytes > 4 << 20 and not finding.blocking
-    failed = judge(rec.samples, Rules(phase="validation", max_growth="2MB"))
+    assert judge(rec.samples, Rules(phase="validation", max_growth="2MB")).passed
+    failed = judge(rec.samples, Rules(phase="validation", max_copy_on_read="2MB"))
     assert failed.status == "FAIL"
     assert [(f.kind, f.severity) for f in failed.findings] == [(Kind.COPY_ON_READ, "P1")]
 
