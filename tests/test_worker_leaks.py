@@ -369,3 +369,25 @@ def test_the_report_has_a_column_per_worker(tmp_path):
     assert "numpy" not in report and "caches what it makes" in report
     header = checkpoint_table(rec.samples, "allocated")[0].split()
     assert header == ["checkpoint", "phase", "allocated", "delta", "children_anon"]
+
+
+def test_growth_spread_over_workers_names_each_one():
+    """Two workers growing 160 KiB each: within the budget one by one, over it together."""
+    samples = []
+    for b in range(60):
+        uss = (8 << 20) + b * (160 << 10) // 60
+        metrics = {"allocated": 1000, "children_uss": 2 * uss, "children_pss": 2 * uss}
+        for role in ("worker 0", "worker 1"):
+            metrics.update({f"child_uss:{role}": uss, f"child_shared:{role}": 4 << 20})
+        samples.append(
+            Sample(
+                "VALIDATION_BATCH",
+                "validation",
+                0,
+                b,
+                metrics=metrics,
+                processes="worker 0=11,worker 1=12",
+            )
+        )
+    (finding,) = judge(samples, RULES).findings
+    assert re.search(r"all children \+\d+.*\(worker 0 \+\d+.*, worker 1 \+\d+", finding.message)

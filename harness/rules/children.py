@@ -146,7 +146,8 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
     if limit is None:
         return []
     leaking = []
-    for series in child_series(ctx, group):
+    judged = child_series(ctx, group)
+    for series in judged:
         where = f"{group.scope}, {series.name}"
         fit = series.fit
         if fit is None or len(series.judged) < MIN_TREND_POINTS:
@@ -174,14 +175,13 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
         leaking.append((series, outcome))
     if not leaking:
         return []
-    roles = [s for s, _ in leaking if s.name != ALL] or [s for s, _ in leaking]
     worst, outcome = max(leaking, key=lambda pair: pair[0].fit.growth if pair[0].fit else 0)
     assert worst.fit is not None
-    named = ", ".join(
-        f"{s.name} {format_size(s.fit.growth, signed=True)} ({rate(s.fit.trend.slope)})"
-        for s in roles
-        if s.fit is not None
-    )
+    roles = [s for s, _ in leaking if s.name != ALL]
+    named = ", ".join(_growth(s) for s in roles)
+    if not roles:  # only all of them together: name each one's share
+        shares = ", ".join(_growth(s) for s in judged if s.name != ALL)
+        named = f"{_growth(worst)} ({shares})"
     message = (
         f"child-leak in {group.scope}: {named} > max_child_growth "
         f"{ctx.rules.shown('max_child_growth')} of new memory (trend p={worst.fit.trend.p:.2g})"
@@ -199,6 +199,14 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
             outcome=outcome,
         )
     ]
+
+
+def _growth(series: ChildSeries) -> str:
+    """``worker 0 +3.5MiB (+32.0KiB/batch)``."""
+    if series.fit is None:
+        return f"{series.name} (too few readings)"
+    growth = format_size(series.fit.growth, signed=True)
+    return f"{series.name} {growth} ({rate(series.fit.trend.slope)})"
 
 
 def _recheck(ctx: Context, group: Group, series: ChildSeries) -> float | None:
