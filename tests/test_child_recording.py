@@ -4,14 +4,22 @@ live processes by role in each sample, and a timeline that keeps them."""
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 
 import pytest
 from torch.utils.data import DataLoader
 
-from harness import timeline_columns
-from harness.child_sampling import ROLLUP_EVERY, SCHEDULE, parse_processes, processes_text
+from harness import child_sampling, timeline_columns
+from harness.child_sampling import (
+    SCHEDULE,
+    SPARSEST,
+    ChildSampler,
+    parse_processes,
+    processes_text,
+)
+from harness.children import TreeReading
 from harness.recorder import Recorder
 from harness.rules import Rules
 from harness.timeline import read_lines, read_timeline
@@ -49,8 +57,8 @@ def test_children_are_read_at_every_checkpoint_and_rolled_up_on_the_schedule(tmp
     rolled = {i for i, s in enumerate(rec.samples) if s.get("children_uss") is not None}
     edges = {i for i, s in enumerate(rec.samples) if s.label.endswith((" START", " END"))}
     collected = {i for i, s in enumerate(rec.samples) if s.collected}
-    every = set(range(0, len(rec.samples), ROLLUP_EVERY))
-    assert edges | collected | every <= rolled
+    assert edges | collected <= rolled
+    assert max(b - a for a, b in itertools.pairwise(sorted(rolled))) <= SPARSEST
     # each epoch's workers are new: their first checkpoint is rolled up
     firsts = [next(i for i, s in batches if s.epoch == e) for e in (0, 1)]
     assert set(firsts) <= rolled
@@ -97,3 +105,30 @@ def test_processes_text_reads_back():
     assert text == "loader 2 worker 0=13,python3.11 14=14,worker 1=12"
     assert parse_processes(text) == pids
     assert processes_text({}) is None and parse_processes(None) == {}
+
+
+def test_rollups_thin_out_while_they_are_dear(monkeypatch):
+    """A rollup of 50 ms between batches of 30 ms: every 16th checkpoint; of 1 ms: every 4th
+    (a clock of the test's own, no sleeping)."""
+    clock = [0.0]
+
+    class Reader:
+        def __init__(self, cost: float) -> None:
+            self.cost = cost
+
+        def read(self, *, rollup: bool, rollup_if_new: bool) -> TreeReading:
+            clock[0] += self.cost if rollup else 1e-4
+            return TreeReading(rollup=rollup)
+
+    monkeypatch.setattr(child_sampling, "perf_counter", lambda: clock[0])
+    for cost, every in ((0.05, SPARSEST), (0.001, 4)):
+        sampler = ChildSampler()
+        sampler.reader = Reader(cost)
+        rolled = []
+        for i in range(100):
+            clock[0] += 0.03  # a batch
+            sampler.read()
+            if sampler._since == 1:
+                rolled.append(i)
+        assert rolled[:2] == [0, 4]  # the first interval is unknown: the default stride
+        assert set(b - a for a, b in itertools.pairwise(rolled[2:])) == {every}

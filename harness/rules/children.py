@@ -175,9 +175,10 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
         leaking.append((series, outcome))
     if not leaking:
         return []
-    worst, outcome = max(leaking, key=lambda pair: pair[0].fit.growth if pair[0].fit else 0)
-    assert worst.fit is not None
     roles = [s for s, _ in leaking if s.name != ALL]
+    named_first = [pair for pair in leaking if pair[0].name != ALL] or leaking
+    worst, outcome = max(named_first, key=lambda pair: pair[0].fit.growth if pair[0].fit else 0)
+    assert worst.fit is not None
     named = ", ".join(_growth(s) for s in roles)
     if not roles:  # only all of them together: name each one's share
         shares = ", ".join(_growth(s) for s in judged if s.name != ALL)
