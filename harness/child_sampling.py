@@ -50,8 +50,9 @@ class ChildSampler:
         self._last: float | None = None
 
     def read(self, *, rollup: bool = False) -> tuple[dict[str, int], str | None] | None:
-        """A checkpoint's children metrics and ``processes`` text (None without children);
-        ``rollup`` asks for USS/PSS now. None where children cannot be measured."""
+        """A checkpoint's children metrics and ``processes`` text (none of either while no
+        child lives); ``rollup`` asks for USS/PSS now. None where children cannot be
+        measured."""
         started = perf_counter()
         interval = None if self._last is None else started - self._last
         self._last = started
@@ -66,6 +67,8 @@ class ChildSampler:
             if interval:
                 share = (perf_counter() - started) / (ROLLUP_SHARE * interval)
                 self.every = min(SPARSEST, max(ROLLUP_EVERY, math.ceil(share)))
+        if not reading.processes:  # nothing to keep: no child lives
+            return {}, None
         return reading.metrics(), processes_text(reading.pids)
 
 
