@@ -1,7 +1,9 @@
 """Cost of reading the live descendants' memory (``harness.children``) with 0, 2 and 4
 DataLoader workers alive (forked, persistent, idle between readings): the reading of every
 checkpoint (``statm``) and the rollup reading (``smaps_rollup``), finding the children alone,
-and psutil's way of doing the same where psutil is installed.
+and psutil's way of doing the same where psutil is installed; and a CPU ``Recorder``
+checkpoint with children recorded (on its schedule: a rollup every 4th checkpoint) and without
+(``children=False``), which ``reports/bench.md`` shows.
 
     pytest benchmarks/bench_children.py
 
@@ -22,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from harness.children import ChildrenReader, descendants
+from harness.recorder import Recorder
 
 WORKERS = (0, 2, 4)
 
@@ -102,6 +105,25 @@ def test_read_children(benchmark, workers, rollup):
     benchmark.extra_info["ways_us"] = {name: median_us(read) for name, read in reads().items()}
 
 
+@pytest.mark.parametrize("children", [True, False], ids=["children", "no-children"])
+def test_checkpoint_children(benchmark, workers, children):
+    """A memory-only CPU checkpoint with ``workers`` live DataLoader workers; the median over
+    rounds covers the rollup every 4th checkpoint makes."""
+    with Recorder("cpu", children=children) as rec:
+        benchmark.pedantic(rec.checkpoint, args=("BATCH",), rounds=400, warmup_rounds=8)
+    benchmark.extra_info.update(workers=workers, children=children)
+
+
+def checkpoint_us(children: bool, rounds: int = 400) -> float:
+    """The mean time of a CPU checkpoint (children recorded or not), in microseconds: the mean,
+    not the median, so that the rollups of every 4th checkpoint count."""
+    with Recorder("cpu", children=children) as rec:
+        started = time.perf_counter()
+        for _ in range(rounds):
+            rec.checkpoint("BATCH")
+        return (time.perf_counter() - started) / rounds * 1e6
+
+
 def main() -> None:
     torch.set_num_threads(1)
     print(f"{'workers':>7}  " + "  ".join(f"{name:>14}" for name in reads()))
@@ -109,6 +131,8 @@ def main() -> None:
         batches = started_workers(count)
         costs = [median_us(read) for read in reads().values()]
         print(f"{count:>7}  " + "  ".join(f"{cost:>11.1f} µs" for cost in costs))
+        on, off = checkpoint_us(True), checkpoint_us(False)
+        print(f"{'':>7}  checkpoint (mean): {on:.1f} µs with children, {off:.1f} µs without")
         del batches
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import statistics
 import time
 
+import lightning as L
 import torch
 from torch import nn
 
-import lightning as L
 from harness.attribution import PhaseAttribution
 from harness.integrations.lightning import LeakGateCallback
 from harness.recorder import Recorder

@@ -141,6 +141,20 @@ CAUSES: tuple[Row, ...] = (
         "The caching allocator reserves blocks it cannot reuse (tensor shapes that vary from "
         "batch to batch).",
     ),
+    Row(
+        Kind.CHILD_LEAK,
+        "A child process allocates memory with every {phase} batch and keeps it: in a "
+        "DataLoader worker, a dataset or `collate_fn` that caches what it makes (items, "
+        "decoded samples, tensors) inside the worker, where the training process cannot see "
+        "it; in another child, its own state.",
+    ),
+    Row(
+        Kind.COPY_ON_READ,
+        "Copy-on-read: the workers read a dataset of Python objects (lists, dicts, strings) "
+        "that the parent built before forking them; every read writes the objects' reference "
+        "counts, so each worker slowly copies the pages it touches, up to the whole dataset "
+        "per worker. No memory is leaked, but it is multiplied by the number of workers.",
+    ),
     Row(None, "See the evidence above."),
 )
 
@@ -177,6 +191,17 @@ FIXES: tuple[Row, ...] = (
         "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.",
     ),
     Row(Kind.CHECK, "Restore the invariant the check names, then keep the check in the run."),
+    Row(
+        Kind.CHILD_LEAK,
+        "Do not keep per-item results in the dataset or in globals of the worker; bound any "
+        "cache (an LRU of fixed size) or build it once in the parent before the workers start.",
+    ),
+    Row(
+        Kind.COPY_ON_READ,
+        "Keep the dataset in storage without per-item Python objects: numpy arrays, a pyarrow "
+        "table, or tensors (one buffer each, whose pages are never written by a read), or "
+        "load items lazily from files inside the workers.",
+    ),
     Row(None, "Act on the evidence above."),
 )
 

@@ -295,14 +295,18 @@ class ChildrenReader:
             self.notes.append(why_not)
         self._seen: dict[str, None] = {}
         self._roles: dict[int, str] = {}
+        self._live: set[int] = set()
 
-    def read(self, *, rollup: bool = False) -> TreeReading | None:
-        """The live descendants now (``uss``, ``pss`` and ``shared`` too with ``rollup``), and
-        the roles seen before that are not alive; ``None`` where they cannot be measured."""
+    def read(self, *, rollup: bool = False, rollup_if_new: bool = False) -> TreeReading | None:
+        """The live descendants now (``uss``, ``pss`` and ``shared`` too with ``rollup``, or
+        with ``rollup_if_new`` when a process is alive that the previous reading did not see),
+        and the roles seen before that are not alive; ``None`` where they cannot be measured."""
         if not self.available:
             return None
         pids = descendants(self.pid)
         live = set(pids)
+        rollup = rollup or (rollup_if_new and not live <= self._live)
+        self._live = live
         _WORKERS.forget(live)
         self._roles = {pid: role for pid, role in self._roles.items() if pid in live}
         processes = []

@@ -12,6 +12,9 @@ from typing import Any
 from harness.errors import BadInput
 from harness.units import parse_size
 
+CHILD_METRICS = ("uss", "pss")
+"""What ``child_metric`` may name: a child's private memory, or its proportional share."""
+
 
 def _option(help: str, kind: str = "str", *, live: bool = False) -> Any:
     """A :class:`Rules` field's metadata: its help text, how text is read into it (``kind``),
@@ -108,6 +111,33 @@ class Rules:
             live=True,
         ),
     )
+    children: bool = field(
+        default=True,
+        metadata=_option(
+            "record and judge the memory of child processes (DataLoader workers, subprocesses)",
+            "flag",
+        ),
+    )
+    child_metric: str = field(
+        default="uss",
+        metadata=_option("children's memory judged: uss (private) or pss (proportional)", "name"),
+    )
+    max_child_growth: int | str | None = field(
+        default="256KiB",
+        metadata=_option(
+            "new memory a child process (each role, and all together) may gain in a phase "
+            "after warm-up",
+            "size",
+        ),
+    )
+    max_copy_on_read: int | str | None = field(
+        default=None,
+        metadata=_option(
+            "pages a worker may copy from its parent in a phase by reading Python objects "
+            "(copy-on-read) before it fails (default: a P2 warning only)",
+            "size",
+        ),
+    )
     custom: Mapping[str, Any] = field(
         default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
     )
@@ -157,6 +187,11 @@ class Rules:
                 raise BadInput(f"expected True or False, got {value!r}", field=f"Rules.{name}")
         if not isinstance(self.metric, str) or not self.metric:
             raise BadInput(f"expected a metric name, got {self.metric!r}", field="Rules.metric")
+        if self.child_metric not in CHILD_METRICS:
+            raise BadInput(
+                f"expected one of {', '.join(CHILD_METRICS)}, got {self.child_metric!r}",
+                field="Rules.child_metric",
+            )
         if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
             problem = f"expected a mapping of rule names, got {self.custom!r}"
             raise BadInput(problem, field="Rules.custom")

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from harness.attribution import Holder, PhaseAttribution
+from harness.child_sampling import SCHEDULE, ChildSampler
+from harness.children import SUMS
 from harness.errors import BadInput
 from harness.identity import rank_info
 from harness.naming import rank_timeline
@@ -78,6 +80,11 @@ class Recorder:
     what holds new memory: live tensors are noted at each phase's START, attributed at its END
     and at ``OOM`` events, into :attr:`holders`; on CUDA, allocation stacks are recorded while
     the recorder is open. Without it a checkpoint pays nothing for the feature.
+
+    ``children`` (default: ``rules.children``, else True) also records the memory of this
+    process's live descendants, DataLoader workers by role, on the schedule of
+    :mod:`harness.child_sampling`, whatever the probe (workers use host memory on a GPU machine
+    too); the header's ``children`` says how they were sampled (None: not recorded).
     """
 
     def __init__(
@@ -90,10 +97,16 @@ class Recorder:
         meta: Mapping[str, Any] | None = None,
         attribute: bool | PhaseAttribution = False,
         rules: Rules | None = None,
+        children: bool | None = None,
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
         if not isinstance(attribute, (bool, PhaseAttribution)):
             raise TypeError(f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}")
+        if children is None:
+            children = rules.children if rules is not None else True
+        if not isinstance(children, bool):
+            raise TypeError(f"children: expected a bool or None, got {children!r}")
+        self._children = ChildSampler() if children else None
         if attribute is True:
             attribute = PhaseAttribution()
         self.attribution: PhaseAttribution | None = attribute or None
@@ -141,7 +154,7 @@ class Recorder:
             "python": platform.python_version(),
             "probe": self.probe.name,
             "primary": self.probe.primary,
-            "metrics": list(self.probe.metrics),
+            "metrics": [*self.probe.metrics, *(SUMS if self._children is not None else ())],
             **self.probe.describe(),
             "capacity": self.capacity,
             "capacity_emulated": emulated,
@@ -151,7 +164,8 @@ class Recorder:
             "git_commit": _git_commit(),
             "config": dict(config) if config is not None else None,
             "meta": dict(meta) if meta is not None else {},
-            "notes": list(self.probe.notes),
+            "notes": list(self.probe.notes) + (self._children.notes if self._children else []),
+            "children": SCHEDULE if self._children is not None else None,
         }
 
     def checkpoint(
@@ -170,7 +184,9 @@ class Recorder:
         synchronize and ``empty_cache``; CPU: ``malloc_trim(0)``). Phase and epoch default to
         the innermost :meth:`phase`'s. ``note`` carries an event's text (an OOM message).
         """
-        return self._record(label, phase, epoch, batch, collect, note, may_raise=label != "OOM")
+        return self._record(
+            label, phase, epoch, batch, collect, note, may_raise=label != "OOM", rollup=collect
+        )
 
     __call__ = checkpoint
 
@@ -184,6 +200,7 @@ class Recorder:
         note: str | None,
         *,
         may_raise: bool,
+        rollup: bool,
     ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
@@ -213,6 +230,12 @@ class Recorder:
                 if value is not None:
                     metrics[name] = value - own
         probe.reset_peak()
+        processes = None
+        if self._children is not None:
+            found = self._children.read(rollup=rollup)
+            if found is not None:
+                metrics.update(found[0])
+                processes = found[1]
         overflow = self._overflow(label, metrics, may_raise) if self._limit_at_checkpoints else None
         if overflow or len(probe.notes) > self._notes_said:
             notes = [note] if note else []
@@ -231,6 +254,7 @@ class Recorder:
                 "metrics": metrics,
                 "collected": collect,
                 "note": note or None,
+                "processes": processes,
             }
         )
         self.samples.append(sample)
@@ -309,7 +333,8 @@ class Recorder:
         self._phase, self._epoch = self._phases[-1]
         ended_by = None
         try:
-            self.checkpoint(f"{name} START", collect=collect)
+            start = f"{name} START"
+            self._record(start, None, None, None, collect, None, may_raise=True, rollup=True)
             yield self
         except BaseException as error:
             ended_by = f"phase ended by {type(error).__name__}"
@@ -317,8 +342,8 @@ class Recorder:
         finally:
             try:
                 if not self._closed:
-                    end = f"{name} END"
-                    self._record(end, None, None, None, collect, ended_by, may_raise=not ended_by)
+                    end, by = f"{name} END", ended_by
+                    self._record(end, None, None, None, collect, by, may_raise=not by, rollup=True)
             finally:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
@@ -329,7 +354,9 @@ class Recorder:
         rules, holders and shares)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
-            self._timeline.end(error, details)
+            known = set(self.header["metrics"])
+            met = [m for m in self.samples.metric_names if m not in known]
+            self._timeline.end(error, {**(details or {}), **({"metrics": met} if met else {})})
 
     @property
     def closed(self) -> bool:

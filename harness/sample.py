@@ -40,6 +40,9 @@ class Sample:
     CUDA probes report ``allocated``, ``reserved``, ``peak`` (since the previous checkpoint),
     ``driver_used`` and ``device_used``; the CPU probe reports ``allocated`` (malloc's bytes in
     use), ``rss`` and ``peak``. ``note`` carries an event's text, such as an OOM message.
+    Live child processes add ``children_*`` and ``child_*:<role>`` metrics
+    (:mod:`harness.children`) and name themselves in ``processes``
+    (:mod:`harness.child_sampling`).
     """
 
     label: str = field(metadata=column("text", "the checkpoint's name"))
@@ -50,6 +53,20 @@ class Sample:
     metrics: Mapping[str, int | None] = field(default_factory=dict)
     collected: bool = field(default=False, metadata=column("bool", "gc ran before the reading"))
     note: str | None = field(default=None, metadata=column("note", "an event's text"))
+    processes: str | None = field(
+        default=None, metadata=column("text", "live child processes, as role=pid pairs")
+    )
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field, a metric read as None counting as one not read (a store holds a
+        column for every metric, a timeline line only the metrics its sample had)."""
+        if type(other) is not type(self):
+            return NotImplemented
+        mine, theirs = dict(self.__dict__), dict(other.__dict__)
+        read = [{k: v for k, v in d.pop(METRICS).items() if v is not None} for d in (mine, theirs)]
+        return mine == theirs and read[0] == read[1]
+
+    __hash__ = None  # type: ignore[assignment]
 
     def get(self, metric: str) -> int | None:
         """Bytes of ``metric``, or ``None`` when it was not measured."""

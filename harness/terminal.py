@@ -11,6 +11,7 @@ from harness.verdict import CONFIGURATION
 from harness.wording import plural
 
 MAX_ROWS = 24
+CHILDREN = "children_anon"
 
 
 def worst_growth(verdict: Verdict) -> float | None:
@@ -36,10 +37,14 @@ def failure_message(
 
 
 def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
-    """Named checkpoints in full; each run of per-batch samples as its first and last rows."""
-    rows: list[tuple[str, str, str, str]] = []
+    """Named checkpoints in full; each run of per-batch samples as its first and last rows.
+    When child processes lived, a ``children`` column gives their resident anonymous memory
+    (``children_anon``, read at every checkpoint)."""
+    children = any(s.get(CHILDREN) for s in samples)
+    rows: list[list[str]] = []
     starts: dict[tuple[str | None, int | None], int] = {}
     shown = _rows_to_show(samples)
+    gap = ["...", "", "", "", ""] if children else ["...", "", "", ""]
     for i, s in enumerate(samples):
         value = s.get(metric)
         if value is None:
@@ -49,25 +54,28 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
             starts.setdefault(key, value)
         if i not in shown:
             if shown.get(i - 1) is not None:
-                rows.append(("...", "", "", ""))
+                rows.append(gap)
             continue
         label = s.label if s.batch is None else f"{s.label} #{s.batch}"
         if s.epoch is not None:
             label = f"epoch {s.epoch} {label}"
         delta = format_mib(value - starts[key], signed=True) if value is not None else "n/a"
-        rows.append((label, s.phase or "", format_mib(value), delta))
+        rows.append([label, s.phase or "", format_mib(value), delta])
+        if children:
+            rows[-1].append(format_mib(s.get(CHILDREN)))
     if len(rows) > MAX_ROWS:
         half = MAX_ROWS // 2
-        rows = [
-            *rows[:half],
-            (f"... {plural(len(rows) - MAX_ROWS, 'row')} ...", "", "", ""),
-            *rows[-half:],
-        ]
-    header = ("checkpoint", "phase", metric, "delta")
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
+        skipped = [f"... {plural(len(rows) - MAX_ROWS, 'row')} ...", *gap[1:]]
+        rows = [*rows[:half], skipped, *rows[-half:]]
+    header = ["checkpoint", "phase", metric, "delta", *([CHILDREN] if children else [])]
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     return [
-        f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}"
-        for r in [header, *rows]
+        "  "
+        + "  ".join(
+            cell.ljust(width) if c < 2 else cell.rjust(width)
+            for c, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in [header, *rows]
     ]
 
 

@@ -79,6 +79,9 @@ def read_columns(file: BinaryIO) -> Timeline | None:
     if stop is None:
         return None
     metrics = header.get("metrics")
+    met = end.get("metrics", []) if end is not None else []  # names met on the way (roles)
+    if isinstance(metrics, list) and isinstance(met, list):
+        metrics = metrics + met
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         return None
     store = SampleStore()

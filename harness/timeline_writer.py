@@ -188,7 +188,9 @@ class TimelineWriter:
 
     def end(self, error: str | None, details: Mapping[str, Any] | None = None) -> None:
         """Write the end record: the run finished (``error``: what it raised, if anything), with
-        ``details`` (what its report needs to be rebuilt: rules, holders, shares)."""
+        ``details``: what its report needs to be rebuilt (rules, holders, shares) and the metrics
+        the samples held beyond the header's (``metrics``: children's roles, known only as they
+        came), so that the columnar reader can declare them."""
         self._write(_encode({"leakgate_end": {"error": error, **(details or {})}}))
 
     def close(self) -> None:

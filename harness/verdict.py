@@ -70,6 +70,8 @@ class Kind(StrEnum):
     CHECK = "check"
     FRAGMENTATION = "fragmentation"
     CACHE = "cache"
+    CHILD_LEAK = "child-leak"
+    COPY_ON_READ = "copy-on-read"
 
 
 class Severity(_Ranked):
@@ -99,9 +101,13 @@ SEVERITY = {
     Kind.DRIFT: Severity.P2,
     Kind.FRAGMENTATION: Severity.P2,
     Kind.CACHE: Severity.P2,
+    Kind.CHILD_LEAK: Severity.P0,
+    Kind.COPY_ON_READ: Severity.P2,
 }
-WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE)
-"""Kinds that warn without failing a verdict."""
+WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE, Kind.COPY_ON_READ)
+"""Kinds that warn without failing a verdict, unless a finding is ``over_budget``."""
+OVER_BUDGET = Severity.P1
+"""The severity of a warning's finding that is over its budget (and so blocks)."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +128,9 @@ class Evidence:
 class Finding:
     """A rule broken (or, for fragmentation, a warning). ``bytes`` is the amount judged: growth,
     peak rise, drift, teardown residue, the reading at an OOM, or the allocator-cache growth;
-    ``slope`` is bytes per batch where a trend applies. ``severity`` follows ``kind``; ``rule``
-    names the rule that found it; ``outcome`` says what a leak's re-check saw.
+    ``slope`` is bytes per batch where a trend applies. ``severity`` follows ``kind`` (P1 for a
+    warning's kind ``over_budget``, which then blocks); ``rule`` names the rule that found it;
+    ``outcome`` says what a leak's re-check saw.
     """
 
     kind: Kind
@@ -136,6 +143,7 @@ class Finding:
     severity: Severity = Severity.P0
     rule: str = ""
     outcome: Outcome | None = None
+    over_budget: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -144,7 +152,8 @@ class Finding:
             problem = f"{self.kind!r} is not one of {', '.join(KINDS)}"
             raise BadInput(problem, field="Finding.kind") from None
         object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "severity", SEVERITY[kind])
+        raised = self.over_budget and kind in WARNINGS
+        object.__setattr__(self, "severity", OVER_BUDGET if raised else SEVERITY[kind])
         object.__setattr__(self, "rule", self.rule or kind.value)
         if self.outcome is not None:
             object.__setattr__(self, "outcome", Outcome(self.outcome))
@@ -152,8 +161,9 @@ class Finding:
 
     @property
     def blocking(self) -> bool:
-        """Whether this finding fails the verdict (every kind but fragmentation and cache)."""
-        return self.kind not in WARNINGS
+        """Whether this finding fails the verdict (every kind but the warnings', unless over
+        their budget)."""
+        return self.kind not in WARNINGS or self.over_budget
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -38,6 +38,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "readings and the verdict model",
         (
             "harness.children",
+            "harness.child_sampling",
             "harness.probes",
             "harness.store",
             "harness.options",

@@ -32,6 +32,7 @@ def _samples() -> list[Sample]:
                 "metrics": {"rss": 1000 + i},
                 "collected": False,
                 "note": "n" if i == 2 else None,
+                "processes": None,
                 "workers": None if i % 3 == 0 else 4096 * i,
             }
         )
@@ -48,7 +49,16 @@ def workers(monkeypatch):
 
 def test_the_declaration_is_the_samples_fields():
     names = [f.name for f in schema.FIELDS]
-    assert names == ["label", "phase", "epoch", "batch", "time", "collected", "note"]
+    assert names == [
+        "label",
+        "phase",
+        "epoch",
+        "batch",
+        "time",
+        "collected",
+        "note",
+        "processes",
+    ]
     assert [f.kind for f in schema.FIELDS] == [
         "text",
         "text",
@@ -57,6 +67,7 @@ def test_the_declaration_is_the_samples_fields():
         "float",
         "bool",
         "note",
+        "text",
     ]
     assert [f.name for f in schema.FIELDS if f.required] == ["label"]
     assert schema.line_order(schema.FIELDS) == list(Sample("x").to_dict())

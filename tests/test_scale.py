@@ -47,12 +47,14 @@ def _write(path, samples: list[Sample], end: bool = True) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_store_costs_under_64_bytes_per_checkpoint_at_scale():
+def test_store_costs_under_68_bytes_per_checkpoint_at_scale():
+    """Measured: 60.5 bytes per checkpoint, 64.5 with the ``processes`` column (an index into
+    the table of distinct texts)."""
     store = SampleStore()
     sample = Sample("TRAIN_BATCH", "training", 0, 0, 1.0, dict.fromkeys(METRICS, 123456789))
     for _ in range(200_000):
         store.append(sample)
-    assert store.nbytes() / len(store) < 64
+    assert store.nbytes() / len(store) < 68
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 training process makes, made in worker processes, persistent or not, and the ``worker-cache``
 fault growing every worker's private memory."""
 
+import json
 import multiprocessing
 import os
 import re
@@ -222,3 +223,22 @@ def test_ranks_with_workers_train_as_ranks_without(bars):
 
     alone = scores("0")
     assert len(alone) == 1 and scores("2") == alone
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"), [([], 0), (["worker-cache"], 1)], ids=["clean", "fault"]
+)
+def test_the_traced_command_judges_its_workers(tmp_path, fault, code):
+    """``--num-workers 2 --memreport``: the clean run passes, the worker cache fails naming
+    the workers (about 4.7 KiB a window, 170 training windows per worker here)."""
+    bars = synth(tmp_path / "bars.parquet", rows=7000)
+    argv = ["--parquet-file", str(bars), "--epochs", "1", "--hidden-size", "8"]
+    argv += ["--num-workers", "2", "--memreport", str(tmp_path / "run")]
+    assert train_cli.main([*argv, *(a for f in fault for a in ("--inject-fault", f))]) == code
+    (document,) = (tmp_path / "run").glob("tft-train-*.json")
+    findings = json.loads(document.read_text())["findings"]
+    leaks = [f for f in findings if f["kind"] == "child-leak"]
+    if fault:
+        assert leaks and re.search(r"worker [01] \+", leaks[0]["message"])
+    else:
+        assert not leaks

@@ -140,7 +140,7 @@ class PhaseAttribution:
         if word == _END:
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
-            if opened.named_at is None:  # what the phase left, since its start
+            if opened.named_at is None or opened.base is None:  # what the phase left
                 self.attribute(sample, opened.snapshot, self._growth(opened.start, sample))
             else:  # the growth named during the loop, confirmed at its end
                 self._name(sample, opened, self._growth(opened.base, sample))

@@ -21,7 +21,17 @@ from harness.wording import plural
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
 MESSAGE_CHARS = 600
 """Characters kept of a finding's message."""
-ROOT_CAUSE_ORDER = ("leak", "peak", "teardown", "check", "drift", "oom", "fragmentation")
+ROOT_CAUSE_ORDER = (
+    "leak",
+    "child-leak",
+    "peak",
+    "teardown",
+    "check",
+    "drift",
+    "oom",
+    "copy-on-read",
+    "fragmentation",
+)
 """The order of issues of one severity: causes before symptoms (a leak or a peak explains an
 OOM)."""
 KIND_TITLE = {
@@ -32,6 +42,8 @@ KIND_TITLE = {
     "oom": "Out of memory",
     "check": "Trainer check failed",
     "fragmentation": "Fragmentation",
+    "child-leak": "Leak in a child process",
+    "copy-on-read": "Copy-on-read in workers",
 }
 
 

@@ -13,11 +13,21 @@ import numpy as np
 from harness.chart import MAX_POINTS, memory_chart, shows_capacity
 from harness.markdown import Markdown, code, fenced, plain, strong, table, text
 from harness.report.run import Run, as_int, checkpoint_name, oom_events, oom_labelled, unbatched
+from harness.report.workers import (
+    PROFILE_NOTE,
+    anon_cells,
+    growth_cells,
+    sampling_note,
+    worker_roles,
+    workers_total,
+)
 from harness.store import NONE
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import PhaseStats, Rules
 from harness.wording import plural
 
+WORKERS = "workers"
+"""The chart's name for the workers' total."""
 PROFILE_BATCH_ROWS = 6
 """About how many rows a run of per-batch checkpoints gets in the Memory Profile (first, every
 Nth, highest, last)."""
@@ -37,7 +47,9 @@ def profile(run: Run) -> list[str]:
     rows = profile_rows(run)
     width = max(len(name) for name, _, _ in rows) + 1
     right = f"{plain(against, 40)} / capacity" if capacity else plain(against, 40)
-    header = [f"{'checkpoint':<{width}}", f"{plain(metric, 40):>10}"]
+    roles = worker_roles(run)
+    header = [f"{'checkpoint':<{width}}", *(f"{plain(r, 40):>10}" for r in roles)]
+    header.append(f"{plain(metric, 40):>10}")
     if against != metric:
         header.append(right)
     elif capacity:
@@ -45,7 +57,8 @@ def profile(run: Run) -> list[str]:
     body = ["  ".join(header)]
     for name, i, notes in rows:
         sample = run.samples[i]
-        cells = [f"{name + ':':<{width}}", f"{format_mib(run.reading(sample)):>10}"]
+        cells = [f"{name + ':':<{width}}", *(f"{v:>10}" for v in anon_cells(run, i, roles))]
+        cells.append(f"{format_mib(run.reading(sample)):>10}")
         used = as_int(sample.get(against))
         if against != metric:
             cells.append(format_mib(used))
@@ -65,6 +78,7 @@ def profile(run: Run) -> list[str]:
         + (explained if batch_runs(run) else "")
         + capacity_text
         + f". {plural(len(run.samples), 'checkpoint')} in all."
+        + (f" {PROFILE_NOTE}" if roles else "")
     )
     return [*lines, "", *fenced("text", body)]
 
@@ -76,11 +90,18 @@ def chart(run: Run) -> list[str]:
         filling = run.readings(against)
         if shows_capacity({against: filling}, run.capacity):
             series[against] = filling
+    roles = worker_roles(run)
+    if roles:
+        series[WORKERS] = workers_total(run, roles)
     names = list(series)
     block = memory_chart(series, capacity=run.capacity)
     if not block:
         return []
-    drawn: list[str] = [code(m) for m in names if not np.isnan(series[m]).all()]
+    drawn: list[str] = [
+        code(m) if m != WORKERS else "the workers' total `anon`"
+        for m in names
+        if not np.isnan(series[m]).all()
+    ]
     if shows_capacity(series, run.capacity):
         drawn.append(f"the capacity ({format_mib(run.capacity)}, flat)")
     lines_text = f"lines, in order: {', '.join(drawn)}" if len(drawn) > 1 else drawn[0]
@@ -134,17 +155,29 @@ def analysis(run: Run) -> list[str]:
     lines = ["## Memory Analysis", ""]
     if not rows:
         return [*lines, "No phase has per-batch checkpoints to analyse."]
+    roles = worker_roles(run)
     lines += [
         "Per phase and epoch, every figure in the row's metric: batches judged (after the "
         f"warm-up of {run.verdict.rules.warmup}) of those recorded; start and end readings; "
         "growth and slope after the warm-up (robust: Theil-Sen slope, medians of the ends); "
         "peak rise is the highest reading's rise above the start (the high-water mark where "
         "the probe has one, in the metric it marks, named when it is another one); budget is "
-        "`max_growth`. Phases outside the rules' `phase` are shown unjudged.",
+        "`max_growth`. Phases outside the rules' `phase` are shown unjudged."
+        + (
+            f" A worker role's column is its growth against `max_child_growth` "
+            f"({text(run.verdict.rules.shown('max_child_growth'))}). "
+            f"{sampling_note(run)}"
+            if roles
+            else ""
+        ),
         "",
         *table(
-            [title for title, _ in ANALYSIS_COLUMNS],
-            [[getattr(row, field) for _, field in ANALYSIS_COLUMNS] for row in rows],
+            [title for title, _ in ANALYSIS_COLUMNS] + roles,
+            [
+                [getattr(row, field) for _, field in ANALYSIS_COLUMNS]
+                + growth_cells(run, row.phase, roles)
+                for row in rows
+            ],
         ),
     ]
     return lines

@@ -86,7 +86,7 @@ def configuration(run: Run) -> list[str]:
             f"{describe(run.header.get('probe'))} / {describe(run.metric)}"
             f" (primary: {describe(run.header.get('primary'))})",
         ),
-        ("Rules", rules_text(run.verdict)),
+        ("Rules", text(rules_text(run.verdict), RULES_CHARS)),
     ]
     if "faults" in meta:
         rows.append(("Faults", describe(meta.get("faults"))))
@@ -211,6 +211,10 @@ def verdict_line(verdict: Verdict) -> str:
         return text + (f"; warnings: {found}" if found else "")
     noun = "finding" if len(verdict.findings) == 1 else "findings"
     return f"{verdict.status}: {found or 'no'} {noun} in {plural(ran, 'check')}"
+
+
+RULES_CHARS = 1000
+"""Characters kept of the rules row (every option is listed: more than a cell's usual cut)."""
 
 
 def rules_text(verdict: Verdict) -> str:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 import harness.labels as labels
-from harness.rules import loop, run, saturation  # noqa: F401  (registers the built-in rules)
+from harness.rules import children, loop, run, saturation  # noqa: F401  (registers the rules)
 from harness.rules import ranks as _ranks
 from harness.rules.context import Context, Group
 from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS

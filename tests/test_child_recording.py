@@ -1,0 +1,140 @@
+"""The recorder reads its children: anon at every checkpoint, smaps_rollup on a schedule, the
+live processes by role in each sample, and a timeline that keeps them."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+
+import pytest
+from torch.utils.data import DataLoader
+
+from harness import child_sampling, timeline_columns
+from harness.child_sampling import (
+    SCHEDULE,
+    SPARSEST,
+    ChildSampler,
+    parse_processes,
+    processes_text,
+)
+from harness.children import TreeReading
+from harness.recorder import Recorder
+from harness.rules import Rules
+from harness.timeline import read_lines, read_timeline
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
+)
+
+
+@pytest.fixture(autouse=True)
+def no_workers_of_earlier_tests():
+    """Earlier tests' unreferenced loaders shut their workers down first (see test_children)."""
+    gc.collect()
+
+
+def record(tmp_path, **options) -> Recorder:
+    """Two epochs of 10 batches from 2 restarted workers, with a collected checkpoint after each."""
+    loader = DataLoader(range(10), num_workers=2, multiprocessing_context="fork")
+    rec = Recorder("cpu", timeline=tmp_path / "run.jsonl", **options)
+    with rec:
+        for epoch in range(2):
+            with rec.phase("validation", epoch=epoch):
+                for batch, _ in enumerate(loader):
+                    rec.checkpoint("VALIDATION_BATCH", batch=batch)
+                rec.checkpoint("AFTER", collect=True)
+        rec.end()
+    return rec
+
+
+def test_children_are_read_at_every_checkpoint_and_rolled_up_on_the_schedule(tmp_path):
+    rec = record(tmp_path)
+    assert rec.header["children"] == SCHEDULE
+    batches = [(i, s) for i, s in enumerate(rec.samples) if s.label == "VALIDATION_BATCH"]
+    assert all(s.get("child_anon:worker 0") and s.get("child_anon:worker 1") for _, s in batches)
+    rolled = {i for i, s in enumerate(rec.samples) if s.get("children_uss") is not None}
+    edges = {i for i, s in enumerate(rec.samples) if s.label.endswith((" START", " END"))}
+    collected = {i for i, s in enumerate(rec.samples) if s.collected}
+    alive = {i for i, s in enumerate(rec.samples) if s.processes}
+    assert (edges | collected) & alive <= rolled
+    # no child alive (the restarted workers exit with each epoch): nothing kept for them
+    left = [i for i in range(len(rec.samples)) if i not in alive]
+    assert not [
+        m for i in left for m, v in rec.samples[i].metrics.items() if v is not None and "child" in m
+    ]
+    assert max(b - a for a, b in itertools.pairwise(sorted(rolled))) <= SPARSEST
+    # each epoch's workers are new: their first checkpoint is rolled up
+    firsts = [next(i for i, s in batches if s.epoch == e) for e in (0, 1)]
+    assert set(firsts) <= rolled
+    assert len(rolled) < len(rec.samples)
+    pids = [parse_processes(rec.samples[i].processes) for i in firsts]
+    assert [set(p) for p in pids] == [{"worker 0", "worker 1"}] * 2
+    assert pids[0]["worker 0"] != pids[1]["worker 0"]  # restarted, same role
+    for i in rolled:
+        s = rec.samples[i]
+        assert s.get("children_uss") == sum(
+            s.get(f"child_uss:{role}") or 0 for role in parse_processes(s.processes)
+        )
+
+
+def test_a_timeline_keeps_the_children_for_both_readers(tmp_path, monkeypatch):
+    rec = record(tmp_path)
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    end = json.loads(lines[-1])["leakgate_end"]
+    assert "child_uss:worker 0" in end["metrics"] and "rss" not in end["metrics"]
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+    by_columns, by_lines = read_timeline(tmp_path / "run.jsonl"), read_lines(tmp_path / "run.jsonl")
+    assert (by_columns.reader, by_lines.reader) == ("columns", "lines")
+    assert by_columns.samples == by_lines.samples == rec.samples
+
+
+@pytest.mark.parametrize(
+    "options", [{"children": False}, {"rules": Rules(children=False)}], ids=["recorder", "rules"]
+)
+def test_children_can_be_left_out(tmp_path, options):
+    rec = record(tmp_path, **options)
+    assert rec.header["children"] is None
+    assert not [m for s in rec.samples for m in s.metrics if m.startswith("child")]
+    assert {s.processes for s in rec.samples} == {None}
+
+
+def test_children_takes_a_bool():
+    with pytest.raises(TypeError, match="children"):
+        Recorder("cpu", children="no")
+
+
+def test_processes_text_reads_back():
+    pids = {"worker 1": 12, "loader 2 worker 0": 13, "python3.11 14": 14}
+    text = processes_text(pids)
+    assert text == "loader 2 worker 0=13,python3.11 14=14,worker 1=12"
+    assert parse_processes(text) == pids
+    assert processes_text({}) is None and parse_processes(None) == {}
+
+
+def test_rollups_thin_out_while_they_are_dear(monkeypatch):
+    """A rollup of 50 ms between batches of 30 ms: every 16th checkpoint; of 1 ms: every 4th
+    (a clock of the test's own, no sleeping)."""
+    clock = [0.0]
+
+    class Reader:
+        def __init__(self, cost: float) -> None:
+            self.cost = cost
+
+        def read(self, *, rollup: bool, rollup_if_new: bool) -> TreeReading:
+            clock[0] += self.cost if rollup else 1e-4
+            return TreeReading(rollup=rollup)
+
+    monkeypatch.setattr(child_sampling, "perf_counter", lambda: clock[0])
+    for cost, every in ((0.05, SPARSEST), (0.001, 4)):
+        sampler = ChildSampler()
+        sampler.reader = Reader(cost)
+        rolled = []
+        for i in range(100):
+            clock[0] += 0.03  # a batch
+            sampler.read()
+            if sampler._since == 1:
+                rolled.append(i)
+        assert rolled[:2] == [0, 4]  # the first interval is unknown: the default stride
+        assert set(b - a for a, b in itertools.pairwise(rolled[2:])) == {every}
