@@ -450,3 +450,24 @@ def test_explain_names_the_holders_of_the_failing_phase_and_searches_only_when_n
     assert explain([], [finding("leak", "training")])[0].path == "mod.STORE"
     twice = [*held, Holder("Cache.items", "list", 300, 300, 20000, phase="validation")]
     assert [h.items for h in explain(twice, [finding("leak", "validation")])] == [300, 1]
+
+
+def test_leakgates_own_frames_are_never_holders():
+    """A callback of leakgate's holding a batch's outputs in a local is not what to fix."""
+    ours = {"__name__": "harness.integrations.example", "torch": torch, "attribute": attribute}
+    exec(
+        "def on_batch_end(before):\n"
+        "    outputs = torch.ones(2**16)\n"
+        "    return attribute(before, limit=None)\n",
+        ours,
+    )
+    theirs = {**ours, "__name__": "myproject.callbacks"}
+    exec(
+        "def on_batch_end(before):\n"
+        "    outputs = torch.ones(2**16)\n"
+        "    return attribute(before, limit=None)\n",
+        theirs,
+    )
+    before = live_tensors()
+    assert not any("on_batch_end" in h.path for h in ours["on_batch_end"](before))
+    assert any(h.path == "on_batch_end:outputs" for h in theirs["on_batch_end"](before))

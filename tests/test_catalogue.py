@@ -629,6 +629,33 @@ def test_validation_keeps_its_losses(memtrace):
 """
 
 
+TWO_HOLDERS = """
+import pytest
+import torch
+
+BIG, SMALL = [], []
+
+
+@pytest.mark.memleak(phase="validation", max_growth="1MB")
+def test_keeps_in_two_lists(memtrace):
+    with memtrace.phase("validation", epoch=0):
+        for batch in range(30):
+            BIG.append(torch.ones(2**15))
+            SMALL.append(torch.ones(2**13))
+            memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+"""
+
+
+@pytest.mark.parametrize(("verbose", "lines"), [((), 1), (("-v",), 2)])
+def test_one_holder_line_a_finding_unless_verbose(pytester, verbose, lines):
+    pytester.makepyfile(test_two=TWO_HOLDERS)
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", *verbose)
+    result.assert_outcomes(failed=1)
+    held = [line for line in result.stdout.lines if "held by test_two." in line]
+    assert len(held) == lines, result.stdout.str()
+    assert "test_two.BIG (list, 30 items" in held[0]
+
+
 def test_the_incidents_pattern_is_named_as_the_list_with_most_of_the_growth(pytester):
     pytester.makepyfile(test_bar=BAR)
     result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider")
