@@ -15,6 +15,7 @@ from harness.attribution import (
     live_tensors,
     record_sites,
 )
+from harness.attribution.graph import NODE_BYTES
 from harness.units import format_size
 from tft.trainer import TrainConfig, Trainer
 
@@ -161,9 +162,10 @@ def test_a_graph_attached_loss_holds_the_activations_its_graph_saved():
     del kept
     assert holder.path == "test_a_graph_attached_loss_holds_the_activations_its_graph_saved:kept"
     # MulBackward saved x (the weight is older), TanhBackward its result: 4000 B each, plus the
-    # loss's own 4 bytes. Without the walk of grad_fn only those 4 bytes would show.
-    assert holder.graph_bytes == 8000
-    assert holder.bytes == 8004
+    # three nodes (sum, tanh, mul) and the loss's own 4 bytes. Without the walk of grad_fn only
+    # those 4 bytes would show.
+    assert holder.graph_bytes == 8000 + 3 * NODE_BYTES
+    assert holder.bytes == 8004 + 3 * NODE_BYTES
     assert holder.tensors == 1
 
 
@@ -175,7 +177,17 @@ def test_graphs_shared_by_several_tensors_count_once():
     cache._items += [hidden.sum(), hidden.mean()]
     del hidden
     [holder] = attribute(before)
-    assert holder.graph_bytes == 8000
+    assert holder.graph_bytes == 8000 + 4 * NODE_BYTES  # mul and exp; sum and mean once each
+
+
+def test_a_loss_kept_after_backward_still_keeps_its_graphs_nodes():
+    weight = floats(1000).requires_grad_()
+    before = live_tensors()
+    kept = [(torch.randn(1000) * weight).tanh().sum()]
+    kept[0].backward()  # frees what the graph saved; its three nodes stay
+    [holder] = attribute(before)
+    assert holder.graph_bytes == 3 * NODE_BYTES
+    del kept
 
 
 def test_reference_cycles_terminate_and_are_named(global_cache):

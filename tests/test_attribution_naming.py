@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from harness.attribution import Holder, attribute, live_tensors
+from harness.attribution.graph import NODE_BYTES
 
 
 def floats(n: int) -> torch.Tensor:
@@ -54,7 +55,8 @@ def test_losses_kept_with_their_graphs_are_credited_with_every_step_and_outrank_
     kept, adam = by_path(holders)[f"{name}:losses"], by_path(holders)["Adam.state"]
     # Each step's graph saved x, the ReLU's output and `out`: 48 x 128 floats each. The last
     # step's are also reached from the loop's variables, which keep less than the list does.
-    step = 3 * 48 * 128 * 4
+    # Its seven nodes (mean, pow, two addmm, two transposes, relu) count too.
+    step = 3 * 48 * 128 * 4 + 7 * NODE_BYTES
     assert kept.graph_bytes == 4 * step
     assert kept.bytes == 4 * step + 4 * 4
     # Adam's two moments of 2 x (128 x 128 + 128) floats, and a step count per parameter: more

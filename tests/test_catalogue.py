@@ -334,7 +334,7 @@ def predictions(memtrace, keep):
     with memtrace.phase("validation", epoch=0):
         for i, x, _ in batches():
             with torch.no_grad():
-                out = np.tile(model(x).numpy(), 4)  # 64 KiB a batch
+                out = np.tile(model(x).numpy(), 8)  # 128 KiB a batch
             if keep:
                 _PREDS[i] = out
             total += float(out.mean())

@@ -312,7 +312,7 @@ def test_keeps_16mb():
 """,
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*held by test_loop.HOLD (list, 1 items, 16.0MiB)*"])
+    result.stdout.fnmatch_lines(["*held by test_loop.HOLD (list, 1 item, 16.0MiB)*"])
 
 
 BROKEN_RULES = """

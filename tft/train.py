@@ -258,7 +258,9 @@ def traced(
         timeline=None if args.memreport is None else args.memreport / f"{name}.jsonl",
         config=config,
         meta=meta,
-        attribute=PhaseAttribution(growth=MEMORY_RULES["max_growth"], at_end=False),
+        attribute=PhaseAttribution(
+            growth=MEMORY_RULES["max_growth"], at_end=False, warmup=MEMORY_RULES["warmup"]
+        ),
         rules=Rules(**MEMORY_RULES),
     )
     # The session's peak window starts from the released level: the warm-up's is not its own.

@@ -168,11 +168,12 @@ class PhaseAttribution:
 
     def _name(self, sample: Sample, opened: _Open, growth: int | None) -> None:
         """Name what holds the phase's growth since its base; when tensors hold under half of
-        it, take a census of what collections keep too, and name the ones that grew since the
-        phase's last census, against the growth since then."""
+        a growth of :data:`CENSUS_FROM` or more, take a census of what collections keep too,
+        and name the ones that grew since the phase's last census, against the growth since
+        then."""
         found = self.attribute(sample, opened.base_snapshot, growth)
         held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
-        if growth is None or 2 * held >= growth:
+        if growth is None or growth < CENSUS_FROM or 2 * held >= growth:
             return
         if self.lines is not None and self.lines.open_now:
             with self.lines.paused():
@@ -287,6 +288,10 @@ class PhaseAttribution:
 
 
 _UNNAMED = ("<", PYTHON_OBJECTS)
+CENSUS_FROM = 2**19
+"""Growth below which no census is taken: a walk of every object costs a second or two and
+leaves the interpreter's small-object arenas larger (tens of MiB of resident memory on a
+training process), a price worth paying for a leak of half a MiB or more, not for noise."""
 ATTRIBUTIONS = 6
 """Searches a phase may take: where its growth passes the budget, each doubling, and its end."""
 
