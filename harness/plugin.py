@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 import harness.labels as labels
-from harness.errors import BadInput
+from harness.errors import BadInput, as_unwritable
 from harness.naming import safe_name
 from harness.options import options, parse_option
 
@@ -252,7 +252,8 @@ class LeakGate:
     def write_failed(self, error: OSError) -> None:
         """Keep the first write failure: it is reported once, and verdicts are still enforced."""
         if self.write_error is None:
-            self.write_error = f"{error.filename or self.directory}: {error.strerror or error}"
+            unwritable = as_unwritable(error, self.directory)
+            self.write_error = f"{unwritable.path}: {unwritable.reason}"
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from harness.attribution import Holder, PhaseAttribution
-from harness.errors import BadInput
+from harness.errors import BadInput, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
@@ -77,6 +77,11 @@ class Recorder:
     what holds new memory: live tensors are noted at each phase's START, attributed at its END
     and at ``OOM`` events, into :attr:`holders`; on CUDA, allocation stacks are recorded while
     the recorder is open. Without it a checkpoint pays nothing for the feature.
+
+    A timeline write that fails mid-run (a full disk, a file size limit) does not stop the
+    run: the timeline is left as it was, no later line is written to it, and the error is
+    kept as :attr:`timeline_error`, which :func:`harness.finish.finish_run` reports as the
+    run's write error. The samples are still recorded and judged.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class Recorder:
         self.rank = rank_info()
         self.probe = make_probe(probe)
         self._timeline = None
+        self.timeline_error: UnwritableReport | None = None
         try:
             self._limit_at_checkpoints = limit is not None and not self.probe.limit(limit)
             self.capacity = limit if limit is not None else self.probe.capacity
@@ -231,8 +237,11 @@ class Recorder:
             }
         )
         self.samples.append(sample)
-        if self._timeline is not None:
-            self._timeline.write(sample)
+        if self._timeline is not None and self.timeline_error is None:
+            try:
+                self._timeline.write(sample)
+            except OSError as error:
+                self._lost(error)
         if self.attribution is not None:
             self._attribute(sample)
         if overflow:
@@ -324,7 +333,16 @@ class Recorder:
         """Write the timeline's end record once: the run finished, raising ``error`` (text)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
-            self._timeline.end(error)
+            if self.timeline_error is None:
+                try:
+                    self._timeline.end(error)
+                except OSError as failure:
+                    self._lost(failure)
+
+    def _lost(self, error: OSError) -> None:
+        """Keep the first failed timeline write; the timeline gets no more lines."""
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        self.timeline_error = UnwritableReport(error.filename or self.timeline_path or "", reason)
 
     @property
     def closed(self) -> bool:
