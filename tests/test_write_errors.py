@@ -4,12 +4,20 @@ path (the plugin warns once, a command prints one line and exits 2), never a tra
 
 import errno
 import json
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
 
 from harness.errors import UnwritableReport
 from harness.finish import finish_run
 from harness.recorder import Recorder
 from harness.timeline import TimelineWriter, read_timeline
 from harness.verdict import Rules
+from tft import train as train_cli
+from tft.synthetic import synth
 
 RULES = Rules(phase="loop", warmup=1, max_growth="1GiB")
 
@@ -87,3 +95,75 @@ def test_the_plugin_warns_once_when_the_end_record_cannot_be_written(pytester, m
     result.stdout.fnmatch_lines(
         ["leakgate warning: reports were not all written (*.jsonl: No space left on device)*"]
     )
+
+
+# -- case 9: python -m tft.train --memreport where the timeline cannot be written -----------
+
+
+@pytest.fixture(scope="module")
+def bars(tmp_path_factory):
+    """Few bars: 12 training and 4 validation windows, a traced epoch in about a second."""
+    return synth(tmp_path_factory.mktemp("bars") / "tiny.parquet", rows=300)
+
+
+TRAIN = ["--epochs", "1", "--hidden-size", "8", "--log-level", "warning"]
+
+
+def test_tft_train_refuses_a_link_planted_at_its_timeline(bars, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(train_cli, "warm_up", lambda *args: None)
+    outside = tmp_path / "outside"
+    outside.write_text("keep")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "tft-train-clean.jsonl").symlink_to(outside)
+    argv = ["--parquet-file", str(bars), *TRAIN, "--memreport", str(reports)]
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {reports / 'tft-train-clean.jsonl'}: "
+        "cannot write the timeline (a symbolic link is in the way)\n"
+    )
+    assert outside.read_text() == "keep" and os.listdir(reports) == ["tft-train-clean.jsonl"]
+
+
+def test_tft_train_refuses_a_folder_that_cannot_be_made(bars, capsys, monkeypatch):
+    monkeypatch.setattr(train_cli, "warm_up", lambda *args: None)
+    argv = ["--parquet-file", str(bars), *TRAIN, "--memreport", "/proc/nope"]
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: /proc/nope")
+
+
+def test_tft_train_hitting_a_file_size_limit_mid_run_exits_2_with_one_line(bars, tmp_path):
+    """A real ``ulimit -f`` (EFBIG once the timeline reaches 4 KiB, its header and a few
+    lines): the run still finishes and prints its verdict; the error is one line, exit 2."""
+    limit = 4096
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    reports = tmp_path / "reports"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tft.train",
+            "--parquet-file",
+            str(bars),
+            *TRAIN,
+            "--memreport",
+            str(reports),
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: cannot write ") and "File too large" in done.stderr
+    assert "memory verdict:" in done.stdout
+    timeline = reports / "tft-train-clean.jsonl"
+    assert 0 < timeline.stat().st_size <= limit
+    assert read_timeline(timeline).end is None
