@@ -30,6 +30,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.version",
             "harness.naming",
             "harness.identity",
+            "harness.json_values",
             "tft",
         ),
     ),
@@ -41,6 +42,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.store",
             "harness.options",
             "harness.verdict",
+            "harness.verdict_schema",
         ),
     ),
     (
