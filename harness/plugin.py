@@ -177,6 +177,7 @@ class LeakGate:
             os.environ[MEMREPORT_ENV] = str(self.directory.resolve())
         self.session_lines: list[str] = []
         self.snapshot_note: str | None = None
+        self.untracked: list[str] = []  # explained tests whose native lines memray could not note
 
     def rules_for(self, item: pytest.Item) -> Rules:
         """The marker's rules over the ``memleak_*`` ini defaults; keywords naming a
@@ -266,9 +267,14 @@ class LeakGate:
         error = None
         attribution = trace.recorder.attribution
         if attribution is not None and attribution.explain:
-            from harness.attribution.native import Native
+            from harness.attribution.native import Native, runs_tracker
 
-            trace.native = Native()
+            function, module = getattr(item, "function", None), getattr(item, "module", None)
+            busy = runs_tracker(function, module)
+            if busy is None:
+                trace.native = Native()
+            else:
+                self.untracked.append(f"{item.nodeid} ({busy})")
         try:
             from harness.snapshot import during
 
@@ -283,6 +289,8 @@ class LeakGate:
                 trace.recorder.checkpoint(
                     labels.TEST_END, phase="test", collect=True, note=_describe(error)
                 )
+            if trace.native is not None and trace.native.skipped is not None:
+                self.untracked.append(f"{item.nodeid} ({trace.native.skipped})")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(
@@ -431,6 +439,13 @@ class LeakGate:
             )
         if self.snapshot_note is not None:
             tr.write_line(f"leakgate note: {self.snapshot_note}")
+        if self.untracked:
+            shown = "; ".join(self.untracked[:3]) + ("; ..." if len(self.untracked) > 3 else "")
+            tr.write_line(
+                f"leakgate note: explain noted no native lines for {len(self.untracked)} "
+                f"test(s) that run a memray Tracker of their own or under one (memray allows "
+                f"one per process): {shown}"
+            )
         for line in self.session_lines:
             tr.write_line(line, red=line.startswith("leakgate REGRESSION"))
         if not self.outcomes:
