@@ -4,7 +4,8 @@ directory's ``index.md``, and the comparison of two saved runs.
 The JSON document is ``Verdict.to_dict()`` plus the run's metadata (its ``run_id`` among
 them, which ties it to its timeline) and its named checkpoints' readings (see
 ``reports/README.md`` for the schema). Every file here is written atomically
-(:func:`harness.fsio.write_atomic`), and every document read is checked field by field.
+(:func:`harness.fsio.write_atomic`), and every document read is checked against the verdict's
+one schema (:mod:`harness.verdict_schema`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput, one_line
 from harness.fsio import read_regular, write_atomic
+from harness.json_values import finite_number
 from harness.naming import is_rebuilt
 from harness.report import (
     GateDecision,
@@ -32,7 +34,7 @@ from harness.report import (
 )
 from harness.rules import Verdict
 from harness.terminal import worst_growth
-from harness.timeline import check_tree, expect, finite_number, shown
+from harness.verdict_schema import check_verdict
 
 if TYPE_CHECKING:
     from harness.recorder import Recorder
@@ -136,8 +138,8 @@ def run_document(run: Run, *, report: Path | None = None) -> dict[str, Any]:
 
 def load_run_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a saved verdict; :class:`~harness.errors.BadInput` (naming the file and the field)
-    when it is missing, not JSON, not a verdict of a readable schema, or a field that the index, the
-    comparison or the gate reads does not have its type (:func:`check_document`)."""
+    when it is missing, not JSON, nested more than 64 levels deep, not a verdict of a readable
+    schema, or a field of it is not of its kind (:func:`harness.verdict_schema.check_verdict`)."""
     try:
         text = read_regular(path)
     except OSError as exc:
@@ -151,7 +153,7 @@ def load_run_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict) or "schema_version" not in data:
         raise BadInput("not a leakgate verdict (no schema_version)", path=path)
     try:
-        check_document(data)
+        check_verdict(data)
         Verdict.from_dict(data)
     except KeyError as exc:
         raise BadInput(f"not a leakgate verdict (no {exc})", path=path) from None
@@ -165,88 +167,6 @@ def _in_file(exc: Exception, path: str | os.PathLike[str]) -> BadInput:
     if isinstance(exc, BadInput):
         return BadInput(exc.problem, path=path, line=exc.line, field=exc.field)
     return BadInput(one_line(exc), path=path)
-
-
-_OPTIONAL_TEXT = ("name", "title", "test", "timeline", "report", "run_id", "metric", "error")
-_PHASE_NUMBERS = ("growth", "slope", "peak_rise", "judged", "batches", "start", "end", "peak")
-
-
-def check_document(doc: Mapping[str, Any]) -> None:
-    """Check the fields of a verdict document that are read after loading it: ``status``,
-    the names, ``findings``, ``phases``, ``checks``, ``checkpoints``, ``header`` and
-    ``worst_growth``; no nesting deeper than 64 levels, no integer beyond a float's range.
-
-    Raises :class:`~harness.errors.BadInput` naming the field (``phases[2].phase: expected a
-    string, got a list``)
-    """
-    try:
-        check_tree(doc)
-    except ValueError as exc:
-        raise BadInput(str(exc).lstrip(".")) from None
-    if "status" in doc:
-        expect(doc["status"], (str,), "status", "a string")
-    for key in _OPTIONAL_TEXT:
-        expect(doc.get(key), (str, type(None)), key, "a string")
-    report = doc.get("report")
-    if isinstance(report, str) and ("\0" in report or any(len(p) > 255 for p in report.split("/"))):
-        raise BadInput(f"not a file name: {shown(report)}", field="report")
-    _numbers(doc, ("worst_growth",), "")
-    for key in ("header", "run", "rules"):
-        expect(doc.get(key), (Mapping, type(None)), key, "an object")
-    header = _mapping(doc.get("header"))
-    expect(header.get("run_id"), (str, type(None)), "header.run_id", "a string")
-    _numbers(header, ("started",), "header.")
-    for i, finding in _objects(doc, "findings"):
-        where = f"findings[{i}]."
-        for key in ("kind", "severity", "message", "phase", "rule"):
-            expect(finding.get(key), (str, type(None)), where + key, "a string")
-        _whole(finding, ("epoch",), where)
-        _numbers(finding, ("bytes", "slope"), where)
-    for i, phase in _objects(doc, "phases"):
-        where = f"phases[{i}]."
-        for key in ("phase", "label", "metric", "peak_metric", "status"):
-            expect(phase.get(key), (str, type(None)), where + key, "a string")
-        _whole(phase, ("epoch",), where)
-        _numbers(phase, _PHASE_NUMBERS, where)
-    for i, check in _objects(doc, "checks"):
-        where = f"checks[{i}]."
-        for key in ("rule", "scope", "status", "details"):
-            expect(check.get(key), (str, type(None)), where + key, "a string")
-        _numbers(check, ("measured", "limit"), where)
-    for i, point in _objects(doc, "checkpoints"):
-        where = f"checkpoints[{i}]."
-        for key in ("name", "label", "phase"):
-            expect(point.get(key), (str, type(None)), where + key, "a string")
-        _whole(point, ("epoch",), where)
-        expect(point.get("metrics"), (Mapping, type(None)), where + "metrics", "an object")
-        metrics = _mapping(point.get("metrics"))
-        _numbers(metrics, tuple(metrics), where + "metrics.")
-
-
-def _objects(doc: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any]]]:
-    """``doc[key]`` (absent or null: none) as a list of objects, or ``BadInput``."""
-    items = doc.get(key)
-    if items is None:
-        return []
-    if not isinstance(items, list):
-        raise BadInput(f"expected a list, got {shown(items)}", field=key)
-    for i, item in enumerate(items):
-        expect(item, (Mapping,), f"{key}[{i}]", "an object")
-    return list(enumerate(items))
-
-
-def _numbers(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
-    for key in keys:
-        value = doc.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise BadInput(f"expected a number, got {shown(value)}", field=where + key)
-
-
-def _whole(doc: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
-    for key in keys:
-        value = doc.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise BadInput(f"expected a whole number, got {shown(value)}", field=where + key)
 
 
 def verdict_files(directory: Path) -> list[Path]:

@@ -13,13 +13,13 @@ import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import harness.labels as labels
 from harness.artifacts import write_run
-from harness.errors import BadInput
+from harness.errors import BadInput, as_unwritable
 from harness.report import Run
 from harness.rules import describe_error, judge
 from harness.rules.context import Columns
@@ -63,8 +63,7 @@ class Finished:
         could not be written."""
         print("\n".join(self.lines()))
         if self.write_error is not None:
-            problem = self.write_error
-            print(f"error: cannot write {problem.filename}: {problem.strerror}", file=sys.stderr)
+            print(f"error: {as_unwritable(self.write_error, None)}", file=sys.stderr)
             return 2
         if "md" in self.paths:
             print(f"report: {self.paths['md']}")
@@ -121,6 +120,8 @@ def finish_run(
     timeline took another name (``<name>.<run id>.jsonl``: another live run held the name)
     saves its report and verdict under that stem, so neither run's files are lost. A write that
     fails is returned as ``write_error``, never raised: the verdict must still reach its caller.
+    The recorder's timeline is such a write: its end record, or a line it could not write
+    earlier (:attr:`~harness.recorder.Recorder.timeline_error`).
     """
     live = not isinstance(record, Timeline)
     kept: Mapping[str, Any] = {}
@@ -165,7 +166,11 @@ def finish_run(
         timeline=relative(timeline, here),
         verdict_file=relative(document, here),
     )
-    return write_finished(run, holders, explained, markdown, document, timeline)
+    finished = write_finished(run, holders, explained, markdown, document, timeline)
+    lost = None if isinstance(record, Timeline) else record.timeline_error
+    if lost is not None and finished.write_error is None:
+        return replace(finished, write_error=lost)
+    return finished
 
 
 def write_finished(

@@ -10,6 +10,7 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any
 
 from harness.errors import BadInput
+from harness.json_values import check_tree
 from harness.units import parse_size
 
 CHILD_METRICS = ("uss", "pss")
@@ -195,6 +196,8 @@ class Rules:
         if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
             problem = f"expected a mapping of rule names, got {self.custom!r}"
             raise BadInput(problem, field="Rules.custom")
+        # Written to the timeline and the verdict: only what reads back as it was written.
+        check_tree(self.custom, written=True, where="Rules.custom")
         object.__setattr__(self, "custom", dict(self.custom))
 
     def selects(self, phase: str | None) -> bool:

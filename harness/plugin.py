@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 import harness.labels as labels
-from harness.errors import BadInput
+from harness.errors import BadInput, as_unwritable
 from harness.naming import safe_name
 from harness.options import options, parse_option
 
@@ -179,6 +179,7 @@ class LeakGate:
         self.session_lines: list[str] = []
         self.decision: GateDecision | None = None
         self.snapshot_note: str | None = None
+        self.untracked: list[str] = []  # explained tests whose native lines memray could not note
 
     def rules_for(self, item: pytest.Item) -> Rules:
         """The marker's rules over the ``memleak_*`` ini defaults; keywords naming a
@@ -257,7 +258,8 @@ class LeakGate:
     def write_failed(self, error: OSError) -> None:
         """Keep the first write failure: it is reported once, and verdicts are still enforced."""
         if self.write_error is None:
-            self.write_error = f"{error.filename or self.directory}: {error.strerror or error}"
+            unwritable = as_unwritable(error, self.directory)
+            self.write_error = f"{unwritable.path}: {unwritable.reason}"
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
@@ -270,9 +272,14 @@ class LeakGate:
         error = None
         attribution = trace.recorder.attribution
         if attribution is not None and attribution.explain:
-            from harness.attribution.native import Native
+            from harness.attribution.native import Native, runs_tracker
 
-            trace.native = Native()
+            function, module = getattr(item, "function", None), getattr(item, "module", None)
+            busy = runs_tracker(function, module)
+            if busy is None:
+                trace.native = Native()
+            else:
+                self.untracked.append(f"{item.nodeid} ({busy})")
         try:
             from harness.snapshot import during
 
@@ -287,6 +294,8 @@ class LeakGate:
                 trace.recorder.checkpoint(
                     labels.TEST_END, phase="test", collect=True, note=_describe(error)
                 )
+            if trace.native is not None and trace.native.skipped is not None:
+                self.untracked.append(f"{item.nodeid} ({trace.native.skipped})")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(
@@ -438,6 +447,13 @@ class LeakGate:
             )
         if self.snapshot_note is not None:
             tr.write_line(f"leakgate note: {self.snapshot_note}")
+        if self.untracked:
+            shown = "; ".join(self.untracked[:3]) + ("; ..." if len(self.untracked) > 3 else "")
+            tr.write_line(
+                f"leakgate note: explain noted no native lines for {len(self.untracked)} "
+                f"test(s) that run a memray Tracker of their own or under one (memray allows "
+                f"one per process): {shown}"
+            )
         for line in self.session_lines:
             tr.write_line(line, red=line.startswith("leakgate REGRESSION"))
         if not self.outcomes:

@@ -22,7 +22,7 @@ import torch
 from harness.attribution import Holder, PhaseAttribution
 from harness.child_sampling import SCHEDULE, ChildSampler
 from harness.children import SUMS
-from harness.errors import BadInput
+from harness.errors import BadInput, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
@@ -85,6 +85,11 @@ class Recorder:
     process's live descendants, DataLoader workers by role, on the schedule of
     :mod:`harness.child_sampling`, whatever the probe (workers use host memory on a GPU machine
     too); the header's ``children`` says how they were sampled (None: not recorded).
+
+    A timeline write that fails mid-run (a full disk, a file size limit) does not stop the
+    run: the timeline is left as it was, no later line is written to it, and the error is
+    kept as :attr:`timeline_error`, which :func:`harness.finish.finish_run` reports as the
+    run's write error. The samples are still recorded and judged.
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class Recorder:
         self.rank = rank_info()
         self.probe = make_probe(probe)
         self._timeline = None
+        self.timeline_error: UnwritableReport | None = None
         try:
             self._limit_at_checkpoints = limit is not None and not self.probe.limit(limit)
             self.capacity = limit if limit is not None else self.probe.capacity
@@ -258,8 +264,11 @@ class Recorder:
             }
         )
         self.samples.append(sample)
-        if self._timeline is not None:
-            self._timeline.write(sample)
+        if self._timeline is not None and self.timeline_error is None:
+            try:
+                self._timeline.write(sample)
+            except OSError as error:
+                self._lost(error)
         if self.attribution is not None:
             self._attribute(sample)
         if overflow:
@@ -354,9 +363,20 @@ class Recorder:
         rules, holders and shares)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
-            known = set(self.header["metrics"])
-            met = [m for m in self.samples.metric_names if m not in known]
-            self._timeline.end(error, {**(details or {}), **({"metrics": met} if met else {})})
+            if self.timeline_error is None:
+                known = set(self.header["metrics"])
+                met = [m for m in self.samples.metric_names if m not in known]
+                try:
+                    self._timeline.end(
+                        error, {**(details or {}), **({"metrics": met} if met else {})}
+                    )
+                except OSError as failure:
+                    self._lost(failure)
+
+    def _lost(self, error: OSError) -> None:
+        """Keep the first failed timeline write; the timeline gets no more lines."""
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        self.timeline_error = UnwritableReport(error.filename or self.timeline_path or "", reason)
 
     @property
     def closed(self) -> bool:

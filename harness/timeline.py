@@ -19,20 +19,16 @@ from typing import Any
 import harness.timeline_columns as timeline_columns
 from harness.errors import BadInput
 from harness.fsio import open_regular, read_regular
+from harness.json_values import MAX_DEPTH, check_tree, expect, finite_number, shown
 from harness.timeline_checks import (
     FORMAT,
     MAX_BYTES,
-    MAX_DEPTH,
     READS,
     Timeline,
     check_end,
     check_header,
-    check_tree,
-    expect,
-    finite_number,
     is_int64,
     sample_of,
-    shown,
 )
 from harness.timeline_writer import TimelineWriter
 

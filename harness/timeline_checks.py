@@ -5,13 +5,13 @@ and the checks of a header and of a sample line (each field by its kind in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import harness.sample as schema
 from harness.errors import BadInput
+from harness.json_values import check_tree, expect, finite_number, shown
 from harness.sample import METRICS, Field, Sample, line_order
 from harness.store import NONE, make_sample
 from harness.units import parse_size
@@ -24,8 +24,6 @@ version 1 timelines still read."""
 READS = (1, 2)
 """The format versions :func:`~harness.timeline.read_timeline` reads; any other is refused."""
 
-MAX_DEPTH = 64
-"""How deeply a header's values may nest (a run's config is a few levels deep)."""
 MAX_BYTES = 2**63
 """The largest magnitude a reading, a size rule, an epoch or a batch number may have; whole
 numbers kept in the store's int64 columns stay below it, and above ``-2**63`` (the store's
@@ -162,52 +160,3 @@ def _check_size(value: Any, where: str) -> None:
         raise BadInput(f"not a size: {shown(value)}", field=where) from None
     if size > MAX_BYTES:
         raise BadInput(f"{shown(value)} is more than 2**63 bytes", field=where)
-
-
-def check_tree(root: Any) -> None:
-    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers beyond a float's range; the
-    error names where (its first four steps)."""
-    stack: list[tuple[Any, tuple[str, ...]]] = [(root, ())]
-    while stack:
-        value, steps = stack.pop()
-        if isinstance(value, int) and not isinstance(value, bool):
-            try:
-                float(value)
-            except OverflowError:
-                raise BadInput("an integer beyond a float's range", field=_path(steps)) from None
-        elif isinstance(value, (dict, list)):
-            if len(steps) >= MAX_DEPTH:
-                raise BadInput(f"nested more than {MAX_DEPTH} levels deep", field=_path(steps))
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                step = f".{key}" if isinstance(value, dict) else f"[{key}]"
-                stack.append((item, (*steps, step)))
-
-
-def _path(steps: tuple[str, ...]) -> str:
-    return "".join(steps[:4]) + ("..." if len(steps) > 4 else "")
-
-
-def expect(value: Any, types: tuple[type, ...], where: str, wanted: str) -> None:
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise BadInput(f"expected {wanted}, got {shown(value)}", field=where)
-
-
-def finite_number(value: Any) -> float | None:
-    """``value`` as a finite float; None for anything else (bools, text, inf, huge ints)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def shown(value: Any) -> str:
-    """A value for a one-line message: its type, and its text when short."""
-    kind = {dict: "an object", list: "a list", type(None): "null"}.get(type(value))
-    if kind is not None:
-        return kind
-    text = repr(value)
-    return text if len(text) <= 40 else f"{type(value).__name__} {text[:30]}..."

@@ -194,7 +194,7 @@ class PhaseStats:
     epoch: int | None
     label: str
     metric: str | None
-    status: str
+    status: CheckStatus
     batches: int = 0
     judged: int = 0
     start: int | None = None
@@ -223,7 +223,7 @@ class Check:
 
     rule: str
     scope: str
-    status: str
+    status: CheckStatus
     details: str
     measured: float | None = None
     limit: int | None = None
@@ -287,15 +287,7 @@ class Verdict:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
         """Inverse of :meth:`to_dict`; reads schema 1 and 2, refuses newer ones."""
-        version = data.get("schema_version")
-        if (
-            isinstance(version, bool)
-            or not isinstance(version, int)
-            or not (1 <= version <= SCHEMA_VERSION)
-        ):
-            raise BadInput(
-                f"verdict schema_version {version!r} is not readable (1 to {SCHEMA_VERSION})"
-            )
+        version = check_schema_version(data.get("schema_version"))
         rules = data.get("rules") or {}
         if not isinstance(rules, Mapping):
             raise BadInput("expected an object", field="rules")
@@ -310,6 +302,19 @@ class Verdict:
             phases=tuple(_build(PhaseStats, p) for p in _list(data, "phases")),
             checks=tuple(_build(Check, c) for c in _list(data, "checks")),
         )
+
+
+def check_schema_version(version: Any) -> int:
+    """``version`` when a verdict of that schema reads (1 to :data:`SCHEMA_VERSION`)."""
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or not 1 <= version <= SCHEMA_VERSION
+    ):
+        raise BadInput(
+            f"verdict schema_version {version!r} is not readable (1 to {SCHEMA_VERSION})"
+        )
+    return version
 
 
 def _list(data: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:

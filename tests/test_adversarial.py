@@ -290,6 +290,50 @@ BAD_VERDICTS = {
         "header.config[0][0]...: nested more than 64 levels deep",
         lambda d: d["header"].update(config=json.loads(deep(100))),
     ),
+    "run.ended as text": (
+        "run.ended: expected true or false, got 'yes'",
+        lambda d: d["run"].update(ended="yes"),
+    ),
+    "header.ranks as text": (
+        "header.ranks: expected a list, got 'all'",
+        lambda d: d["header"].update(ranks="all"),
+    ),
+    "a rank's status unknown": (
+        "header.ranks[0].status: expected one of PASS, FAIL, ERROR, got 'OK'",
+        lambda d: d["header"].update(ranks=[{"rank": 0, "status": "OK"}]),
+    ),
+    "a severity unknown": (
+        "findings[0].severity: expected one of P2, P1, P0, got 'P9'",
+        lambda d: d["findings"][0].update(severity="P9"),
+    ),
+    "a NaN growth": (
+        "phases[0].growth: expected a finite number, got nan",
+        lambda d: d["phases"][0].update(growth=float("nan")),
+    ),
+    "an infinite worst growth": (
+        "worst_growth: expected a finite number, got inf",
+        lambda d: d.update(worst_growth=float("inf")),
+    ),
+    "a check status unknown": (
+        "checks[0].status: expected one of SKIP, PASS, WARN, FAIL, ERROR, got 'fine'",
+        lambda d: d["checks"][0].update(status="fine"),
+    ),
+    "a finding without its message": (
+        "findings[0]: missing 'message'",
+        lambda d: d["findings"][0].pop("message"),
+    ),
+    "held bytes as text": (
+        "attribution[0].bytes: expected a whole number, got 'lots'",
+        lambda d: d.update(attribution=[{"path": "x", "bytes": "lots"}]),
+    ),
+    "a negative torn count": (
+        "run.torn: expected a whole number >= 0, got -1",
+        lambda d: d["run"].update(torn=-1),
+    ),
+    "a custom rule option beyond float range": (
+        "rules.custom.x: an integer beyond a float's range",
+        lambda d: d["rules"].update(custom={"x": 10**400}),
+    ),
 }
 
 
@@ -366,6 +410,9 @@ def test_a_malformed_timeline_line_is_one_line_naming_the_file_line_and_field(
         ({"rules": {"max_peak": 2**70}}, "header.rules.max_peak: "),
         ({"capacity": 10**400}, "header.capacity: an integer beyond a float's range"),
         ({"run_id": 5}, "header.run_id: expected a string, got 5"),
+        ({"leakgate_timeline": 3}, "header.leakgate_timeline: a timeline format this version "),
+        ({"leakgate_timeline": "2"}, "header.leakgate_timeline: a timeline format this version "),
+        ({"leakgate_timeline": 2.0}, "header.leakgate_timeline: a timeline format this version "),
     ],
 )
 def test_a_malformed_header_is_one_line(tmp_path, capsys, header, message):

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import fsio
+from harness import distributed, fsio
 from harness.cli import main
 from harness.identity import MAX_WORLD_SIZE, check_rank, check_world_size, rank_info
 from harness.merge import merge_timelines
@@ -84,12 +84,21 @@ def two_ranks(folder: Path, name: str = "run", per_batch: tuple[int, int] = (0, 
     ]
 
 
-def run_main(argv):
-    """``main(argv)`` with its output captured: (exit code, stdout, stderr)."""
+def run_main(argv, entry=main):
+    """``entry(argv)`` (``leakgate``'s main unless told) with its output captured: (exit code,
+    stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
+        code = entry(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+def merge_command(data, args):
+    """``leakgate merge ARGS`` or ``python -m harness.distributed ARGS``, drawn: the argv and
+    the entry point that takes it."""
+    if data.draw(st.booleans()):
+        return list(args), distributed.main
+    return ["merge", *args], main
 
 
 def leakgate(*args: str, module: str = "harness") -> subprocess.CompletedProcess[str]:
@@ -389,6 +398,16 @@ def test_every_command_refuses_an_odd_input_at_once(short_tmp, kind, command):
     assert "not a regular file" in done.stderr
 
 
+@pytest.mark.parametrize("kind", ODD)
+def test_python_m_harness_distributed_refuses_an_odd_input_at_once(short_tmp, kind):
+    good = rank_timeline(short_tmp / "run.rank0.jsonl", 0, 2)
+    with odd_file(kind, short_tmp / "run.rank1.jsonl") as odd:
+        done = leakgate(str(good), str(odd), module="harness.distributed")
+    assert done.returncode == 2 and one_line(done.stderr), done.stderr
+    assert "run.rank1.jsonl" in done.stderr and "not a regular file" in done.stderr
+    assert sorted(p.name for p in short_tmp.iterdir()) == ["run.rank0.jsonl", "run.rank1.jsonl"]
+
+
 def test_read_regular_refuses_before_it_blocks(short_tmp):
     with pytest.raises(OSError, match="a FIFO, not a regular file"):
         fsio.read_regular(fifo(short_tmp / "f"))
@@ -468,7 +487,8 @@ def test_fuzz_merge(data):
                 data.draw(st.sampled_from(["", ".", "..", "../../x", "run.rank0", "ok", "a/b"])),
             ]
         inputs = snapshot(inside)
-        code, _, err = run_main(["merge", *sorted(map(str, inside.glob("*.jsonl"))), *options])
+        argv, entry = merge_command(data, [*sorted(map(str, inside.glob("*.jsonl"))), *options])
+        code, _, err = run_main(argv, entry)
         assert code in (0, 1, 2)
         if code == 2:
             assert one_line(err), err
@@ -494,8 +514,25 @@ def must_return(seconds: int = PROMPT):
         signal.signal(signal.SIGALRM, previous)
 
 
+@contextlib.contextmanager
+def memory_cap(extra: int = 1 << 30):
+    """Hold this process to the address space it has now plus ``extra`` in the block: a
+    command that reads a device without end fails with MemoryError instead of filling the
+    machine."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    pages = int(Path("/proc/self/statm").read_text().split()[0])
+    cap = pages * resource.getpagesize() + extra
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard < 0 else min(cap, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 ENTRIES = ["fifo", "socket", "device", "dangling", "folder", "empty"]
 NAMES = ["x.json", "x.jsonl", "run.rank1.jsonl", "run.json", "ok.rank0.json"]
+DEVICES = ["/dev/null", "/dev/zero", "/dev/urandom"]
+"""What a device link points at: one that ends when read, and two that never do."""
 
 
 @given(st.data())
@@ -517,32 +554,37 @@ def test_fuzz_commands_over_folders_holding_odd_files(data):
             path = root / name
             if path.exists():
                 path.unlink()
-            if kind in ("fifo", "socket", "device"):  # /dev/null: ends, even where it is read
-                stack.enter_context(odd_file(kind, path, "/dev/null"))
+            if kind in ("fifo", "socket", "device"):
+                stack.enter_context(odd_file(kind, path, data.draw(st.sampled_from(DEVICES))))
             elif kind == "dangling":
                 path.symlink_to(root / "nowhere")
             elif kind == "folder":
                 path.mkdir()
             else:
                 path.touch()
-        command = data.draw(
+        ranks = sorted(str(p) for p in root.glob("run.rank*.jsonl"))
+        command, entry = data.draw(
             st.sampled_from(
                 [
-                    ["gate", str(root)],
-                    ["index", str(root)],
-                    ["report", str(root / data.draw(st.sampled_from(NAMES)))],
-                    ["merge", *sorted(str(p) for p in root.glob("run.rank*.jsonl"))],
-                    [
-                        "compare",
-                        str(root / "run.json"),
-                        str(root / data.draw(st.sampled_from(NAMES))),
-                    ],
+                    (["gate", str(root)], main),
+                    (["index", str(root)], main),
+                    (["report", str(root / data.draw(st.sampled_from(NAMES)))], main),
+                    (["merge", *ranks], main),
+                    (ranks, distributed.main),
+                    (
+                        [
+                            "compare",
+                            str(root / "run.json"),
+                            str(root / data.draw(st.sampled_from(NAMES))),
+                        ],
+                        main,
+                    ),
                 ]
             )
         )
         before = snapshot(root)
-        with must_return():
-            code, _, err = run_main(command)
+        with must_return(), memory_cap():
+            code, _, err = run_main(command, entry)
         assert code in (0, 1, 2)
         if code == 2:
             assert one_line(err), err

@@ -31,6 +31,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.naming",
             "harness.identity",
             "harness.wording",
+            "harness.json_values",
             "tft",
         ),
     ),
@@ -43,6 +44,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.store",
             "harness.options",
             "harness.verdict",
+            "harness.verdict_schema",
         ),
     ),
     (

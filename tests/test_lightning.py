@@ -16,6 +16,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from harness import Recorder, Rules, Sample, judge  # noqa: E402
+from harness.errors import BadInput, UnwritableReport  # noqa: E402
 from harness.integrations.lightning import (  # noqa: E402
     LeakGateCallback,
     MemoryCheckFailed,
@@ -428,6 +429,50 @@ def test_the_callback_only_records_into_a_given_recorder_unless_given_rules():
         quiet = LeakGateCallback(recorder)
         fit(Forecaster(), quiet, epochs=1, train=2, val=2)
         assert quiet.finished is None and not recorder.closed
+
+
+QUICK = Rules(phase="validation", warmup=1, max_growth="1GB")
+
+
+def test_a_verdict_that_cannot_be_written_says_so_and_warns(tmp_path, capsys):
+    (tmp_path / "lightning.json").mkdir()
+    callback = LeakGateCallback(rules=QUICK, directory=tmp_path)
+    with pytest.warns(RuntimeWarning, match="the verdict was not saved: cannot write"):
+        fit(Forecaster(), callback, epochs=1, train=2, val=8)
+    printed = capsys.readouterr().out
+    assert "memory verdict: PASS\n" in printed
+    assert f"  not saved: cannot write {tmp_path / 'lightning.json'}: Is a directory" in printed
+    assert "report:" not in printed
+
+
+def test_a_verdict_that_cannot_be_written_raises_with_raise_on_fail(tmp_path):
+    (tmp_path / "lightning.json").mkdir()
+    callback = LeakGateCallback(rules=QUICK, directory=tmp_path, raise_on_fail=True)
+    with pytest.raises(UnwritableReport) as raised:
+        fit(Forecaster(), callback, epochs=1, train=2, val=8)
+    assert raised.value.path == str(tmp_path / "lightning.json")
+    assert callback.finished is not None and callback.finished.verdict.status == "PASS"
+
+
+def test_a_timeline_that_cannot_be_created_stops_the_fit_at_setup(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    callback = LeakGateCallback(rules=QUICK, directory=blocker / "reports")
+    module = Forecaster()
+    with pytest.raises(UnwritableReport) as raised:
+        fit(module, callback, epochs=1, train=2, val=8)
+    assert raised.value.path == str(blocker / "reports" / "lightning.jsonl")
+    assert callback.recorder is None and callback.finished is None
+    assert module.trainer.global_step == 0 and blocker.read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [("..", BadInput), (".", BadInput), ("", BadInput), ("a/b", BadInput), (3, TypeError)],
+)
+def test_the_name_is_a_plain_file_name(name, error):
+    with pytest.raises(error, match="name"):
+        LeakGateCallback(name=name)
 
 
 @pytest.mark.cuda

@@ -112,3 +112,68 @@ def test_a_failing_explained_test_names_the_native_line(pytester, explain):
             result.stdout.no_fnmatch_line(f"*native: test_leaky.py:{at} *")
     else:
         result.stdout.no_fnmatch_line("*native:*")
+
+
+HELPERS = """
+import pytest
+
+SMALL = dict(phase="test", max_growth="100MB", allow_unjudged=True)
+
+
+def tracked(tracker_class, path):
+    with tracker_class(path):
+        return [bytes(1000) for _ in range(100)]
+"""
+
+OWN_TRACKERS = """
+
+@pytest.mark.memleak(**SMALL)
+def test_imports_memray_itself(memtrace, tmp_path):
+    import memray
+
+    assert len(tracked(memray.Tracker, tmp_path / "own.bin")) == 100
+
+
+@pytest.mark.memleak(**SMALL)
+def test_runs_under_a_fixtures_tracker(memtrace, fixture_tracker):
+    assert fixture_tracker
+"""
+
+MODULE_TRACKER = """
+from memray import Tracker
+
+
+@pytest.mark.memleak(**SMALL)
+def test_module_tracker(memtrace, tmp_path):
+    assert len(tracked(Tracker, tmp_path / "module.bin")) == 100
+"""
+
+TRACKER_FIXTURE = """
+import memray
+import pytest
+
+
+@pytest.fixture
+def fixture_tracker(tmp_path):
+    with memray.Tracker(tmp_path / "fixture.bin"):
+        yield True
+"""
+
+
+def test_explain_steps_aside_for_a_test_that_tracks_with_memray_itself(pytester):
+    """Its own tracker imported by the module or in the test, or a fixture's around it: each
+    test passes, and one line says explain noted nothing there and why."""
+    pytester.makeconftest(TRACKER_FIXTURE)
+    pytester.makepyfile(test_own=HELPERS + OWN_TRACKERS, test_module=HELPERS + MODULE_TRACKER)
+    result = pytester.runpytest("-p", "no:randomly", "--memreport-explain")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "leakgate note: explain noted no native lines for 3 test(s) that run a memray Tracker "
+            "of their own or under one (memray allows one per process): "
+            "test_module.py::test_module_tracker (test_module uses memray.Tracker); "
+            "test_own.py::test_imports_memray_itself (test_imports_memray_itself uses "
+            "memray.Tracker); test_own.py::test_runs_under_a_fixtures_tracker (memray could not "
+            "track: No more than one Tracker instance can be active at the same time)"
+        ]
+    )

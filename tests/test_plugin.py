@@ -399,6 +399,31 @@ def test_{name}(memtrace):
     )
 
 
+def test_a_rule_option_beyond_float_range_errors_its_test_at_the_marker(
+    pytester, registered_by_conftest
+):
+    registered_by_conftest.append("budget")
+    pytester.makeconftest(
+        "from harness import register_rule\nregister_rule('budget', lambda ctx, option: [])\n"
+    )
+    body = """
+
+@pytest.mark.memleak(budget=10**400)
+def test_huge(memtrace):
+    loop(memtrace)
+
+
+def test_after():
+    pass
+"""
+    result = run(pytester, body, "--memreport=out")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_huge*memleak: Rules.custom.budget: an integer beyond a float's range*"]
+    )
+    assert not list((pytester.path / "out").glob("*huge*"))
+
+
 def test_a_run_failed_by_a_registered_rule_is_not_a_pass_once_rebuilt_without_it(
     pytester, registered_by_conftest, capsys
 ):

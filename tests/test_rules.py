@@ -502,6 +502,14 @@ BROKEN_RULES = {
         lambda ctx, option: [Finding("bogus", None, None, 1, "x")],
         "Finding.kind: 'bogus'",
     ),
+    "finding bytes not whole": (
+        lambda ctx, option: [Finding("leak", None, None, 1.5, "x")],
+        "finding.bytes: expected a whole number, got 1.5",
+    ),
+    "finding slope not finite": (
+        lambda ctx, option: [Finding("leak", None, None, 1, "x", float("nan"))],
+        "finding.slope: expected a finite number, got nan",
+    ),
 }
 
 
@@ -537,6 +545,22 @@ def test_a_rule_option_no_registered_rule_reads_is_an_error_naming_it():
     assert f"'{option}' is read by no registered rule" in verdict.error
     (check,) = [c for c in verdict.checks if c.rule == option]
     assert check.status == "ERROR"
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (10**400, "an integer beyond a float's range"),
+        (float("nan"), "expected a finite number, got nan"),
+        ([1, float("inf")], "expected a finite number, got inf"),
+        ({"at": object()}, "expected text, a number, true, false, null, a list or an object"),
+        ({1: "x"}, "expected an object with text keys"),
+    ],
+)
+def test_a_rule_option_that_json_would_not_give_back_is_refused(value, problem):
+    with pytest.raises(BadInput) as bad:
+        Rules(custom={"mine": value})
+    assert bad.value.field.startswith("Rules.custom.mine") and problem in bad.value.problem
 
 
 def test_statuses_and_severities_know_their_order():

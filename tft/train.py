@@ -7,7 +7,8 @@ timeline with :data:`MEMORY_RULES` and writes ``DIR/<run>.jsonl``, ``.json`` and
 ``--capacity`` emulates a smaller device (and traces the run too). ``--num-workers N`` has N
 DataLoader worker processes make the batches (:mod:`tft.loading`; default 0, the incident's
 set-up: the training process makes them). Exit codes: 0 done (with a passing verdict when
-traced), 1 out of memory or a failing verdict, 2 bad input (one line).
+traced), 1 out of memory or a failing verdict, 2 bad input or a timeline or report that cannot
+be written (one line).
 
 Under ``torchrun`` (``WORLD_SIZE`` set) every rank joins the default process group (NCCL with
 one rank per visible GPU, ``cuda:LOCAL_RANK``; gloo on the CPU) and the trainer runs DDP. A
@@ -252,17 +253,21 @@ def traced(
         "faults": list(args.inject_fault),
         "command": shlex.join(["python", "-m", "tft.train", *argv]),
     }
-    recorder = Recorder(
-        str(resolve_device(config.device)),
-        capacity=capacity,
-        timeline=None if args.memreport is None else args.memreport / f"{name}.jsonl",
-        config=config,
-        meta=meta,
-        attribute=PhaseAttribution(
-            growth=MEMORY_RULES["max_growth"], at_end=False, warmup=MEMORY_RULES["warmup"]
-        ),
-        rules=Rules(**MEMORY_RULES),
-    )
+    try:
+        recorder = Recorder(
+            str(resolve_device(config.device)),
+            capacity=capacity,
+            timeline=None if args.memreport is None else args.memreport / f"{name}.jsonl",
+            config=config,
+            meta=meta,
+            attribute=PhaseAttribution(
+                growth=MEMORY_RULES["max_growth"], at_end=False, warmup=MEMORY_RULES["warmup"]
+            ),
+            rules=Rules(**MEMORY_RULES),
+        )
+    except OSError as exc:  # the timeline cannot be created: a link in the way, no such place
+        print(f"error: {exc.filename or args.memreport}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     # The session's peak window starts from the released level: the warm-up's is not its own.
     gc.collect()
     recorder.probe.release()

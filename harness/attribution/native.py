@@ -7,6 +7,11 @@ called leakgate itself, a checkpoint, is not named for leakgate's own bookkeepin
 :class:`Native` wraps a region (the plugin wraps a test's call under ``explain``), and
 :func:`recheck` runs a callable again under it. Without memray both name nothing (``None``).
 The capture is memray's aggregated format, in a temporary folder removed when the region ends.
+
+memray allows one ``Tracker`` per process, so a region steps aside, naming nothing, where
+memray is tracking already (:attr:`Native.skipped` says so) or where the code it would wrap
+runs a tracker of its own (:func:`runs_tracker`: told before the region starts, so that code's
+tracker still starts).
 """
 
 from __future__ import annotations
@@ -63,12 +68,13 @@ def _skipped() -> tuple[str, ...]:
 class Native:
     """A region tracked by ``memray.Tracker``: after it, :attr:`found` holds the top ``top``
     lines by bytes still held (at least ``floor`` each), or None when memray is not installed
-    or could not track (another tracker was active)."""
+    or could not track (:attr:`skipped` then says why: another tracker was active)."""
 
     def __init__(self, top: int = TOP, floor: int = NATIVE_FLOOR) -> None:
         self.top = top
         self.floor = floor
         self.found: list[NativeLine] | None = None
+        self.skipped: str | None = None
         self.capture = ""
         self._folder: str | None = None
         self._tracker: Any = None
@@ -84,8 +90,9 @@ class Native:
         try:
             self._tracker = memray.Tracker(self.capture, file_format=aggregated)
             self._tracker.__enter__()
-        except (RuntimeError, OSError):
+        except (RuntimeError, OSError) as error:
             self._tracker = None
+            self.skipped = f"memray could not track: {error}"
             self._remove()
         return self
 
@@ -120,6 +127,26 @@ class Native:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+def runs_tracker(function: Any, module: Any) -> str | None:
+    """Why a test ``function`` of ``module`` looks like it starts a ``memray.Tracker`` of its
+    own (its module holds memray or its ``Tracker``; its code names either), or None. A region
+    around it would make that tracker fail: memray allows one per process."""
+    memray = sys.modules.get("memray")
+    if memray is None:
+        return None
+    own = (memray, memray.Tracker)
+    if module is not None and any(any(v is o for o in own) for v in vars(module).values()):
+        return f"{module.__name__} uses memray.Tracker"
+    code = getattr(function, "__code__", None)
+    codes = [code] if code is not None else []
+    while codes:
+        code = codes.pop()
+        if {"memray", "Tracker"} & {*code.co_names, *code.co_varnames}:
+            return f"{function.__qualname__} uses memray.Tracker"
+        codes += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return None
 
 
 def _outside(stack: list[tuple[str, str, int]], skipped: tuple[str, ...]) -> str | None:

@@ -62,8 +62,9 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 import harness.labels as labels
-from harness.errors import BadInput, MemoryCheckFailed
+from harness.errors import BadInput, MemoryCheckFailed, as_unwritable
 from harness.finish import Finished, finish_run
+from harness.naming import check_file_name
 from harness.recorder import DeviceOutOfMemory, Recorder
 from harness.verdict import Rules
 
@@ -99,7 +100,12 @@ class LeakGateCallback(Callback):
     ``timeline``: the JSONL timeline's path. Runs other than ``fit`` add ``-<stage>`` to
     ``name``, and each rank of a distributed run ``-rank<N>``. ``raise_on_fail``: raise
     :class:`MemoryCheckFailed` from ``on_fit_end`` (or the stage's teardown) when the verdict
-    is not PASS, which stops the script. ``attribute``, ``capacity``: as for ``Recorder``,
+    is not PASS, which stops the script. A report, verdict or timeline that cannot be written
+    is printed as ``not saved: cannot write ...`` under the verdict and raised as
+    :class:`~harness.errors.UnwritableReport` with ``raise_on_fail`` (else warned about, a
+    ``RuntimeWarning``); a timeline that cannot be created stops the run at its setup with
+    that error. ``name`` must be a plain file name
+    (:func:`harness.naming.check_file_name`). ``attribute``, ``capacity``: as for ``Recorder``,
     for the recorder the callback makes (``attribute`` is on too when the rules' is).
 
     After a judged run, :attr:`finished` holds it; :attr:`recorder` is the last recorder used.
@@ -132,8 +138,7 @@ class LeakGateCallback(Callback):
                 "needs a verdict: give rules, or let the callback make its recorder",
                 field="raise_on_fail",
             )
-        if not name or Path(name).name != name:
-            raise BadInput(f"expected a file name without folders, got {name!r}", field="name")
+        check_file_name(name)
         self.rules = rules
         self.directory = Path(directory) if directory is not None else None
         self.timeline = Path(timeline) if timeline is not None else None
@@ -210,11 +215,19 @@ class LeakGateCallback(Callback):
                 recorder.close()
         self.finished = finished
         lines = finished.lines()
-        if "md" in finished.paths:
+        unsaved = None
+        if finished.write_error is not None:
+            unsaved = as_unwritable(finished.write_error, self.directory)
+            lines.append(f"  not saved: {unsaved}")
+        elif "md" in finished.paths:
             lines.append(f"  report: {finished.paths['md']}")
         print("\n".join(lines), flush=True)  # pass or fail, as the pytest summary shows it
         if self.raise_on_fail and error is None and not finished.verdict.passed:
             raise MemoryCheckFailed(finished)
+        if unsaved is not None:
+            if self.raise_on_fail and error is None:
+                raise unsaved
+            warnings.warn(f"leakgate: the verdict was not saved: {unsaved}", RuntimeWarning, 2)
 
     def _make_recorder(
         self,
@@ -230,23 +243,26 @@ class LeakGateCallback(Callback):
         elif timeline is None and self.directory is not None:
             timeline = self.directory / f"{self._session}.jsonl"
         hparams = getattr(pl_module, "hparams", None)
-        return Recorder(
-            _probe_for(device),
-            capacity=self.capacity,
-            timeline=timeline,
-            config=dict(hparams) if isinstance(hparams, Mapping) and hparams else None,
-            meta={
-                "integration": "lightning",
-                "lightning": lightning.__version__,
-                "stage": stage,
-                "module": type(pl_module).__qualname__,
-                "device": str(device),
-                "rank": trainer.global_rank,
-                "world_size": trainer.world_size,
-            },
-            attribute=self.attribute or self._rules(stage).attribute,
-            rules=self._rules(stage),
-        )
+        try:
+            return Recorder(
+                _probe_for(device),
+                capacity=self.capacity,
+                timeline=timeline,
+                config=dict(hparams) if isinstance(hparams, Mapping) and hparams else None,
+                meta={
+                    "integration": "lightning",
+                    "lightning": lightning.__version__,
+                    "stage": stage,
+                    "module": type(pl_module).__qualname__,
+                    "device": str(device),
+                    "rank": trainer.global_rank,
+                    "world_size": trainer.world_size,
+                },
+                attribute=self.attribute or self._rules(stage).attribute,
+                rules=self._rules(stage),
+            )
+        except OSError as exc:  # the timeline cannot be created: the fit stops before it starts
+            raise as_unwritable(exc, timeline) from None
 
     def _rules(self, stage: str) -> Rules:
         if self.rules is not None:

@@ -45,6 +45,7 @@ from harness.verdict import (
     Status,
     Verdict,
 )
+from harness.verdict_schema import check_finding
 from harness.wording import plural
 
 register_rule(_ranks.RULE, _ranks.rank_outlier, scope="run", option=None)
@@ -149,6 +150,7 @@ def _apply(ctx: Context, rule: Rule, scope: str, broken: list[str], *args: Any) 
         for item in found:
             if not isinstance(item, Finding):
                 raise TypeError(f"returned a {type(item).__name__} among its findings")
+            check_finding(item)
     except (Exception, SystemExit) as exc:
         why = f"rule {rule.name!r} could not judge: {describe_error(exc)}"
         ctx.check(rule.name, scope, CheckStatus.ERROR, why)

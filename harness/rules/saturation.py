@@ -181,4 +181,4 @@ def _restated(ctx: Context, stats: PhaseStats) -> PhaseStats:
         return stats
     scope = next((g.scope for g in ctx.groups if g.key == (stats.phase, stats.epoch)), None)
     failing = any(c.scope == scope and c.status == "FAIL" for c in ctx.checks)
-    return stats if failing else replace(stats, status="WARN")
+    return stats if failing else replace(stats, status=CheckStatus.WARN)
