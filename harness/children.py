@@ -44,6 +44,9 @@ the same series and a worker that died is *absent*, not a drop to zero:
 - ``<comm> <pid>``: any other process, by its command name (``/proc/<pid>/comm``, reduced to
   ``[A-Za-z0-9._-]``) and pid.
 
+multiprocessing's resource tracker and fork server are not read: they serve the process that
+started them, for as long as it lives, and hold none of its work.
+
 **Metrics** (:meth:`TreeReading.metrics`, for a sample's ``metrics``), in bytes: the sums over
 live descendants ``children_anon`` and, on rollup readings, ``children_uss`` and
 ``children_pss`` (0 without any descendant); per role ``child_anon:<role>`` and, on rollup
@@ -75,6 +78,8 @@ SUMS = ("children_anon", "children_uss", "children_pss")
 PER_ROLE = ("child_anon", "child_uss", "child_pss", "child_shared")
 """Per-role metrics, written ``<metric>:<role>`` (:func:`role_metric`)."""
 
+
+_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
 
 @dataclass(frozen=True)
 class ProcessMemory:
@@ -296,6 +301,19 @@ class ChildrenReader:
         self._seen: dict[str, None] = {}
         self._roles: dict[int, str] = {}
         self._live: set[int] = set()
+        self._helpers: dict[int, bool] = {}
+
+    def _helper(self, pid: int) -> bool:
+        """Whether ``pid`` is one of multiprocessing's own servers (its resource tracker or
+        fork server): a process stays their parent once it used spawn or forkserver, and they
+        are not part of the job's memory. Learned once per pid from its command line."""
+        helper = self._helpers.get(pid)
+        if helper is None:
+            if len(self._helpers) > 4096:
+                self._helpers.clear()
+            command = _read(f"{_PROC}/{pid}/cmdline") or b""
+            helper = self._helpers[pid] = any(name in command for name in _HELPERS)
+        return helper
 
     def read(self, *, rollup: bool = False, rollup_if_new: bool = False) -> TreeReading | None:
         """The live descendants now (``uss``, ``pss`` and ``shared`` too with ``rollup``, or
@@ -303,7 +321,7 @@ class ChildrenReader:
         and the roles seen before that are not alive; ``None`` where they cannot be measured."""
         if not self.available:
             return None
-        pids = descendants(self.pid)
+        pids = [pid for pid in descendants(self.pid) if not self._helper(pid)]
         live = set(pids)
         rollup = rollup or (rollup_if_new and not live <= self._live)
         self._live = live

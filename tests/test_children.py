@@ -364,3 +364,14 @@ def test_growth_kind(uss, shared, growth):
 def test_growth_kind_needs_matching_series(uss, shared):
     with pytest.raises(TypeError):
         growth_kind(uss, shared)
+
+
+def test_multiprocessings_resource_tracker_is_not_a_child_of_the_job():
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
+    assert tracker in children.descendants(os.getpid())
+    reading = children.ChildrenReader().read(rollup=True)
+    assert reading is not None
+    assert tracker not in {p.pid for p in reading.processes}

@@ -168,8 +168,18 @@ class Lines:
         traced = tracemalloc.get_tracemalloc_memory() if self._traced else 0
         if not self.storages:
             return traced
-        noted = next(iter(self.storages.values()))
-        entry = sum(sys.getsizeof(o) for o in (noted, noted.__dict__, noted.storage, noted.time))
+        key, noted = next(iter(self.storages.items()))
+        parts = (
+            key,
+            *key,
+            noted,
+            noted.__dict__,
+            noted.storage,
+            noted.cdata,
+            noted.time,
+            noted.line,
+        )
+        entry = sum(sys.getsizeof(o) for o in parts)
         return traced + sys.getsizeof(self.storages) + len(self.storages) * entry
 
     def prune(self) -> None:
