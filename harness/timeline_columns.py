@@ -75,7 +75,7 @@ def read_columns(file: BinaryIO) -> Timeline | None:
         check_header(header)
     except BadInput:
         return None
-    stop, end, torn = _tail(fd, start, size)
+    stop, end, torn = _tail(fd, start, _data_end(fd, size))
     if stop is None:
         return None
     metrics = header.get("metrics")
@@ -140,6 +140,17 @@ def _tail(fd: int, start: int, size: int) -> tuple[int | None, dict[str, Any] | 
             return None, None, 0  # the line reader names what is wrong with it
         return last_start, end, 0
     return size, None, 0
+
+
+def _data_end(fd: int, size: int) -> int:
+    """Where the file's bytes end: before the zeros a killed writer reserved past its lines."""
+    while size:
+        at = max(0, size - 4096)
+        kept = os.pread(fd, size - at, at).rstrip(b"\0")
+        if kept:
+            return at + len(kept)
+        size = at
+    return 0
 
 
 def _has_unusual_lines(fd: int, start: int, stop: int) -> bool:

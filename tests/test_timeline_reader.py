@@ -158,12 +158,15 @@ _samples = st.lists(
 
 
 @settings(max_examples=10, deadline=None)
-@given(_samples, st.sampled_from(["ended", "killed", "torn"]))
-def test_columns_read_exactly_the_lines_written(samples, how):
+@given(_samples, st.sampled_from(["ended", "killed", "torn"]), st.integers(0, 5000))
+def test_columns_read_exactly_the_lines_written(samples, how, zeros):
     """Written as the writer writes them, with both blocks small enough that every file crosses
     many boundaries at every offset (the first line's padding moves them): read in columns,
-    the samples written come back, in order, a torn last line skipped and counted."""
+    the samples written come back, in order, a torn last line skipped and counted, a killed
+    writer's reserved zeros read as the end."""
     tail = b'{"label":"cut' if how == "torn" else b""
+    if how != "ended":
+        tail += b"\0" * zeros  # what a killed writer had reserved
     with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
         patch.setattr(timeline_columns, "COLUMNS_FROM", 0)
         patch.setattr(timeline_columns, "SCAN_BLOCK", SCAN)
@@ -184,5 +187,5 @@ def test_columns_read_exactly_the_lines_written(samples, how):
             assert read.reader == "columns", pad
             expected = [Sample.from_dict(s.to_dict()) for s in written]
             assert list(read.samples) == expected
-            assert read.torn == (1 if tail else 0)
+            assert read.torn == (how == "torn")
             assert (read.end is not None) == (how == "ended")
