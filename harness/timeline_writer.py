@@ -187,9 +187,10 @@ class TimelineWriter:
         try:
             self._file.append(line)
         except OSError as error:
-            raise OSError(
-                error.errno, f"cannot write the timeline ({error.strerror})", str(self.path)
-            ) from None
+            raise self._failed(error) from None
+
+    def _failed(self, error: OSError) -> OSError:
+        return OSError(error.errno, f"cannot write the timeline ({error.strerror})", str(self.path))
 
     def write(self, sample: Sample) -> None:
         """Append one sample line, equal to ``sample.to_dict()`` encoded. Built by hand when
@@ -213,9 +214,7 @@ class TimelineWriter:
         try:
             self._file.trim()
         except OSError as error:
-            raise OSError(
-                error.errno, f"cannot write the timeline ({error.strerror})", str(self.path)
-            ) from None
+            raise self._failed(error) from None
 
     def end(self, error: str | None, details: Mapping[str, Any] | None = None) -> None:
         """Write the end record: the run finished (``error``: what it raised, if anything), with
@@ -242,6 +241,7 @@ class _Appended:
         self.window: mmap.mmap | None = None
         self.base = 0  # where the window starts in the file
         self.mapped = _read_write(fd)
+        self.owner = os.getpid()  # a forked child's copy never cuts the file its parent writes
 
     def append(self, line: bytes) -> None:
         end = self.at + len(line)
@@ -294,7 +294,8 @@ class _Appended:
 
     def close(self) -> None:
         try:
-            self.trim()
+            if os.getpid() == self.owner:
+                self.trim()
         finally:
             if self.window is not None:
                 self.window.close()

@@ -137,3 +137,20 @@ def test_a_file_size_limit_is_the_write_error_and_keeps_the_lines(tmp_path, file
     writer.close()
     assert [s.batch for s in read_timeline(path).samples] == list(range(written))
     assert written > 100
+
+
+def test_a_forked_child_closing_its_copy_leaves_the_parents_file(tmp_path):
+    """A DataLoader worker forked mid-run holds a copy of the writer; its closing it must not
+    cut the file back to the lines written before the fork."""
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    writer.write(_sample(0))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        writer.close()
+        os._exit(0)
+    writer.write(_sample(1))
+    assert os.waitpid(pid, 0)[1] == 0
+    writer.write(_sample(2))
+    writer.close()
+    assert [s.batch for s in read_timeline(path).samples] == [0, 1, 2]
