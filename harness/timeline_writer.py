@@ -9,8 +9,9 @@ past it, which :func:`~harness.timeline.read_timeline` reads as the file's end. 
 that goes down loses the lines its disk had not been given. The space a window needs is
 reserved before it is mapped (``posix_fallocate``), so a full disk or a file size limit is an
 ``OSError`` there, never a ``SIGBUS``; at a phase's end (a label whose last word is ``END``)
-and on close the file is cut back to the bytes written. Only the window is mapped, so the
-timeline adds at most that much to the process's resident memory.
+and on close the file is cut back to the bytes written. Pages written are dropped from the
+process's mapping every :data:`RELEASED` bytes (the page cache keeps them), so the timeline
+adds at most that much to the process's resident memory, never a growth a rule could judge.
 
 Whose file it is. A writer creates its timeline as a new file (``O_CREAT | O_EXCL |
 O_NOFOLLOW``) and holds an exclusive ``flock`` on it until it closes, so a live run's file can
@@ -58,6 +59,8 @@ _ATTEMPTS = 3
 
 WINDOW = 1 << 16
 """Bytes of the timeline mapped at a time (a line longer than that gets a window its size)."""
+RELEASED = 1 << 14
+"""Bytes written between two releases of the window's written pages from resident memory."""
 _UNRESERVED = {errno.EOPNOTSUPP, errno.EINVAL}
 """``posix_fallocate``'s errors on a file system that cannot reserve: the file is extended."""
 
@@ -242,6 +245,7 @@ class _Appended:
         self.base = 0  # where the window starts in the file
         self.mapped = _read_write(fd)
         self.owner = os.getpid()  # a forked child's copy never cuts the file its parent writes
+        self.release_at = self.at + RELEASED
 
     def append(self, line: bytes) -> None:
         end = self.at + len(line)
@@ -254,6 +258,15 @@ class _Appended:
             window = self._reach(end)
         window[self.at - self.base : end - self.base] = line
         self.at = end
+        if end >= self.release_at:
+            self._release(window)
+
+    def _release(self, window: mmap.mmap) -> None:
+        """Drop the window's pages below the one being written from the process's resident
+        memory (the file keeps them), so that the timeline never reads as the run's growth."""
+        done = (self.at - self.base) // mmap.PAGESIZE * mmap.PAGESIZE
+        window.madvise(mmap.MADV_DONTNEED, 0, done)
+        self.release_at = self.base + done + RELEASED
 
     def _reach(self, end: int) -> mmap.mmap:
         """The window, moved on when bytes ``at`` to ``end`` fall beyond it, their space
@@ -271,6 +284,7 @@ class _Appended:
             window.close()
         self.window = mmap.mmap(self.mapped, length, offset=base)
         self.base = base
+        self.release_at = self.at + RELEASED
         return self.window
 
     def _reserve(self, stop: int) -> None:

@@ -2,6 +2,7 @@
 back, and a file size limit or full disk as the run's write error."""
 
 import errno
+import mmap
 import os
 import resource
 import signal
@@ -154,3 +155,29 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_file(tmp_path):
     writer.write(_sample(2))
     writer.close()
     assert [s.batch for s in read_timeline(path).samples] == [0, 1, 2]
+
+
+def _resident(path: Path) -> int:
+    """Bytes of ``path``'s mappings resident in this process (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if not line.split()[0].endswith(":"):  # a mapping's first line: range ... path
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_the_timeline_never_grows_the_process_resident_memory(tmp_path):
+    """Thousands of lines over several windows: the mapped file's resident pages stay within
+    one release interval and a page, whatever the count."""
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    seen = []
+    for batch in range(3000):
+        writer.write(_sample(batch))
+        seen.append(_resident(path) if batch % 100 == 0 else 0)
+    writer.close()
+    bound = timeline_writer.RELEASED + 2 * mmap.PAGESIZE
+    assert 0 < max(seen) <= bound < timeline_writer.WINDOW
+    assert path.stat().st_size > 2 * timeline_writer.WINDOW
