@@ -181,3 +181,26 @@ def test_the_timeline_never_grows_the_process_resident_memory(tmp_path):
     bound = timeline_writer.RELEASED + 2 * mmap.PAGESIZE
     assert 0 < max(seen) <= bound < timeline_writer.WINDOW
     assert path.stat().st_size > 2 * timeline_writer.WINDOW
+
+
+@pytest.mark.parametrize("where", ["no reservation", "no mapping"])
+def test_a_file_system_without_reservations_or_proc_still_gets_every_line(
+    tmp_path, monkeypatch, where
+):
+    """Where ``posix_fallocate`` is not supported the file is extended instead; where the file
+    cannot be reopened to be mapped (no ``/proc``), each line is written with ``os.write``."""
+    if where == "no reservation":
+
+        def unsupported(fd, offset, length):
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+        monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    else:
+        monkeypatch.setattr(timeline_writer, "_read_write", lambda fd: None)
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    for batch in range(1000):
+        writer.write(_sample(batch, label="train END" if batch == 500 else "TRAIN_BATCH"))
+    writer.close()
+    assert not path.read_bytes().endswith(b"\0")
+    assert [s.batch for s in read_timeline(path).samples] == list(range(1000))
