@@ -1,9 +1,10 @@
 """The JSONL timeline: one header line, then one line per sample, then the end record.
 
-Three rooms: :mod:`harness.timeline_writer` writes it (whose file it is, one write per line),
-:mod:`harness.timeline_checks` says what a line may hold, :mod:`harness.timeline_columns`
-reads a large file in columns. This module reads a timeline (:func:`read_timeline`), line by
-line where it must (:func:`read_lines`), and keeps the names callers import.
+Three rooms: :mod:`harness.timeline_writer` writes it (whose file it is, lines copied into
+a mapped file), :mod:`harness.timeline_checks` says what a line may hold,
+:mod:`harness.timeline_columns` reads a large file in columns. This module reads a timeline
+(:func:`read_timeline`), line by line where it must (:func:`read_lines`), and keeps the
+names callers import.
 
 :func:`read_timeline` checks every line it returns: a header that is an object of a format
 version it reads, and samples whose fields have their types (:class:`~harness.errors.BadInput`
@@ -52,7 +53,8 @@ __all__ = [
 
 
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
-    """Read a timeline; a last line cut short by a killed writer is skipped and counted.
+    """Read a timeline; a last line cut short by a killed writer is skipped and counted, and
+    the zeros such a writer reserved past its lines end the file.
 
     Raises :class:`~harness.errors.BadInput` (one line: the file, the line, the field) when
     the file has no header, a format version it does not read, a line before the last is
@@ -76,6 +78,7 @@ def read_lines(path: str | os.PathLike[str], data: bytes | None = None) -> Timel
     so that an error names its line and field. ``data`` is the file's bytes when the caller
     has read them already."""
     lines = (read_regular(path) if data is None else data).split(b"\n")
+    lines[-1] = lines[-1].rstrip(b"\0")  # what a killed writer reserved past its lines
     if lines[-1] == b"":
         lines.pop()
     records: list[tuple[int, Any]] = []

@@ -16,7 +16,7 @@ from harness.sample import METRICS, line_order
 from harness.store import NONE, SampleStore
 from harness.timeline_checks import Timeline, check_end, check_header
 
-_BLOCK = 1 << 18
+PARSE_BLOCK = 1 << 18
 """Bytes pyarrow parses at a time: memory stays near the store's size, whatever the file's
 (reading 1M lines peaks at 154 MB resident with 256 KiB blocks, 201 MB with 1 MiB ones, for
 0.3 s more)."""
@@ -75,7 +75,7 @@ def read_columns(file: BinaryIO) -> Timeline | None:
         check_header(header)
     except BadInput:
         return None
-    stop, end, torn = _tail(fd, start, size)
+    stop, end, torn = _tail(fd, start, _data_end(fd, size))
     if stop is None:
         return None
     metrics = header.get("metrics")
@@ -93,11 +93,11 @@ def read_columns(file: BinaryIO) -> Timeline | None:
         kinds[METRICS] = pa.struct([(m, pa.int64()) for m in dict.fromkeys(metrics)])
         types = pa.schema([(name, kinds[name]) for name in line_order(fields)])
         options = pj.ParseOptions(explicit_schema=types, unexpected_field_behavior="error")
-        stream = io.BufferedReader(_Range(fd, start, stop), _BLOCK)
+        stream = io.BufferedReader(_Range(fd, start, stop), PARSE_BLOCK)
         try:
             reader = pj.open_json(
                 stream,
-                read_options=pj.ReadOptions(block_size=_BLOCK),
+                read_options=pj.ReadOptions(block_size=PARSE_BLOCK),
                 parse_options=options,
                 memory_pool=pa.system_memory_pool(),
             )
@@ -140,6 +140,17 @@ def _tail(fd: int, start: int, size: int) -> tuple[int | None, dict[str, Any] | 
             return None, None, 0  # the line reader names what is wrong with it
         return last_start, end, 0
     return size, None, 0
+
+
+def _data_end(fd: int, size: int) -> int:
+    """Where the file's bytes end: before the zeros a killed writer reserved past its lines."""
+    while size:
+        at = max(0, size - 4096)
+        kept = os.pread(fd, size - at, at).rstrip(b"\0")
+        if kept:
+            return at + len(kept)
+        size = at
+    return 0
 
 
 def _has_unusual_lines(fd: int, start: int, stop: int) -> bool:

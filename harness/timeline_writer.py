@@ -1,9 +1,17 @@
 """Writing the JSONL timeline: one header line, then one line per sample, each written whole
 (its keys and their encoding follow :data:`harness.sample.FIELDS`).
 
-Each line goes to the file in one unbuffered write, so a process killed mid-run (even by
-SIGKILL) leaves complete lines that all parse, plus at most one torn last line, which
-:func:`~harness.timeline.read_timeline` skips and counts.
+Each line is copied into a window of the file mapped into memory (:data:`WINDOW` bytes over
+its end, moved on as it fills), not written with a system call: the page cache holds the bytes
+as soon as they are copied, so a process killed mid-run (even by SIGKILL or the OOM killer)
+leaves complete lines that all parse, plus at most one torn last line and the zeros reserved
+past it, which :func:`~harness.timeline.read_timeline` reads as the file's end. Only a machine
+that goes down loses the lines its disk had not been given. The space a window needs is
+reserved before it is mapped (``posix_fallocate``), so a full disk or a file size limit is an
+``OSError`` there, never a ``SIGBUS``; at a phase's end (a label whose last word is ``END``)
+and on close the file is cut back to the bytes written. Pages written are dropped from the
+process's mapping every :data:`RELEASED` bytes (the page cache keeps them), so the timeline
+adds at most that much to the process's resident memory, never a growth a rule could judge.
 
 Whose file it is. A writer creates its timeline as a new file (``O_CREAT | O_EXCL |
 O_NOFOLLOW``) and holds an exclusive ``flock`` on it until it closes, so a live run's file can
@@ -28,6 +36,7 @@ import errno
 import fcntl
 import json
 import math
+import mmap
 import os
 import re
 import stat
@@ -40,12 +49,20 @@ from typing import Any
 
 import harness.sample as schema
 from harness.fsio import create_exclusive, file_mode
+from harness.labels import last_word
 from harness.sample import METRICS, Field, Sample, line_order
 from harness.timeline_checks import FORMAT
 
 _RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 _ID_CHARS = 12
 _ATTEMPTS = 3
+
+WINDOW = 1 << 16
+"""Bytes of the timeline mapped at a time (a line longer than that gets a window its size)."""
+RELEASED = 1 << 14
+"""Bytes written between two releases of the window's written pages from resident memory."""
+_UNRESERVED = {errno.EOPNOTSUPP, errno.EINVAL}
+"""``posix_fallocate``'s errors on a file system that cannot reserve: the file is extended."""
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
@@ -163,28 +180,44 @@ class TimelineWriter:
             if error.errno is None:
                 raise OSError(f"{text}: {error.filename or path}") from None
             raise OSError(error.errno, text, error.filename or str(path)) from None
-        self._fd = fd
+        self._file = _Appended(fd)
         self._plan = _encoders(schema.FIELDS)
-        self._close = weakref.finalize(self, os.close, fd)  # closed when dropped, like a file
+        self._ends: dict[str, bool] = {}
+        # closed when dropped, like a file, and cut to what was written
+        self._close = weakref.finalize(self, self._file.close)
 
     def _write(self, line: bytes) -> None:
-        view = memoryview(line)
         try:
-            while view:
-                view = view[os.write(self._fd, view) :]
+            self._file.append(line)
         except OSError as error:
-            raise OSError(
-                error.errno, f"cannot write the timeline ({error.strerror})", str(self.path)
-            ) from None
+            raise self._failed(error) from None
+
+    def _failed(self, error: OSError) -> OSError:
+        return OSError(error.errno, f"cannot write the timeline ({error.strerror})", str(self.path))
 
     def write(self, sample: Sample) -> None:
         """Append one sample line, equal to ``sample.to_dict()`` encoded. Built by hand when
         every number is an int (a float for ``time``), with each label's JSON text kept:
-        the encoder's generic path costs several times more per checkpoint."""
+        the encoder's generic path costs several times more per checkpoint. A phase's end
+        cuts the file back to its lines."""
         line = _sample_line(self._plan, sample)
         if line is None:
             line = _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
         self._write(line)
+        label = sample.label
+        ends = self._ends.get(label)
+        if ends is None:
+            ends = type(label) is str and last_word(label) == "END"
+            if len(self._ends) < _MAX_TEXTS:
+                self._ends[label] = ends
+        if ends:
+            self._trim()
+
+    def _trim(self) -> None:
+        try:
+            self._file.trim()
+        except OSError as error:
+            raise self._failed(error) from None
 
     def end(self, error: str | None, details: Mapping[str, Any] | None = None) -> None:
         """Write the end record: the run finished (``error``: what it raised, if anything), with
@@ -192,10 +225,112 @@ class TimelineWriter:
         the samples held beyond the header's (``metrics``: children's roles, known only as they
         came), so that the columnar reader can declare them."""
         self._write(_encode({"leakgate_end": {"error": error, **(details or {})}}))
+        self._trim()
 
     def close(self) -> None:
-        """Close the file, which ends this writer's hold on its name."""
+        """Cut the file to the bytes written and close it, which ends this writer's hold on
+        its name."""
         self._close()
+
+
+class _Appended:
+    """A file appended to through a window mapped over its end (see the module's notes), from
+    where its descriptor ``fd`` stands. Where the file cannot be reopened for mapping (no
+    ``/proc``), each line is written with ``os.write`` instead."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.at = self.size = os.lseek(fd, 0, os.SEEK_CUR)  # bytes written; the file's length
+        self.window: mmap.mmap | None = None
+        self.base = 0  # where the window starts in the file
+        self.mapped = _read_write(fd)
+        self.owner = os.getpid()  # a forked child's copy never cuts the file its parent writes
+        self.release_at = self.at + RELEASED
+
+    def append(self, line: bytes) -> None:
+        end = self.at + len(line)
+        window = self.window
+        if window is None or end > self.size or end - self.base > len(window):
+            if self.mapped is None:
+                _write_all(self.fd, line)
+                self.at = self.size = end
+                return
+            window = self._reach(end)
+        window[self.at - self.base : end - self.base] = line
+        self.at = end
+        if end >= self.release_at:
+            self._release(window)
+
+    def _release(self, window: mmap.mmap) -> None:
+        """Drop the window's pages below the one being written from the process's resident
+        memory (the file keeps them), so that the timeline never reads as the run's growth."""
+        done = (self.at - self.base) // mmap.PAGESIZE * mmap.PAGESIZE
+        window.madvise(mmap.MADV_DONTNEED, 0, done)
+        self.release_at = self.base + done + RELEASED
+
+    def _reach(self, end: int) -> mmap.mmap:
+        """The window, moved on when bytes ``at`` to ``end`` fall beyond it, their space
+        reserved."""
+        assert self.mapped is not None
+        window = self.window
+        if window is not None and end - self.base <= len(window):
+            self._reserve(self.base + len(window))
+            return window
+        base = self.at - self.at % mmap.ALLOCATIONGRANULARITY
+        length = max(WINDOW, -(-(end - base) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self._reserve(base + length)
+        self.window = None
+        if window is not None:
+            window.close()
+        self.window = mmap.mmap(self.mapped, length, offset=base)
+        self.base = base
+        self.release_at = self.at + RELEASED
+        return self.window
+
+    def _reserve(self, stop: int) -> None:
+        """The file at least ``stop`` bytes long, its blocks allocated where the file system
+        can: a full disk raises ``ENOSPC`` here, not a ``SIGBUS`` at a copy."""
+        if stop <= self.size:
+            return
+        try:
+            os.posix_fallocate(self.fd, self.size, stop - self.size)
+        except OSError as error:
+            if error.errno not in _UNRESERVED:
+                raise
+            os.ftruncate(self.fd, stop)
+        self.size = stop
+
+    def trim(self) -> None:
+        """Cut the file back to the bytes written."""
+        if self.size > self.at:
+            os.ftruncate(self.fd, self.at)
+            self.size = self.at
+
+    def close(self) -> None:
+        try:
+            if os.getpid() == self.owner:
+                self.trim()
+        finally:
+            if self.window is not None:
+                self.window.close()
+            if self.mapped is not None:
+                os.close(self.mapped)
+            os.close(self.fd)
+
+
+def _read_write(fd: int) -> int | None:
+    """A descriptor that reads and writes the file ``fd`` (written only) opened, which mapping
+    needs; None where it cannot be had."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _run_id(header: Mapping[str, Any]) -> str:
@@ -231,9 +366,7 @@ def _begin(fd: int, line: bytes, path: Path) -> None:
     """Lock a new timeline and write its header; on failure close it and remove ``path``."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        view = memoryview(line)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, line)
     except OSError as error:
         with contextlib.suppress(OSError):
             if _same_entry(path, os.fstat(fd)):

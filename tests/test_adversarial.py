@@ -25,9 +25,17 @@ MB = 2**20
 
 
 def full_disk_after(monkeypatch, budget):
-    """Make ``os.write`` accept ``budget`` bytes in all, then fail with ENOSPC."""
-    real = os.write
+    """Make ``os.write`` accept ``budget`` bytes in all, then fail with ENOSPC, as the space a
+    timeline reserves for its lines (``posix_fallocate``) does once they are spent."""
+    real, real_reserve = os.write, os.posix_fallocate
     left = [budget]
+
+    def reserve(fd, offset, length):
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_reserve(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", reserve)
 
     def write(fd, data):
         if left[0] <= 0:

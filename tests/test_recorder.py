@@ -179,7 +179,7 @@ def test_timeline_streams_header_and_samples(tmp_path):
     with Recorder("cpu", timeline=path, config=RunConfig(), meta={"test": "t"}) as rec:
         header = json.loads(path.read_text())
         rec.checkpoint("A", batch=1)
-        assert len(path.read_text().splitlines()) == 2
+        assert len(read_timeline(path).samples) == 1
         with rec.phase("validation", epoch=0):
             rec("OOM", note="out of memory")
     assert header["config"] == {"batch_size": 1, "parquet": "bars.parquet"}
@@ -282,7 +282,7 @@ while True:
 """
     done = subprocess.run([sys.executable, "-c", child, str(path)], cwd=ROOT, timeout=120)
     assert done.returncode == -signal.SIGKILL
-    data = path.read_bytes()
+    data = path.read_bytes().rstrip(b"\0")  # the space the writer had reserved
     complete = data[: data.rindex(b"\n")].split(b"\n")
     for line in complete:
         json.loads(line)

@@ -1,0 +1,206 @@
+"""The timeline writer's mapped file: what a SIGKILL leaves, what a phase's end and a close cut
+back, and a file size limit or full disk as the run's write error."""
+
+import errno
+import mmap
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import timeline_columns, timeline_writer
+from harness.sample import Sample
+from harness.timeline import TimelineWriter, read_timeline
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = {"metrics": ["rss"]}
+
+
+def _sample(batch: int, label: str = "TRAIN_BATCH", note: str | None = None) -> Sample:
+    return Sample(label, "train", 0, batch, 1.5, {"rss": 1000 + batch}, note=note)
+
+
+CHILD = """
+import sys
+from harness.sample import Sample
+from harness.timeline import TimelineWriter
+
+writer = TimelineWriter(sys.argv[1], {"metrics": ["rss"]})
+batch = 0
+while True:
+    label = "train END" if batch % 500 == 499 else "TRAIN_BATCH"
+    writer.write(Sample(label, "train", 0, batch, 1.5, {"rss": batch}, note="n" * (batch % 300)))
+    batch += 1
+    print(batch, flush=True)
+"""
+
+
+@pytest.mark.parametrize("kill_after", [1, 2500])
+def test_every_checkpoint_recorded_before_a_sigkill_is_read_back(tmp_path, kill_after):
+    """The child says on a pipe how many lines it has written; SIGKILL lands mid-loop, after
+    several windows and phase ends; every line it reported, and any it wrote after, reads back."""
+    path = tmp_path / "killed.jsonl"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdout is not None
+    reported = 0
+    while reported < kill_after:
+        reported = int(child.stdout.readline())
+    child.send_signal(signal.SIGKILL)
+    rest = child.stdout.read().split()
+    child.stdout.close()
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    reported = int(rest[-1]) if rest else reported
+    timeline = read_timeline(path)
+    assert len(timeline.samples) >= reported and timeline.end is None
+    assert [s.batch for s in timeline.samples] == list(range(len(timeline.samples)))
+    assert [s.note for s in timeline.samples] == [
+        "n" * (b % 300) for b in range(len(timeline.samples))
+    ]
+
+
+def test_a_phase_end_and_a_close_cut_the_file_to_its_lines(tmp_path):
+    """Between phase ends the file holds reserved zeros past its lines, which the reader reads
+    as its end; a phase's END, the end record and close leave exactly the lines. A line longer
+    than the window gets one its size."""
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    written = [_sample(0), _sample(1, note="x" * (3 * timeline_writer.WINDOW))]
+    for sample in written:
+        writer.write(sample)
+    data = path.read_bytes()
+    assert data.endswith(b"\0") and b"\0" not in data.rstrip(b"\0")
+    assert read_timeline(path).samples == written and read_timeline(path).torn == 0
+    written.append(_sample(2, label="train END"))
+    writer.write(written[-1])
+    assert not path.read_bytes().endswith(b"\0")
+    assert read_timeline(path).samples == written
+    written.append(_sample(3))
+    writer.write(written[-1])
+    writer.end(None)
+    assert not path.read_bytes().endswith(b"\0")
+    writer.close()
+    read = read_timeline(path)
+    assert (read.samples, read.end, read.torn) == (written, {"error": None}, 0)
+
+
+def test_a_dropped_writer_leaves_only_its_lines(tmp_path):
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    writer.write(_sample(0))
+    del writer
+    assert not path.read_bytes().endswith(b"\0")
+    assert [s.batch for s in read_timeline(path).samples] == [0]
+
+
+@pytest.mark.parametrize("columns", [True, False], ids=["columns", "lines"])
+@pytest.mark.parametrize("torn", [b"", b'{"label":"TRAIN_'])
+def test_zeros_past_the_lines_end_the_file_for_both_readers(tmp_path, monkeypatch, columns, torn):
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0 if columns else 1 << 40)
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    writer.write(_sample(0))
+    writer.close()
+    with path.open("ab") as file:
+        file.write(torn + b"\0" * 9000)
+    read = read_timeline(path)
+    assert read.reader == ("columns" if columns else "lines")
+    assert ([s.batch for s in read.samples], read.torn) == ([0], 1 if torn else 0)
+
+
+@pytest.fixture
+def file_size_limit():
+    """Lower this process's file size limit (Python ignores SIGXFSZ, so a write past it is
+    EFBIG), and restore it after."""
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda limit: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, before[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, before)
+
+
+def test_a_file_size_limit_is_the_write_error_and_keeps_the_lines(tmp_path, file_size_limit):
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    file_size_limit(4 * timeline_writer.WINDOW)
+    written = 0
+    with pytest.raises(OSError, match="cannot write the timeline") as raised:
+        while True:
+            writer.write(_sample(written))
+            written += 1
+    assert raised.value.errno == errno.EFBIG and raised.value.filename == str(path)
+    writer.close()
+    assert [s.batch for s in read_timeline(path).samples] == list(range(written))
+    assert written > 100
+
+
+def test_a_forked_child_closing_its_copy_leaves_the_parents_file(tmp_path):
+    """A DataLoader worker forked mid-run holds a copy of the writer; its closing it must not
+    cut the file back to the lines written before the fork."""
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    writer.write(_sample(0))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        writer.close()
+        os._exit(0)
+    writer.write(_sample(1))
+    assert os.waitpid(pid, 0)[1] == 0
+    writer.write(_sample(2))
+    writer.close()
+    assert [s.batch for s in read_timeline(path).samples] == [0, 1, 2]
+
+
+def _resident(path: Path) -> int:
+    """Bytes of ``path``'s mappings resident in this process (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if not line.split()[0].endswith(":"):  # a mapping's first line: range ... path
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_the_timeline_never_grows_the_process_resident_memory(tmp_path):
+    """Thousands of lines over several windows: the mapped file's resident pages stay within
+    one release interval and a page, whatever the count."""
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    seen = []
+    for batch in range(3000):
+        writer.write(_sample(batch))
+        seen.append(_resident(path) if batch % 100 == 0 else 0)
+    writer.close()
+    bound = timeline_writer.RELEASED + 2 * mmap.PAGESIZE
+    assert 0 < max(seen) <= bound < timeline_writer.WINDOW
+    assert path.stat().st_size > 2 * timeline_writer.WINDOW
+
+
+@pytest.mark.parametrize("where", ["no reservation", "no mapping"])
+def test_a_file_system_without_reservations_or_proc_still_gets_every_line(
+    tmp_path, monkeypatch, where
+):
+    """Where ``posix_fallocate`` is not supported the file is extended instead; where the file
+    cannot be reopened to be mapped (no ``/proc``), each line is written with ``os.write``."""
+    if where == "no reservation":
+
+        def unsupported(fd, offset, length):
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+        monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    else:
+        monkeypatch.setattr(timeline_writer, "_read_write", lambda fd: None)
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    for batch in range(1000):
+        writer.write(_sample(batch, label="train END" if batch == 500 else "TRAIN_BATCH"))
+    writer.close()
+    assert not path.read_bytes().endswith(b"\0")
+    assert [s.batch for s in read_timeline(path).samples] == list(range(1000))
