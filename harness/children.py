@@ -81,6 +81,7 @@ PER_ROLE = ("child_anon", "child_uss", "child_pss", "child_shared")
 
 _HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
 
+
 @dataclass(frozen=True)
 class ProcessMemory:
     """One live descendant at one reading, in bytes (``uss``, ``pss`` and ``shared`` on rollup
