@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
+from workload import PythonObjects
 
 from harness import children
 from harness.children import (
@@ -56,19 +57,6 @@ class WorkerZeroCache(Dataset):
             item.write(bytes([index % 256 or 1]) * ITEM)
             self.kept.append(item)
         return index
-
-
-class PythonObjects(Dataset):
-    """A dataset of Python strings: reading an item writes the reference count of each."""
-
-    def __init__(self, n: int = 1000) -> None:
-        self.items = [[str(j) for j in range(300)] for _ in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> int:
-        return sum(len(text) for text in self.items[index])
 
 
 def run(loader: DataLoader, reader: ChildrenReader, rollup: bool = True) -> list[TreeReading]:
@@ -130,7 +118,7 @@ def test_a_worker_cache_grows_that_workers_role_only(method):
 def test_copy_on_read_is_told_from_a_cache():
     reader = ChildrenReader()
     loader = DataLoader(
-        PythonObjects(), batch_size=25, num_workers=2, multiprocessing_context="fork"
+        PythonObjects(1000), batch_size=25, num_workers=2, multiprocessing_context="fork"
     )
     readings, pids = run_own(loader, reader)
     for pid in pids:

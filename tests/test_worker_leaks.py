@@ -16,6 +16,7 @@ import time
 
 import pytest
 from torch.utils.data import DataLoader, Dataset, get_worker_info
+from workload import PythonObjects
 
 from harness.recorder import Recorder
 from harness.rules import Rules, judge
@@ -54,20 +55,6 @@ class WorkerCache(Dataset):
             item.write(b"\1" * ITEM)
             self.kept.append(item)
         return index
-
-
-class PythonObjects(Dataset):
-    """Python strings in lists: a worker reading an item writes each string's reference count,
-    copying the parent's pages (pytorch/pytorch#13246)."""
-
-    def __init__(self, n: int = 2400) -> None:
-        self.items = [[str(j) for j in range(300)] for _ in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> int:
-        return sum(len(text) for text in self.items[index])
 
 
 def validate(rec: Recorder, batches, epoch: int = 0) -> None:
@@ -137,7 +124,7 @@ def test_workers_over_epochs(persistent):
 
 
 def test_copy_on_read_is_its_own_kind():
-    data = PythonObjects()
+    data = PythonObjects(2400)
     with Recorder("cpu") as rec:
         validate(
             rec, DataLoader(data, batch_size=20, num_workers=2, multiprocessing_context="fork")

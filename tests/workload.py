@@ -8,6 +8,20 @@ from tft.model import TemporalFusionTransformer, TFTConfig
 ENC, DEC = 8, 3
 
 
+class PythonObjects(Dataset):
+    """``n`` items of 300 Python strings each: a DataLoader worker reading an item writes each
+    string's reference count, copying its parent's pages (copy-on-read, pytorch/pytorch#13246)."""
+
+    def __init__(self, n: int) -> None:
+        self.items = [[str(j) for j in range(300)] for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> int:
+        return sum(len(text) for text in self.items[index])
+
+
 class Windows(Dataset):
     """Random windows with a learnable target: the next steps echo a known input."""
 
