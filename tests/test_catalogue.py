@@ -649,7 +649,8 @@ def test_keeps_in_two_lists(memtrace):
 @pytest.mark.parametrize(("verbose", "lines"), [((), 1), (("-v",), 2)])
 def test_one_holder_line_a_finding_unless_verbose(pytester, verbose, lines):
     pytester.makepyfile(test_two=TWO_HOLDERS)
-    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", *verbose)
+    # -rN: no short summary, which on CI repeats the whole failure message
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "-rN", *verbose)
     result.assert_outcomes(failed=1)
     held = [line for line in result.stdout.lines if "held by test_two." in line]
     assert len(held) == lines, result.stdout.str()
