@@ -228,11 +228,6 @@ def test_ranks_with_workers_train_as_ranks_without(bars):
 @pytest.mark.parametrize(
     ("fault", "code"), [([], 0), (["worker-cache"], 1)], ids=["clean", "fault"]
 )
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 26/24): a fresh process's clean run reads +154 B/batch in training "
-    "since the mapped timeline writer landed; under investigation",
-)
 def test_the_traced_command_judges_its_workers(tmp_path, fault, code):
     """``--num-workers 2 --memreport``: the clean run passes, the worker cache fails naming
     the workers (about 4.7 KiB a window, 170 training windows per worker here). In a process of
