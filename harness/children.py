@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -284,6 +285,18 @@ def watch_dataloaders() -> str | None:
     return None
 
 
+def _own_helpers() -> set[int]:
+    """The pids of the resource tracker and fork server this process started, as
+    multiprocessing records them (none where it was never imported)."""
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    server = sys.modules.get("multiprocessing.forkserver")
+    pids = (
+        getattr(getattr(tracker, "_resource_tracker", None), "_pid", None),
+        getattr(getattr(server, "_forkserver", None), "_forkserver_pid", None),
+    )
+    return {pid for pid in pids if isinstance(pid, int)}
+
+
 class ChildrenReader:
     """Reads ``pid``'s live descendants (this process by default) at each :meth:`read`.
 
@@ -312,8 +325,12 @@ class ChildrenReader:
         if helper is None:
             if len(self._helpers) > 4096:
                 self._helpers.clear()
+            # Between its fork and its exec a server's command line is still its parent's:
+            # multiprocessing's own record of the servers this process started says it then.
             command = _read(f"{_PROC}/{pid}/cmdline") or b""
-            helper = self._helpers[pid] = any(name in command for name in _HELPERS)
+            helper = any(name in command for name in _HELPERS)
+            helper = helper or (self.pid == os.getpid() and pid in _own_helpers())
+            self._helpers[pid] = helper
         return helper
 
     def read(self, *, rollup: bool = False, rollup_if_new: bool = False) -> TreeReading | None:

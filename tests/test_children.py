@@ -354,15 +354,27 @@ def test_growth_kind_needs_matching_series(uss, shared):
         growth_kind(uss, shared)
 
 
-@pytest.mark.xfail(
-    strict=False, reason="open: under xdist the tracker is sometimes still read as a child"
-)
 def test_multiprocessings_resource_tracker_is_not_a_child_of_the_job():
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid
     assert tracker in children.descendants(os.getpid())
+    reading = children.ChildrenReader().read(rollup=True)
+    assert reading is not None
+    assert tracker not in {p.pid for p in reading.processes}
+
+
+def test_a_tracker_read_before_its_exec_is_not_a_child_of_the_job(monkeypatch):
+    """Between fork and exec the tracker's command line is still this process's."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
+    ours, read = children._read(f"/proc/{os.getpid()}/cmdline"), children._read
+    monkeypatch.setattr(
+        children, "_read", lambda path: ours if path == f"/proc/{tracker}/cmdline" else read(path)
+    )
     reading = children.ChildrenReader().read(rollup=True)
     assert reading is not None
     assert tracker not in {p.pid for p in reading.processes}
