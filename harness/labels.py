@@ -20,6 +20,9 @@ EPOCH_END = "EPOCH_END"
 OOM = "OOM"
 CHECK_FAILED = "CHECK_FAILED"
 
+START = "START"
+END = "END"
+"""The last words of a phase's first and last checkpoints (``validation START``)."""
 RUN_STARTS = (SESSION_START, TEST_START)
 RUN_ENDS = (SESSION_END, TEST_END)
 

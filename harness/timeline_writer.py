@@ -49,7 +49,7 @@ from typing import Any
 
 import harness.sample as schema
 from harness.fsio import create_exclusive, file_mode
-from harness.labels import last_word
+from harness.labels import END, last_word
 from harness.sample import METRICS, Field, Sample, line_order
 from harness.timeline_checks import FORMAT
 
@@ -207,7 +207,7 @@ class TimelineWriter:
         label = sample.label
         ends = self._ends.get(label)
         if ends is None:
-            ends = type(label) is str and last_word(label) == "END"
+            ends = type(label) is str and last_word(label) == END
             if len(self._ends) < _MAX_TEXTS:
                 self._ends[label] = ends
         if ends:

@@ -1,6 +1,7 @@
 import gc
 import sys
 import weakref
+from typing import ClassVar
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from harness.attribution import (
     explain,
     live_tensors,
     record_sites,
+    walk,
 )
 from harness.attribution.graph import NODE_BYTES
 from harness.units import format_size
@@ -483,3 +485,21 @@ def test_leakgates_own_frames_are_never_holders():
     before = live_tensors()
     assert not any("on_batch_end" in h.path for h in ours["on_batch_end"](before))
     assert any(h.path == "on_batch_end:outputs" for h in theirs["on_batch_end"](before))
+
+
+class _Proxy:
+    """Slots only, and a ``__getattr__`` that must not run while its attributes are read."""
+
+    __slots__ = ("payload",)
+    asked: ClassVar[list[str]] = []
+
+    def __getattr__(self, name):
+        _Proxy.asked.append(name)
+        raise AttributeError(name)
+
+
+def test_attributes_are_read_without_running_getattr():
+    proxy = _Proxy()
+    proxy.payload = torch.ones(4)
+    assert list(walk._attributes(proxy)) == [("payload", proxy.payload)]
+    assert walk.namespace(proxy) is None and _Proxy.asked == []

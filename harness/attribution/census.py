@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.attribution.holders import Holder
-from harness.attribution.walk import SKIP, Walk
+from harness.attribution.walk import SKIP, Walk, namespace
 
 FLOOR = 4 * 1024
 """A collection holding less than this is not remembered between two censuses."""
@@ -99,7 +99,7 @@ class _Census:
         if id(obj) in self.namespaces:
             return False
         # An object's attribute namespace belongs to the object, not to a collection.
-        if parent is not None and _namespace(parent) is obj:
+        if parent is not None and namespace(parent) is obj:
             self.namespaces.add(id(obj))
             return False
         return True
@@ -176,14 +176,6 @@ def _size(obj: Any) -> int:
         return sys.getsizeof(obj)
     except Exception:
         return 0
-
-
-def _namespace(obj: Any) -> Any:
-    """``obj.__dict__`` without running a class's ``__getattr__``, or None."""
-    try:
-        return object.__getattribute__(obj, "__dict__")
-    except Exception:
-        return None
 
 
 def _length(obj: Any) -> int:

@@ -18,7 +18,7 @@ from harness.attribution.graph import Graphs
 from harness.attribution.lines import Lines
 from harness.attribution.sites import Block, cuda_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
-from harness.attribution.walk import Walk, kind_of
+from harness.attribution.walk import Walk, kind_of, namespace
 from harness.units import format_size
 from harness.wording import plural
 
@@ -335,7 +335,7 @@ class _Grouping:
             if owner is None:
                 owner = self.walk.parent.get(id(group.chains[0][0]))
                 host = self.walk.parent.get(id(owner))
-                if isinstance(owner, dict) and getattr(host, "__dict__", None) is owner:
+                if isinstance(owner, dict) and namespace(host) is owner:
                     owner = host
             container = self.walk.parent.get(id(owner))
             if (

@@ -20,9 +20,6 @@ from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.sample import Sample
 from harness.units import parse_size
 
-_START = labels.last_word(labels.SESSION_START)
-_END = labels.last_word(labels.SESSION_END)
-
 
 class PhaseAttribution:
     """Attribution at a recorder's checkpoints (``Recorder(attribute=...)``).
@@ -127,11 +124,11 @@ class PhaseAttribution:
         if self.lines is not None:
             self.lines.prune()  # what the next reading holds of the search's own is what is live
         word = labels.last_word(sample.label)
-        if word == _START:
+        if word == labels.START:
             self._open_phase(sample)
             return True
         opened = self._open.get(sample.phase)
-        if word == _END:
+        if word == labels.END:
             self._open.pop(sample.phase, None)
         if (word == labels.OOM or labels.is_oom(sample)) and not (opened and opened.oom):
             if opened is not None:
@@ -139,7 +136,7 @@ class PhaseAttribution:
             grown = self._growth(opened.start, sample) if opened else None
             self.attribute(sample, opened.snapshot if opened else self._first, grown)
             return True
-        if word == _END:
+        if word == labels.END:
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
             if opened.named_at is None or opened.base is None:  # what the phase left

@@ -144,16 +144,16 @@ class Walk:
         modules = [(n, m) for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType)]
         namespaces = []
         for name, module in modules:
-            namespace = getattr(module, "__dict__", None)
-            if type(namespace) is not dict or id(namespace) in self.parent:
+            table = namespace(module)
+            if type(table) is not dict or id(table) in self.parent:
                 continue
             self.parent.setdefault(id(module), None)
-            self.parent[id(namespace)] = module
-            self.module_dicts[id(namespace)] = name
-            namespaces.append(namespace)
-        for namespace in namespaces:
-            for value in tuple(namespace.values()):
-                self._seed(value, namespace, frontier)
+            self.parent[id(table)] = module
+            self.module_dicts[id(table)] = name
+            namespaces.append(table)
+        for table in namespaces:
+            for value in tuple(table.values()):
+                self._seed(value, table, frontier)
 
     def _seed(self, value: Any, root: Any, frontier: list[Any]) -> None:
         """Start the walk at ``value``, which ``root`` (a namespace, a frame) refers to."""
@@ -397,7 +397,7 @@ class Walk:
         if isinstance(owner, type):
             if owner.__dict__.get(key) is child:
                 return f"{owner.__name__}.{key}", True
-        elif getattr(owner, "__dict__", None) is mapping:
+        elif namespace(owner) is mapping:
             return f"{self._owner(owner)}.{key}", True
         module = owner if isinstance(owner, torch.nn.Module) else self.parent.get(id(owner))
         if isinstance(module, torch.nn.Module) and any(
@@ -465,11 +465,19 @@ def _qualname(code: types.CodeType) -> str:
     return getattr(code, "co_qualname", code.co_name)
 
 
+def namespace(obj: Any) -> Any:
+    """``obj.__dict__`` without running a class's ``__getattr__``, or None."""
+    try:
+        return object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return None
+
+
 def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
     """An object's instance attributes and slots, read without running its ``__getattr__``."""
-    namespace = getattr(obj, "__dict__", None)
-    if isinstance(namespace, dict):
-        yield from namespace.items()
+    found = namespace(obj)
+    if isinstance(found, dict):
+        yield from found.items()
     for klass in type(obj).__mro__:
         slots = klass.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
