@@ -43,3 +43,26 @@ def test_a_clean_runs_readings_come_from_its_verdict():
         "max_peak": 7 * MiB,
         "teardown": 131_000.0,
     }
+
+
+def test_each_worker_count_is_measured_and_the_widest_budget_kept(monkeypatch, tmp_path, capsys):
+    readings = {
+        0: [(20 * KiB, 6 * MiB, 290 * KiB), (24 * KiB, 6 * MiB, 300 * KiB)],
+        2: [(36 * KiB, 7 * MiB, 280 * KiB), (37 * KiB, 7.5 * MiB, 281 * KiB)],
+    }
+    names = ("max_growth", "max_peak", "teardown")
+    monkeypatch.setattr(
+        budgets,
+        "measure",
+        lambda runs, device, workers: [dict(zip(names, r, strict=True)) for r in readings[workers]],
+    )
+    written = tmp_path / "budgets.json"
+    written.write_text(json.dumps({"budgets": {}, "measured": None}))
+    monkeypatch.setattr(budgets, "BUDGETS", written)
+    monkeypatch.setattr(budgets, "ROOT", tmp_path)
+    assert budgets.main(["--runs", "2", "--num-workers", "0", "2", "--write"]) == 0
+    document = json.loads(written.read_text())
+    # growth: 37 + 3 KiB (2 workers) over 24 + 12 (none); peak: 7.5 + 1.5 MiB; teardown: 300 + 30
+    assert document["budgets"] == {"max_growth": "40KiB", "max_peak": "9MiB", "teardown": "330KiB"}
+    assert set(document["measured"]["readings"]) == {"0 workers", "2 workers"}
+    assert "set by 2 workers" in capsys.readouterr().out
