@@ -4,7 +4,6 @@ and subprocesses."""
 from __future__ import annotations
 
 import gc
-import mmap
 import os
 import re
 import signal
@@ -14,8 +13,8 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
-from workload import PythonObjects
+from torch.utils.data import DataLoader
+from workload import PythonObjects, WorkerCache
 
 from harness import children
 from harness.children import (
@@ -34,29 +33,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 MiB = 1 << 20
-ITEM = 64 << 10
 ITEMS = 256  # 128 per worker: 8 MiB kept by a caching worker
-
-
-class WorkerZeroCache(Dataset):
-    """Worker 0 keeps 64 KiB per item it serves; worker 1 keeps nothing (the clean twin).
-
-    Each item is a fresh anonymous mapping: a forked worker's malloc would otherwise fill free
-    space in heap pages it inherited, which are already private when the parent trimmed them
-    (a long test session's heap), and the cache would not show as new memory."""
-
-    def __init__(self) -> None:
-        self.kept: list[mmap.mmap] = []
-
-    def __len__(self) -> int:
-        return ITEMS
-
-    def __getitem__(self, index: int) -> int:
-        if get_worker_info().id == 0:
-            item = mmap.mmap(-1, ITEM, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            item.write(bytes([index % 256 or 1]) * ITEM)
-            self.kept.append(item)
-        return index
 
 
 def run(loader: DataLoader, reader: ChildrenReader, rollup: bool = True) -> list[TreeReading]:
@@ -96,7 +73,10 @@ def worker_roles(reading: TreeReading) -> set[str]:
 def test_a_worker_cache_grows_that_workers_role_only(method):
     reader = ChildrenReader()
     loader = DataLoader(
-        WorkerZeroCache(), batch_size=None, num_workers=2, multiprocessing_context=method
+        WorkerCache(leaky=(0,), data=range(ITEMS)),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=method,
     )
     readings, (cache_pid, clean_pid) = run_own(loader, reader)
     cache_role = role_of(readings[-1], cache_pid)
