@@ -40,7 +40,10 @@ the same series and a worker that died is *absent*, not a drop to zero:
   :func:`watch_dataloaders` wraps that hook once, at no cost per checkpoint. When another
   iterator's workers are alive at the same time (a persistent training loader during
   validation), the newer iterator's are ``loader <n> worker <id>``, ``n`` the lowest number
-  free. Workers of an iterator made before the hook was wrapped are named as any process.
+  free. A new iterator over the same dataset as a live one takes its number: Lightning makes
+  each epoch's validation iterator before it drops the last one (the sanity check's, first),
+  and its workers stay ``worker <id>`` every epoch. Workers of an iterator made before the
+  hook was wrapped are named as any process.
 - ``<comm> <pid>``: any other process, by its command name (``/proc/<pid>/comm``, reduced to
   ``[A-Za-z0-9._-]``) and pid.
 
@@ -58,8 +61,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Literal
 
 _PROC = "/proc"
@@ -231,14 +236,27 @@ class _WorkerRoles:
 
     def __init__(self) -> None:
         self.roles: dict[int, str] = {}
-        self._loaders: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self._loaders: dict[int, tuple[int, tuple[int, ...], int | None]] = {}
+        """Each registered iterator's number, worker pids and ``id`` of its dataset."""
         self.watching = False
 
-    def add(self, key: int, pids: Sequence[int]) -> None:
-        taken = {number for number, _ in self._loaders.values()}
-        number = next(n for n in range(1, len(taken) + 2) if n not in taken)
+    def add(self, key: int, pids: Sequence[int], dataset: int | None = None) -> None:
+        """Name iterator ``key``'s workers. A new iterator over the ``dataset`` of a registered
+        one (a loader's next epoch, made while its last epoch's iterator still lives) takes
+        its number, and the older one's workers, about to exit, lose their roles."""
+        older = next(
+            (k for k, (_, _, of) in self._loaders.items() if dataset is not None and of == dataset),
+            None,
+        )
+        if older is not None:
+            number, old_pids, _ = self._loaders.pop(older)
+            for pid in old_pids:
+                self.roles.pop(pid, None)
+        else:
+            taken = {number for number, _, _ in self._loaders.values()}
+            number = next(n for n in range(1, len(taken) + 2) if n not in taken)
         prefix = "" if number == 1 else f"loader {number} "
-        self._loaders[key] = (number, tuple(pids))
+        self._loaders[key] = (number, tuple(pids), dataset)
         for worker_id, pid in enumerate(pids):
             self.roles[pid] = f"{prefix}worker {worker_id}"
 
@@ -248,12 +266,20 @@ class _WorkerRoles:
 
     def forget(self, live: set[int]) -> None:
         """Drop the roles of workers that exited and whose iterator is gone (pids are reused)."""
-        current = {pid for _, pids in list(self._loaders.values()) for pid in pids}
+        current = {pid for _, pids, _ in list(self._loaders.values()) for pid in pids}
         for pid in [pid for pid in list(self.roles) if pid not in live and pid not in current]:
             del self.roles[pid]
 
 
 _WORKERS = _WorkerRoles()
+
+
+def _dataset_of(frame: FrameType) -> int | None:
+    """The ``id`` of the dataset of the DataLoader whose iterator calls the hook (torch calls
+    it from the iterator's ``__init__``, whose argument ``loader`` is the DataLoader); None
+    when the caller has no such ``loader``."""
+    dataset = getattr(frame.f_locals.get("loader"), "dataset", None)
+    return None if dataset is None else id(dataset)
 
 
 def watch_dataloaders() -> str | None:
@@ -271,7 +297,7 @@ def watch_dataloaders() -> str | None:
         return "DataLoader workers named by command: this torch has no _set_worker_pids"
 
     def set_worker_pids(key: int, child_pids: tuple[int, ...]) -> None:
-        _WORKERS.add(key, child_pids)
+        _WORKERS.add(key, child_pids, _dataset_of(sys._getframe(1)))
         set_pids(key, child_pids)
 
     def remove_worker_pids(loader_id: int) -> None:
@@ -334,8 +360,10 @@ class ChildrenReader:
             anon = read_anon(pid) if rolled is not None else None
             if anon is None or rolled is None:
                 continue
-            role = _WORKERS.roles.get(pid) or self._roles.get(pid) or _comm_role(pid)
-            self._roles[pid] = role
+            role = _WORKERS.roles.get(pid)
+            if role is None:  # kept: a command name changes (python, then pt_data_worker)
+                role = self._roles.get(pid) or _comm_role(pid)
+                self._roles[pid] = role
             self._seen[role] = None
             processes.append(ProcessMemory(role, pid, anon, *rolled))
         roles = {p.role for p in processes}

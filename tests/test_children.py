@@ -153,6 +153,33 @@ def test_loader_numbers_are_reused_once_free():
     assert sorted(roles.roles) == [101, 301, 401]  # 102 and 201 exited; 301's loader lives
 
 
+def test_a_loaders_next_iterator_made_while_the_last_lives_takes_its_roles():
+    """As Lightning does each epoch: the new iterator's workers are ``worker <id>``, and the
+    last one's, still alive, are named by command (no role held by two processes)."""
+    reader = ChildrenReader()
+    loader = DataLoader(range(8), num_workers=2, multiprocessing_context="fork")
+    last = iter(loader)
+    next(last)
+    new = iter(loader)
+    next(new)
+    reading = reader.read()
+    assert {role: reading.pids[role] for role in worker_roles(reading)} == {
+        "worker 0": new._workers[0].pid,
+        "worker 1": new._workers[1].pid,
+    }
+    assert reading.pids[f"pt_data_worker {last._workers[0].pid}"] == last._workers[0].pid
+    del last, new
+
+
+def test_only_an_iterator_over_the_same_dataset_takes_a_live_ones_number():
+    roles = children._WorkerRoles()
+    roles.add(1, (101,), dataset=7)
+    roles.add(2, (201,), dataset=8)
+    roles.add(3, (301,), dataset=7)
+    roles.add(4, (401,))
+    assert roles.roles == {201: "loader 2 worker 0", 301: "worker 0", 401: "loader 3 worker 0"}
+
+
 @pytest.fixture
 def unwatched(monkeypatch):
     """torch's worker-pid hooks as torch made them, and no worker roles learned yet."""
