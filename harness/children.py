@@ -12,15 +12,17 @@ Two levels of reading, for every live descendant:
   memory plus its share of every page it shares) and ``shared`` (``Shared_Clean +
   Shared_Dirty``, the pages it still shares, see :func:`growth_kind`).
 
-Measured with ``benchmarks/bench_children.py`` on a busy 2-core machine (load 5 to 7): a
-reading costs about 20 µs with no child and 90 µs with 2 forked DataLoader workers of a torch
-process (170 µs with 4), most of it finding them; a rollup reading costs 10 to 30 ms with 2
-such workers (170 MB resident each), as the kernel walks every resident page for it. So a
-caller reads the rollup at the checkpoints it chooses (collected ones, every n-th batch) and
-``anon`` at every other.
+Measured with ``benchmarks/bench_children.py`` on a busy 2-core machine (load 2 to 7): a
+reading costs about 4 µs with no child (one ``waitid`` says there is none) and 100 µs with 2
+forked DataLoader workers of a torch process (200 µs with 4), most of it finding them; a
+rollup reading costs 5 to 30 ms with 2 such workers (170 MB resident each), as the kernel
+walks every resident page for it. So a caller reads the rollup at the checkpoints it chooses
+(collected ones, every n-th batch) and ``anon`` at every other.
 
 Descendants are found through ``/proc/<pid>/task/<tid>/children``, recursively (a scan of
-every ``/proc/<pid>/stat`` for the parent pid where the kernel lacks that file).
+every ``/proc/<pid>/stat`` for the parent pid where the kernel lacks that file), after one
+``waitid`` that tells whether this process has any child at all (:func:`has_children`: 25 µs
+of listing every thread's file saved at each checkpoint of a run without workers).
 
 **Why not psutil.** psutil (not a dependency of leakgate) finds children by reading the parent
 pid of *every* process on the machine: ``Process.children`` took 1.6 to 6.7 ms here with 95
@@ -188,7 +190,9 @@ def read_rollup(pid: int) -> tuple[int, int, int] | None:
 
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid``, parents before their children."""
-    children = _children if os.path.exists(f"{_PROC}/{pid}/task/{pid}/children") else _scan()
+    if pid == os.getpid() and not has_children():
+        return []
+    children = _children if _CHILDREN_FILES else _scan()
     found: list[int] = []
     pending = [pid]
     while pending:
@@ -196,6 +200,26 @@ def descendants(pid: int) -> list[int]:
         found.extend(kids)
         pending.extend(kids)
     return found
+
+
+_CHILDREN_FILES = os.path.exists(f"{_PROC}/self/task/{os.getpid()}/children")
+"""Whether this kernel lists each thread's children (``CONFIG_PROC_CHILDREN``)."""
+_WALL = 0x40000000
+"""``__WALL`` (``linux/wait.h``): wait for children of every kind, clone children too."""
+
+
+def has_children() -> bool:
+    """Whether this process has a child: one ``waitid`` that waits for none and reaps none
+    (about 1 µs, against 25 µs or more for listing every thread's ``children`` file). Each
+    thread waits for the children of every thread of its process, so a child any thread
+    started counts, and so does one that exited and is not yet reaped."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT | _WALL)
+    except ChildProcessError:
+        return False
+    except OSError:  # a kernel that refuses the call: list them
+        return True
+    return True
 
 
 def _children(pid: int) -> list[int]:
@@ -349,6 +373,8 @@ class ChildrenReader:
         if not self.available:
             return None
         pids = [pid for pid in descendants(self.pid) if not self._helper(pid)]
+        if not pids and not self._live:  # none now and none before: nothing to update
+            return TreeReading(absent=tuple(self._seen), rollup=rollup)
         live = set(pids)
         rollup = rollup or (rollup_if_new and not live <= self._live)
         self._live = live

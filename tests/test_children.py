@@ -285,6 +285,38 @@ def test_no_children_reads_zero_sums():
     assert cheap.metrics() == {"children_anon": 0}
 
 
+LONE = """
+import os, subprocess, sys, threading
+from harness import children
+
+def listed(pid):
+    raise AssertionError("listed the children files of a process without children")
+
+listing, children._children = children._children, listed
+reader = children.ChildrenReader()
+assert reader.read() == children.TreeReading() and children.descendants(os.getpid()) == []
+children._children = listing
+started = []
+thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
+thread.start()
+thread.join()
+(seen,) = reader.read().processes
+assert seen.pid == started[0].pid  # a child another thread started
+started[0].kill()
+os.waitid(os.P_PID, started[0].pid, os.WEXITED | os.WNOWAIT)
+assert children.has_children() and reader.read().processes == ()  # exited, not reaped
+started[0].wait()
+assert not children.has_children() and reader.read().absent == (seen.role,)
+"""
+
+
+def test_without_children_one_call_says_so_and_a_threads_child_is_seen():
+    """In a process of its own, without children: nothing is listed; then a child that
+    another thread started is read, and one that exited is not."""
+    done = subprocess.run([sys.executable, "-c", LONE], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_an_exited_process_has_no_rollup():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
