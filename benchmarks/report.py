@@ -267,10 +267,7 @@ def goals(
     row(
         f"epoch overhead with {EPOCH_WORKERS} DataLoader workers vs without (children)",
         f"<= {WORKERS_GOAL}x the overhead without workers",
-        None
-        if compared is None
-        else f"{compared['ratio']:.2f}x ({compared['with'] * 100:.1f}% vs "
-        f"{compared['without'] * 100:.1f}%)",
+        None if compared is None else workers_text(compared),
         None if compared is None else compared["ratio"] <= WORKERS_GOAL,
     )
     return "## Goals\n\n" + table(["claim", "measured", "goal", "status"], rows)
@@ -717,13 +714,32 @@ def by_workers(benches: Sequence[Bench]) -> dict[int, list[Bench]]:
 
 
 def workers_vs_none(workers: Mapping[int, dict | None]) -> dict | None:
-    """The epoch overhead with :data:`EPOCH_WORKERS` workers and without (each the share
-    :func:`overhead_share` judges), and their ratio; None unless both were measured."""
+    """The epoch overhead with :data:`EPOCH_WORKERS` workers against the one without, two
+    ways: the checkpoints' own time (``floor``: noise cannot lower it) and the overhead judged
+    in section 2 (``judged``: :func:`overhead_share`); ``ratio`` is the larger of the two
+    ratios, so that the goal is met on both. None unless both epochs were measured."""
     with_, without = workers.get(EPOCH_WORKERS), workers.get(0)
     if not with_ or not without:
         return None
-    shares = overhead_share(with_), overhead_share(without)
-    return {"with": shares[0], "without": shares[1], "ratio": ratio_of(*shares)}
+    floor = ratio_of(with_["own"], without["own"])
+    judged = ratio_of(overhead_share(with_), overhead_share(without))
+    return {
+        "floor": floor,
+        "judged": judged,
+        "ratio": max(floor, judged),
+        "own": (with_["own"], without["own"]),
+        "share": (overhead_share(with_), overhead_share(without)),
+    }
+
+
+def workers_text(compared: dict) -> str:
+    """``3.55x (checkpoints' own time 16.7% vs 4.7%; overhead judged 21.9% vs 46.4%)``."""
+    own, share = compared["own"], compared["share"]
+    return (
+        f"**{compared['ratio']:.2f}x** (checkpoints' own time {own[0] * 100:.1f}% vs "
+        f"{own[1] * 100:.1f}%: {compared['floor']:.2f}x; overhead judged {share[0] * 100:.1f}% "
+        f"vs {share[1] * 100:.1f}%: {compared['judged']:.2f}x)"
+    )
 
 
 def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None]) -> str:
@@ -791,11 +807,7 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
                 ]
             )
         compared = workers_vs_none(workers)
-        verdict = (
-            "not measured in this run"
-            if compared is None
-            else f"**{compared['ratio']:.2f}x** the overhead without workers"
-        )
+        verdict = "not measured in this run" if compared is None else workers_text(compared)
         parts += [
             "The TFT epoch of section 2, recorded or not, with `num_workers` 0 and "
             f"{EPOCH_WORKERS} (`test_epoch`, alternating pairs): the floor (lowest) and median "
@@ -803,7 +815,8 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
             "plain epoch, and the overhead judged (the larger of the median's excess and that "
             "share, as in section 2).",
             table(["workers", "floor", "median", "checkpoints' own time", "overhead judged"], rows),
-            f"With {EPOCH_WORKERS} workers: {verdict} (goal: at most {WORKERS_GOAL}x).",
+            f"With {EPOCH_WORKERS} workers against none: {verdict} (goal: at most "
+            f"{WORKERS_GOAL}x, on both).",
         ]
     return "\n\n".join(parts)
 
