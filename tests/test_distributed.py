@@ -13,6 +13,7 @@ with ``metric-sync-keep`` both ranks grow by about 2 KiB a batch, and no rank st
 import atexit
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -341,11 +342,18 @@ def validate_with_a_worker(recorder: Recorder, leaky_rank: int | None) -> None:
 
 @pytest.mark.slow  # two spawned ranks, 240 batches each: about 8 s on 2 busy cores
 @pytest.mark.parametrize("leaky_rank", [1, None], ids=["rank-1-worker", "clean"])
-def test_run_ranks_judges_each_ranks_workers(leaky_rank):
+def test_run_ranks_judges_each_ranks_workers(leaky_rank, tmp_path):
     """Each rank's worker is judged as that rank's; a cache in rank 1's worker fails naming
-    both, and rank 0's worker beside it passes."""
+    both, and rank 0's worker beside it passes. The report has a column per rank's worker."""
     rules = Rules(phase="validation", max_growth="4MB", warmup=5)
-    finished = run_ranks(validate_with_a_worker, 2, rules=rules, args=(leaky_rank,), name="workers")
+    finished = run_ranks(
+        validate_with_a_worker,
+        2,
+        rules=rules,
+        args=(leaky_rank,),
+        name="workers",
+        directory=tmp_path,
+    )
     verdict = finished.verdict
     shown = "\n".join(finished.lines())
     judged = {c.scope: c.status for c in verdict.checks if c.rule == "max_child_growth"}
@@ -355,6 +363,17 @@ def test_run_ranks_judges_each_ranks_workers(leaky_rank):
     assert verdict.status == leaked, shown
     leaks = [f.message.split(" +")[0] for f in verdict.findings if f.kind == "child-leak"]
     assert leaks == (["rank 1: child-leak in validation epoch 0: worker 0"] if leaky_rank else [])
+    report = (tmp_path / "workers.md").read_text()
+    profile = report.split("## Memory Profile")[1].split("## ")[0]
+    assert re.search(r"checkpoint +rank 0 +rank 1 +r0 worker 0 +r1 worker 0\n", profile)
+    analysis = report.split("## Memory Analysis")[1].split("## ")[0]
+    lines = [line for line in analysis.splitlines() if line.startswith("|")]
+    head, _, row = (line.split(" | ")[-3:] for line in lines)
+    assert head == ["r0 worker 0", "r1 worker 0", "Status |"]
+    assert not row[0].endswith("MiB")  # rank 0's worker: a few KiB at most
+    assert row[1].endswith("MiB") == (leaky_rank is not None)
+    assert row[2] == ("**FAIL** (rank 1) |" if leaky_rank else "PASS |")
+    assert "rank 0 workers, rank 1 workers" in report
 
 
 # -- the trainer under DDP ----------------------------------------------------------------------
