@@ -804,6 +804,7 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
                     f"{o['ratio']:.3f}",
                     f"{o['own'] * 100:.1f}%",
                     f"{overhead_share(o) * 100:.1f}%",
+                    f"{o['rows'][0].get('rollups', 'n/a')} / {o['checkpoints']}",
                 ]
             )
         compared = workers_vs_none(workers)
@@ -812,9 +813,21 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
             "The TFT epoch of section 2, recorded or not, with `num_workers` 0 and "
             f"{EPOCH_WORKERS} (`test_epoch`, alternating pairs): the floor (lowest) and median "
             "of recorded/plain over the repetitions, the checkpoints' own time as a share of a "
-            "plain epoch, and the overhead judged (the larger of the median's excess and that "
-            "share, as in section 2).",
-            table(["workers", "floor", "median", "checkpoints' own time", "overhead judged"], rows),
+            "plain epoch, the overhead judged (the larger of the median's excess and that "
+            "share, as in section 2), and the checkpoints that read the children's rollup "
+            "(`smaps_rollup`, milliseconds per worker; none without a child) in the first "
+            "repetition.",
+            table(
+                [
+                    "workers",
+                    "floor",
+                    "median",
+                    "checkpoints' own time",
+                    "overhead judged",
+                    "rollups / checkpoints",
+                ],
+                rows,
+            ),
             f"With {EPOCH_WORKERS} workers against none: {verdict} (goal: at most "
             f"{WORKERS_GOAL}x, on both).",
         ]
