@@ -8,12 +8,17 @@ model from the same seed, so both variants do the same arithmetic. The recorder'
 timed one by one (a checkpoint inside real work), the epoch's CPU time is kept beside its wall
 time (less disturbed by other processes), and judging the timeline is timed apart.
 
+Each pair runs without DataLoader workers (the incident's set-up) and with 2 (``num_workers=2``,
+forked, started anew each phase), where the recorder reads the workers' memory too: the goal is
+an overhead with workers within 1.5x of the one without.
+
     pytest benchmarks/bench_overhead.py
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,6 +31,18 @@ from tft.model import TemporalFusionTransformer
 from tft.trainer import TrainConfig, Trainer
 
 CONFIG = TrainConfig(epochs=1, batch_size=1, device="cpu")
+WORKERS = (0, 2)
+"""DataLoader workers of the epochs compared (``TrainConfig.num_workers``)."""
+EPOCHS = sorted(
+    (
+        (rep, variant, workers)
+        for workers in WORKERS
+        for rep, variant in alternating(("plain", "recorded"))
+    ),
+    key=lambda run: run[0],
+)
+"""``(rep, variant, workers)`` in run order: each repetition runs one alternating pair per
+number of workers."""
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +54,8 @@ def split() -> Split:
     return split
 
 
-@pytest.mark.parametrize(("rep", "variant"), alternating(("plain", "recorded")))
-def test_epoch(benchmark, split, variant, rep, tmp_path):
+@pytest.mark.parametrize(("rep", "variant", "workers"), EPOCHS)
+def test_epoch(benchmark, split, variant, rep, workers, tmp_path):
     recorders: list[Recorder] = []
     checkpoints: list[float] = []
 
@@ -50,11 +67,17 @@ def test_epoch(benchmark, split, variant, rep, tmp_path):
             recorders.append(Recorder("cpu", timeline=tmp_path / "epoch.jsonl"))
             callbacks.append(timed(recorders[-1], checkpoints))
         trainer = Trainer(
-            TemporalFusionTransformer(incident_config(split)), CONFIG, callbacks=callbacks
+            TemporalFusionTransformer(incident_config(split)),
+            replace(CONFIG, num_workers=workers),
+            callbacks=callbacks,
         )
         return (lambda: trainer.fit(split.train, split.val),), {}
 
     time_epoch(benchmark, setup, len(split.train) + len(split.val), recorders, checkpoints)
+    if recorders:  # the checkpoints that read the children's rollup (USS, PSS)
+        benchmark.extra_info["rollups"] = sum(
+            s.metrics.get("children_uss") is not None for s in recorders[-1].samples
+        )
 
 
 PARTS_WINDOWS = (256, 64)

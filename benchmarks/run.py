@@ -32,6 +32,7 @@ FILES = (
     "bench_checkpoint.py",
     "bench_overhead.py",
     "bench_lightning.py",
+    "bench_children.py",
     "bench_memray.py",
     "bench_peer.py",
     "bench_verdict.py",

@@ -12,15 +12,17 @@ Two levels of reading, for every live descendant:
   memory plus its share of every page it shares) and ``shared`` (``Shared_Clean +
   Shared_Dirty``, the pages it still shares, see :func:`growth_kind`).
 
-Measured with ``benchmarks/bench_children.py`` on a busy 2-core machine (load 5 to 7): a
-reading costs about 20 µs with no child and 90 µs with 2 forked DataLoader workers of a torch
-process (170 µs with 4), most of it finding them; a rollup reading costs 10 to 30 ms with 2
-such workers (170 MB resident each), as the kernel walks every resident page for it. So a
-caller reads the rollup at the checkpoints it chooses (collected ones, every n-th batch) and
-``anon`` at every other.
+Measured with ``benchmarks/bench_children.py`` on a busy 2-core machine (load 2 to 7): a
+reading costs about 4 µs with no child (one ``waitid`` says there is none) and 100 µs with 2
+forked DataLoader workers of a torch process (200 µs with 4), most of it finding them; a
+rollup reading costs 5 to 30 ms with 2 such workers (170 MB resident each), as the kernel
+walks every resident page for it. So a caller reads the rollup at the checkpoints it chooses
+(collected ones, every n-th batch) and ``anon`` at every other.
 
 Descendants are found through ``/proc/<pid>/task/<tid>/children``, recursively (a scan of
-every ``/proc/<pid>/stat`` for the parent pid where the kernel lacks that file).
+every ``/proc/<pid>/stat`` for the parent pid where the kernel lacks that file), after one
+``waitid`` that tells whether this process has any child at all (:func:`has_children`: 25 µs
+of listing every thread's file saved at each checkpoint of a run without workers).
 
 **Why not psutil.** psutil (not a dependency of leakgate) finds children by reading the parent
 pid of *every* process on the machine: ``Process.children`` took 1.6 to 6.7 ms here with 95
@@ -40,7 +42,10 @@ the same series and a worker that died is *absent*, not a drop to zero:
   :func:`watch_dataloaders` wraps that hook once, at no cost per checkpoint. When another
   iterator's workers are alive at the same time (a persistent training loader during
   validation), the newer iterator's are ``loader <n> worker <id>``, ``n`` the lowest number
-  free. Workers of an iterator made before the hook was wrapped are named as any process.
+  free. A new iterator over the same dataset as a live one takes its number: Lightning makes
+  each epoch's validation iterator before it drops the last one (the sanity check's, first),
+  and its workers stay ``worker <id>`` every epoch. Workers of an iterator made before the
+  hook was wrapped are named as any process.
 - ``<comm> <pid>``: any other process, by its command name (``/proc/<pid>/comm``, reduced to
   ``[A-Za-z0-9._-]``) and pid.
 
@@ -61,6 +66,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Literal
 
 _PROC = "/proc"
@@ -184,7 +190,9 @@ def read_rollup(pid: int) -> tuple[int, int, int] | None:
 
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid``, parents before their children."""
-    children = _children if os.path.exists(f"{_PROC}/{pid}/task/{pid}/children") else _scan()
+    if pid == os.getpid() and not has_children():
+        return []
+    children = _children if _CHILDREN_FILES else _scan()
     found: list[int] = []
     pending = [pid]
     while pending:
@@ -192,6 +200,26 @@ def descendants(pid: int) -> list[int]:
         found.extend(kids)
         pending.extend(kids)
     return found
+
+
+_CHILDREN_FILES = os.path.exists(f"{_PROC}/self/task/{os.getpid()}/children")
+"""Whether this kernel lists each thread's children (``CONFIG_PROC_CHILDREN``)."""
+_WALL = 0x40000000
+"""``__WALL`` (``linux/wait.h``): wait for children of every kind, clone children too."""
+
+
+def has_children() -> bool:
+    """Whether this process has a child: one ``waitid`` that waits for none and reaps none
+    (about 1 µs, against 25 µs or more for listing every thread's ``children`` file). Each
+    thread waits for the children of every thread of its process, so a child any thread
+    started counts, and so does one that exited and is not yet reaped."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT | _WALL)
+    except ChildProcessError:
+        return False
+    except OSError:  # a kernel that refuses the call: list them
+        return True
+    return True
 
 
 def _children(pid: int) -> list[int]:
@@ -232,14 +260,27 @@ class _WorkerRoles:
 
     def __init__(self) -> None:
         self.roles: dict[int, str] = {}
-        self._loaders: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self._loaders: dict[int, tuple[int, tuple[int, ...], int | None]] = {}
+        """Each registered iterator's number, worker pids and ``id`` of its dataset."""
         self.watching = False
 
-    def add(self, key: int, pids: Sequence[int]) -> None:
-        taken = {number for number, _ in self._loaders.values()}
-        number = next(n for n in range(1, len(taken) + 2) if n not in taken)
+    def add(self, key: int, pids: Sequence[int], dataset: int | None = None) -> None:
+        """Name iterator ``key``'s workers. A new iterator over the ``dataset`` of a registered
+        one (a loader's next epoch, made while its last epoch's iterator still lives) takes
+        its number, and the older one's workers, about to exit, lose their roles."""
+        older = next(
+            (k for k, (_, _, of) in self._loaders.items() if dataset is not None and of == dataset),
+            None,
+        )
+        if older is not None:
+            number, old_pids, _ = self._loaders.pop(older)
+            for pid in old_pids:
+                self.roles.pop(pid, None)
+        else:
+            taken = {number for number, _, _ in self._loaders.values()}
+            number = next(n for n in range(1, len(taken) + 2) if n not in taken)
         prefix = "" if number == 1 else f"loader {number} "
-        self._loaders[key] = (number, tuple(pids))
+        self._loaders[key] = (number, tuple(pids), dataset)
         for worker_id, pid in enumerate(pids):
             self.roles[pid] = f"{prefix}worker {worker_id}"
 
@@ -249,12 +290,20 @@ class _WorkerRoles:
 
     def forget(self, live: set[int]) -> None:
         """Drop the roles of workers that exited and whose iterator is gone (pids are reused)."""
-        current = {pid for _, pids in list(self._loaders.values()) for pid in pids}
+        current = {pid for _, pids, _ in list(self._loaders.values()) for pid in pids}
         for pid in [pid for pid in list(self.roles) if pid not in live and pid not in current]:
             del self.roles[pid]
 
 
 _WORKERS = _WorkerRoles()
+
+
+def _dataset_of(frame: FrameType) -> int | None:
+    """The ``id`` of the dataset of the DataLoader whose iterator calls the hook (torch calls
+    it from the iterator's ``__init__``, whose argument ``loader`` is the DataLoader); None
+    when the caller has no such ``loader``."""
+    dataset = getattr(frame.f_locals.get("loader"), "dataset", None)
+    return None if dataset is None else id(dataset)
 
 
 def watch_dataloaders() -> str | None:
@@ -272,7 +321,7 @@ def watch_dataloaders() -> str | None:
         return "DataLoader workers named by command: this torch has no _set_worker_pids"
 
     def set_worker_pids(key: int, child_pids: tuple[int, ...]) -> None:
-        _WORKERS.add(key, child_pids)
+        _WORKERS.add(key, child_pids, _dataset_of(sys._getframe(1)))
         set_pids(key, child_pids)
 
     def remove_worker_pids(loader_id: int) -> None:
@@ -340,6 +389,8 @@ class ChildrenReader:
         if not self.available:
             return None
         pids = [pid for pid in descendants(self.pid) if not self._helper(pid)]
+        if not pids and not self._live:  # none now and none before: nothing to update
+            return TreeReading(absent=tuple(self._seen), rollup=rollup)
         live = set(pids)
         rollup = rollup or (rollup_if_new and not live <= self._live)
         self._live = live
@@ -351,8 +402,10 @@ class ChildrenReader:
             anon = read_anon(pid) if rolled is not None else None
             if anon is None or rolled is None:
                 continue
-            role = _WORKERS.roles.get(pid) or self._roles.get(pid) or _comm_role(pid)
-            self._roles[pid] = role
+            role = _WORKERS.roles.get(pid)
+            if role is None:  # kept: a command name changes (python, then pt_data_worker)
+                role = self._roles.get(pid) or _comm_role(pid)
+                self._roles[pid] = role
             self._seen[role] = None
             processes.append(ProcessMemory(role, pid, anon, *rolled))
         roles = {p.role for p in processes}

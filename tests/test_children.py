@@ -4,7 +4,6 @@ and subprocesses."""
 from __future__ import annotations
 
 import gc
-import mmap
 import os
 import re
 import signal
@@ -14,8 +13,8 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
-from workload import PythonObjects
+from torch.utils.data import DataLoader
+from workload import PythonObjects, WorkerCache
 
 from harness import children
 from harness.children import (
@@ -34,29 +33,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 MiB = 1 << 20
-ITEM = 64 << 10
 ITEMS = 256  # 128 per worker: 8 MiB kept by a caching worker
-
-
-class WorkerZeroCache(Dataset):
-    """Worker 0 keeps 64 KiB per item it serves; worker 1 keeps nothing (the clean twin).
-
-    Each item is a fresh anonymous mapping: a forked worker's malloc would otherwise fill free
-    space in heap pages it inherited, which are already private when the parent trimmed them
-    (a long test session's heap), and the cache would not show as new memory."""
-
-    def __init__(self) -> None:
-        self.kept: list[mmap.mmap] = []
-
-    def __len__(self) -> int:
-        return ITEMS
-
-    def __getitem__(self, index: int) -> int:
-        if get_worker_info().id == 0:
-            item = mmap.mmap(-1, ITEM, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            item.write(bytes([index % 256 or 1]) * ITEM)
-            self.kept.append(item)
-        return index
 
 
 def run(loader: DataLoader, reader: ChildrenReader, rollup: bool = True) -> list[TreeReading]:
@@ -96,7 +73,10 @@ def worker_roles(reading: TreeReading) -> set[str]:
 def test_a_worker_cache_grows_that_workers_role_only(method):
     reader = ChildrenReader()
     loader = DataLoader(
-        WorkerZeroCache(), batch_size=None, num_workers=2, multiprocessing_context=method
+        WorkerCache(leaky=(0,), data=range(ITEMS)),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=method,
     )
     readings, (cache_pid, clean_pid) = run_own(loader, reader)
     cache_role = role_of(readings[-1], cache_pid)
@@ -171,6 +151,33 @@ def test_loader_numbers_are_reused_once_free():
     ]
     roles.forget(live={101, 401})
     assert sorted(roles.roles) == [101, 301, 401]  # 102 and 201 exited; 301's loader lives
+
+
+def test_a_loaders_next_iterator_made_while_the_last_lives_takes_its_roles():
+    """As Lightning does each epoch: the new iterator's workers are ``worker <id>``, and the
+    last one's, still alive, are named by command (no role held by two processes)."""
+    reader = ChildrenReader()
+    loader = DataLoader(range(8), num_workers=2, multiprocessing_context="fork")
+    last = iter(loader)
+    next(last)
+    new = iter(loader)
+    next(new)
+    reading = reader.read()
+    assert {role: reading.pids[role] for role in worker_roles(reading)} == {
+        "worker 0": new._workers[0].pid,
+        "worker 1": new._workers[1].pid,
+    }
+    assert reading.pids[f"pt_data_worker {last._workers[0].pid}"] == last._workers[0].pid
+    del last, new
+
+
+def test_only_an_iterator_over_the_same_dataset_takes_a_live_ones_number():
+    roles = children._WorkerRoles()
+    roles.add(1, (101,), dataset=7)
+    roles.add(2, (201,), dataset=8)
+    roles.add(3, (301,), dataset=7)
+    roles.add(4, (401,))
+    assert roles.roles == {201: "loader 2 worker 0", 301: "worker 0", 401: "loader 3 worker 0"}
 
 
 @pytest.fixture
@@ -276,6 +283,38 @@ def test_no_children_reads_zero_sums():
     assert reading == TreeReading(rollup=True)
     assert reading.metrics() == {"children_anon": 0, "children_uss": 0, "children_pss": 0}
     assert cheap.metrics() == {"children_anon": 0}
+
+
+LONE = """
+import os, subprocess, sys, threading
+from harness import children
+
+def listed(pid):
+    raise AssertionError("listed the children files of a process without children")
+
+listing, children._children = children._children, listed
+reader = children.ChildrenReader()
+assert reader.read() == children.TreeReading() and children.descendants(os.getpid()) == []
+children._children = listing
+started = []
+thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
+thread.start()
+thread.join()
+(seen,) = reader.read().processes
+assert seen.pid == started[0].pid  # a child another thread started
+started[0].kill()
+os.waitid(os.P_PID, started[0].pid, os.WEXITED | os.WNOWAIT)
+assert children.has_children() and reader.read().processes == ()  # exited, not reaped
+started[0].wait()
+assert not children.has_children() and reader.read().absent == (seen.role,)
+"""
+
+
+def test_without_children_one_call_says_so_and_a_threads_child_is_seen():
+    """In a process of its own, without children: nothing is listed; then a child that
+    another thread started is read, and one that exited is not."""
+    done = subprocess.run([sys.executable, "-c", LONE], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_an_exited_process_has_no_rollup():

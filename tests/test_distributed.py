@@ -13,6 +13,7 @@ with ``metric-sync-keep`` both ranks grow by about 2 KiB a batch, and no rank st
 import atexit
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -320,6 +321,60 @@ def test_a_rank_that_finished_is_not_failed_by_an_abort_in_teardown():
     finished = run_ranks(abort_at_exit, 2, rules=SYNTHETIC, name="teardown")
     assert finished.verdict.status == "PASS", "\n".join(finished.lines())
     assert [r["status"] for r in finished.run.header["ranks"]] == ["PASS", "PASS"]
+
+
+# -- run_ranks with DataLoader workers ---------------------------------------------------------
+
+
+def validate_with_a_worker(recorder: Recorder, leaky_rank: int | None) -> None:
+    """240 validation batches read by each rank's one forked worker; ``leaky_rank``'s worker
+    keeps 64 KiB per item."""
+    from torch.utils.data import DataLoader
+    from workload import WorkerCache
+
+    leaky = (0,) if torch.distributed.get_rank() == leaky_rank else ()
+    batches = DataLoader(
+        WorkerCache(leaky), batch_size=None, num_workers=1, multiprocessing_context="fork"
+    )
+    with recorder.phase("validation", epoch=0):
+        for batch, _ in enumerate(batches):
+            recorder.checkpoint("VALIDATION_BATCH", batch=batch)
+
+
+@pytest.mark.slow  # two spawned ranks, 240 batches each: about 8 s on 2 busy cores
+@pytest.mark.parametrize("leaky_rank", [1, None], ids=["rank-1-worker", "clean"])
+def test_run_ranks_judges_each_ranks_workers(leaky_rank, tmp_path):
+    """Each rank's worker is judged as that rank's; a cache in rank 1's worker fails naming
+    both, and rank 0's worker beside it passes. The report has a column per rank's worker."""
+    rules = Rules(phase="validation", max_growth="4MB", warmup=5)
+    finished = run_ranks(
+        validate_with_a_worker,
+        2,
+        rules=rules,
+        args=(leaky_rank,),
+        name="workers",
+        directory=tmp_path,
+    )
+    verdict = finished.verdict
+    shown = "\n".join(finished.lines())
+    judged = {c.scope: c.status for c in verdict.checks if c.rule == "max_child_growth"}
+    leaked = "FAIL" if leaky_rank is not None else "PASS"
+    assert judged["rank 0 · validation epoch 0, worker 0"] == "PASS", shown
+    assert judged["rank 1 · validation epoch 0, worker 0"] == leaked, shown
+    assert verdict.status == leaked, shown
+    leaks = [f.message.split(" +")[0] for f in verdict.findings if f.kind == "child-leak"]
+    assert leaks == (["rank 1: child-leak in validation epoch 0: worker 0"] if leaky_rank else [])
+    report = (tmp_path / "workers.md").read_text()
+    profile = report.split("## Memory Profile")[1].split("## ")[0]
+    assert re.search(r"checkpoint +rank 0 +rank 1 +r0 worker 0 +r1 worker 0\n", profile)
+    analysis = report.split("## Memory Analysis")[1].split("## ")[0]
+    lines = [line for line in analysis.splitlines() if line.startswith("|")]
+    head, _, row = (line.split(" | ")[-3:] for line in lines)
+    assert head == ["r0 worker 0", "r1 worker 0", "Status |"]
+    assert not row[0].endswith("MiB")  # rank 0's worker: a few KiB at most
+    assert row[1].endswith("MiB") == (leaky_rank is not None)
+    assert row[2] == ("**FAIL** (rank 1) |" if leaky_rank else "PASS |")
+    assert "rank 0 workers, rank 1 workers" in report
 
 
 # -- the trainer under DDP ----------------------------------------------------------------------

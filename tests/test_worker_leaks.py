@@ -5,7 +5,6 @@ deaths are not drops."""
 from __future__ import annotations
 
 import gc
-import mmap
 import os
 import re
 import signal
@@ -15,8 +14,8 @@ import textwrap
 import time
 
 import pytest
-from torch.utils.data import DataLoader, Dataset, get_worker_info
-from workload import PythonObjects
+from torch.utils.data import DataLoader, Dataset
+from workload import PythonObjects, WorkerCache
 
 from harness.recorder import Recorder
 from harness.rules import Rules, judge
@@ -27,7 +26,6 @@ pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
 )
 
-ITEM = 64 << 10
 BATCHES = 240
 RULES = Rules(phase="validation", max_growth="4MB", warmup=5)
 """The issue's marker: workers' growth is judged without any new argument."""
@@ -37,24 +35,6 @@ RULES = Rules(phase="validation", max_growth="4MB", warmup=5)
 def no_workers_of_earlier_tests():
     """Earlier tests' unreferenced loaders shut their workers down first (see test_children)."""
     gc.collect()
-
-
-class WorkerCache(Dataset):
-    """Keeps 64 KiB per item in the workers that ``leaky`` names (each item a fresh anonymous
-    mapping: see test_children's WorkerZeroCache), nothing elsewhere."""
-
-    def __init__(self, leaky: tuple[int, ...] = (0, 1), items: int = BATCHES) -> None:
-        self.leaky, self.items, self.kept = leaky, items, []
-
-    def __len__(self) -> int:
-        return self.items
-
-    def __getitem__(self, index: int) -> int:
-        if get_worker_info().id in self.leaky:
-            item = mmap.mmap(-1, ITEM, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            item.write(b"\1" * ITEM)
-            self.kept.append(item)
-        return index
 
 
 def validate(rec: Recorder, batches, epoch: int = 0) -> None:
@@ -106,7 +86,7 @@ def test_workers_over_epochs(persistent):
     rules = Rules(phase="validation", max_growth="4MB")
     for leaky, expected in (((), "PASS"), ((1,), "FAIL")):
         gc.collect()
-        batches = loader(WorkerCache(leaky=leaky, items=160), persistent_workers=persistent)
+        batches = loader(WorkerCache(leaky=leaky, data=range(160)), persistent_workers=persistent)
         with Recorder("cpu") as rec:
             for epoch in range(2):
                 validate(rec, batches, epoch)

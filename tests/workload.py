@@ -1,11 +1,16 @@
 """A tiny TFT workload for tests: random windows and a small model, fast on one CPU thread."""
 
+import mmap
+from collections.abc import Sequence
+
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from tft.model import TemporalFusionTransformer, TFTConfig
 
 ENC, DEC = 8, 3
+ITEM = 64 << 10
+"""What a :class:`WorkerCache` keeps per item."""
 
 
 class PythonObjects(Dataset):
@@ -20,6 +25,26 @@ class PythonObjects(Dataset):
 
     def __getitem__(self, index: int) -> int:
         return sum(len(text) for text in self.items[index])
+
+
+class WorkerCache(Dataset):
+    """``data`` (default: the numbers below 240), with 64 KiB kept per item read in the
+    DataLoader workers that ``leaky`` names, nothing elsewhere. Each item is a fresh anonymous
+    mapping: malloc could serve small items from the heap a worker inherited, which grows no
+    new private memory."""
+
+    def __init__(self, leaky: tuple[int, ...] = (0, 1), data: Sequence = range(240)) -> None:
+        self.leaky, self.data, self.kept = leaky, data, []
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> object:
+        if get_worker_info().id in self.leaky:
+            item = mmap.mmap(-1, ITEM, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            item.write(b"\1" * ITEM)
+            self.kept.append(item)
+        return self.data[index]
 
 
 class Windows(Dataset):

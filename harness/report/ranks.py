@@ -2,7 +2,8 @@
 
 A :class:`MergedRun` is the :class:`~harness.report.run.Run` of the whole run (the merged
 verdict, rank 0's header and samples) plus every rank's own part (:class:`RankRun`). The
-Memory Profile, the chart and the Memory Analysis give each rank its own column (or line);
+Memory Profile, the chart and the Memory Analysis give each rank its own column (or line),
+and each rank's DataLoader workers theirs (``r1 worker 0``);
 Configuration names the rank, world size and backend of any run whose header has them, and
 Logs lists every rank's timeline. Nothing here writes a file.
 """
@@ -25,6 +26,14 @@ from harness.report.memory import (
     status,
 )
 from harness.report.run import Run, as_int, checkpoint_name
+from harness.report.workers import (
+    PROFILE_NOTE,
+    anon_cells,
+    growth_cells,
+    sampling_note,
+    worker_roles,
+    workers_total,
+)
 from harness.sample import Sample
 from harness.units import format_mib
 from harness.verdict import CheckStatus, Verdict
@@ -143,7 +152,9 @@ def rank_profile(run: MergedRun) -> list[str]:
     rows = sorted(order, key=lambda k: order[k])
     names = {k: plain(checkpoint_name(_sample_at(views, positions, k)), NAME_CHARS) for k in rows}
     width = max(len(n) for n in names.values()) + 1
+    roles = [worker_roles(view) for view in views]
     heads = [f"rank {r.rank}" for r in shown]
+    heads += [f"r{r.rank} {role}" for r, own in zip(shown, roles, strict=True) for role in own]
     cell = max(10, *(len(h) for h in heads))
     body = ["  ".join([f"{'checkpoint':<{width}}", *(f"{h:>{cell}}" for h in heads)])]
     for key in rows:
@@ -152,6 +163,10 @@ def rank_profile(run: MergedRun) -> list[str]:
             at = where.get(key)
             reading = None if at is None else view.reading(view.samples[at])
             cells.append(f"{format_mib(reading):>{cell}}")
+        for view, where, own in zip(views, positions, roles, strict=True):
+            at = where.get(key)
+            found = ["-"] * len(own) if at is None else anon_cells(view, at, own)
+            cells += [f"{v:>{cell}}" for v in found]
         line = "  ".join(cells)
         if notes.get(key):
             line += f"  ({'; '.join(plain(n, NOTE_CHARS) for n in notes[key])})"
@@ -160,7 +175,7 @@ def rank_profile(run: MergedRun) -> list[str]:
     lines.append(
         f"{code(run.metric)} at each named checkpoint, one column per rank; per-batch "
         "checkpoints: first, every Nth, highest and last of each loop on any rank. Checkpoints "
-        f"in all: {counts}.{_more(run)}"
+        f"in all: {counts}.{_more(run)}" + (f" {PROFILE_NOTE}" if any(roles) else "")
     )
     return [*lines, "", *fenced("text", body)]
 
@@ -168,13 +183,20 @@ def rank_profile(run: MergedRun) -> list[str]:
 def rank_chart(run: MergedRun) -> list[str]:
     """The run's memory, one line per rank."""
     shown = run.ranks[:MAX_COLUMNS]
-    series = {f"rank {r.rank}": [as_int(s.get(run.metric)) for s in r.samples] for r in shown}
+    series: dict[str, Any] = {
+        f"rank {r.rank}": [as_int(s.get(run.metric)) for s in r.samples] for r in shown
+    }
+    for r in shown:
+        view = r.view(run.name)
+        if roles := worker_roles(view):
+            series[f"rank {r.rank} workers"] = workers_total(view, roles)
     block = memory_chart(series)
     if not block:
         return []
     drawn = [name for name, values in series.items() if any(v is not None for v in values)]
     caption = (
-        f"MiB of {code(run.metric)} per checkpoint, one line per rank (in order: "
+        f"MiB of {code(run.metric)} per checkpoint, one line per rank and one per rank's "
+        "DataLoader workers' total `anon` where it had any (in order: "
         f"{', '.join(drawn)}); x is the checkpoint number on each rank"
     )
     return ["## Memory Over the Run", "", *block, "", f"{caption}.{_more(run)}"]
@@ -185,7 +207,9 @@ def rank_analysis(run: MergedRun) -> list[str]:
     phase's status on every rank."""
     shown = run.ranks[:MAX_COLUMNS]
     lines = ["## Memory Analysis", ""]
-    per_rank = [{row.phase: row for row in analysis_rows(r.view(run.name))} for r in shown]
+    views = [r.view(run.name) for r in shown]
+    per_rank = [{row.phase: row for row in analysis_rows(view)} for view in views]
+    roles = [worker_roles(view) for view in views]
     scopes: list[str] = []
     for by_scope in per_rank:
         scopes += [s for s in by_scope if s not in scopes]
@@ -194,6 +218,7 @@ def rank_analysis(run: MergedRun) -> list[str]:
     header = ["Phase", "Metric", "Batches", "Budget"]
     for r in shown:
         header += [f"Growth r{r.rank}", f"Peak rise r{r.rank}", f"Slope r{r.rank}"]
+    header += [f"r{r.rank} {role}" for r, own in zip(shown, roles, strict=True) for role in own]
     header.append("Status")
     body: list[list[str]] = []
     for where in scopes:
@@ -207,13 +232,22 @@ def rank_analysis(run: MergedRun) -> list[str]:
         ]
         for row in rows:
             cells += [row.growth, row.peak, row.slope] if row is not None else ["n/a"] * 3
+        for view, own in zip(views, roles, strict=True):
+            cells += growth_cells(view, where, own)
         cells.append(_statuses(shown, rows))
         body.append(cells)
     lines += [
         "Per phase and epoch, each rank in its own columns (`r0` is rank 0), in the row's "
         f"metric: growth and slope after the warm-up of {run.verdict.rules.warmup}, peak rise "
         "as the highest reading's rise above the start; batches judged of those recorded (one "
-        "value when every rank has the same). Status names the ranks that failed.",
+        "value when every rank has the same). Status names the ranks that failed."
+        + (
+            " A rank's worker role column (`r1 worker 0`) is its growth against "
+            f"`max_child_growth` ({text(run.verdict.rules.shown('max_child_growth'))}). "
+            f"{sampling_note(run)}"
+            if any(roles)
+            else ""
+        ),
         "",
         *table(header, body),
     ]
