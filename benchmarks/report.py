@@ -962,7 +962,7 @@ def scale_section(benches: Sequence[Bench]) -> str:
         goal = (
             f"Goal for `harness report` on each {SCALE_SIZE:,}-checkpoint timeline: at most "
             f"{SCALE_RATIO}x its time on {SCALE_BASE:,} and at most {SCALE_BYTES / 2**20:.0f} "
-            f"MiB: {met(ok)} ({measured})."
+            f"MiB: {met(ok)}; {measured}."
         )
     headers = ["checkpoints"]
     for step in steps:
