@@ -67,6 +67,56 @@ def test_every_checkpoint_recorded_before_a_sigkill_is_read_back(tmp_path, kill_
     ]
 
 
+ROLES_CHILD = """
+import sys
+from harness.sample import Sample
+from harness.timeline import TimelineWriter
+
+writer = TimelineWriter(sys.argv[1], {"metrics": ["rss", "children_anon"]})
+batch = 0
+while True:
+    metrics = {"rss": batch, "children_anon": 0}
+    for worker in range(batch // 700):
+        metrics[f"child_anon:worker {worker}"] = batch + worker
+        metrics["children_anon"] += batch + worker
+    writer.write(Sample("TRAIN_BATCH", "train", 0, batch, 1.5, metrics))
+    batch += 1
+    print(batch, flush=True)
+"""
+
+
+def test_a_killed_run_whose_workers_came_mid_run_is_read_in_columns(tmp_path, monkeypatch):
+    """Workers' metrics appear after the header (one more every 700 checkpoints) and a killed
+    run has no end record to name them: the columnar reader still reads every line."""
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+    monkeypatch.setattr(timeline_columns, "PARSE_BLOCK", 1 << 12)
+    path = tmp_path / "killed.jsonl"
+    child = subprocess.Popen(
+        [sys.executable, "-c", ROLES_CHILD, str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdout is not None
+    reported = 0
+    while reported < 2500:
+        reported = int(child.stdout.readline())
+    child.send_signal(signal.SIGKILL)
+    rest = child.stdout.read().split()
+    child.stdout.close()
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    reported = int(rest[-1]) if rest else reported
+    timeline = read_timeline(path)
+    assert timeline.reader == "columns" and timeline.end is None
+    assert len(timeline.samples) >= reported
+    for batch, s in enumerate(timeline.samples):
+        roles = {f"child_anon:worker {w}": batch + w for w in range(batch // 700)}
+        total = sum(roles.values())
+        assert (s.batch, s.get("rss"), s.get("children_anon")) == (batch, batch, total)
+        read = {m: v for m, v in s.metrics.items() if m.startswith("child_anon:") and v is not None}
+        assert read == roles
+
+
 def test_a_phase_end_and_a_close_cut_the_file_to_its_lines(tmp_path):
     """Between phase ends the file holds reserved zeros past its lines, which the reader reads
     as its end; a phase's END, the end record and close leave exactly the lines. A line longer
