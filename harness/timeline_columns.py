@@ -163,8 +163,7 @@ def _new_metrics(fd: int, at: int, stop: int, known: list[str]) -> list[str]:
     block = os.pread(fd, min(PARSE_BLOCK, stop - at), at)
     if at + len(block) < stop:
         block += os.pread(fd, 1 << 16, at + len(block)).split(b"\n", 1)[0]
-    seen = set(known)
-    met: list[str] = []
+    met: dict[str, None] = {}
     for line in block.split(b"\n"):
         try:
             record = json.loads(line)
@@ -172,8 +171,8 @@ def _new_metrics(fd: int, at: int, stop: int, known: list[str]) -> list[str]:
             continue
         readings = record.get(METRICS) if isinstance(record, dict) else None
         if isinstance(readings, dict):
-            met += [m for m in readings if m not in seen and not seen.add(m)]
-    return met
+            met.update(dict.fromkeys(readings))
+    return [m for m in met if m not in known]
 
 
 def _tail(fd: int, start: int, size: int) -> tuple[int | None, dict[str, Any] | None, int]:
