@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import harness.sample as schema
 from harness import timeline_columns, timeline_writer
 from harness.sample import Sample
 from harness.timeline import TimelineWriter, read_timeline
@@ -254,3 +257,34 @@ def test_a_file_system_without_reservations_or_proc_still_gets_every_line(
     writer.close()
     assert not path.read_bytes().endswith(b"\0")
     assert [s.batch for s in read_timeline(path).samples] == list(range(1000))
+
+
+_VALUES = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text('a%s"')
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            Sample,
+            label=st.text("ab%", min_size=1, max_size=4) | _VALUES,
+            phase=st.sampled_from(["training", "100%", None]) | _VALUES,
+            epoch=st.none() | st.integers(0, 3) | _VALUES,
+            batch=_VALUES,
+            time=_VALUES,
+            metrics=st.dictionaries(st.text("r%", max_size=2), _VALUES, max_size=3),
+            collected=st.booleans() | _VALUES,
+            note=st.none() | st.text("x%", max_size=3) | _VALUES,
+            processes=st.none() | st.just("worker 0=7") | _VALUES,
+        ),
+        max_size=12,
+    )
+)
+def test_the_line_format_writes_the_bytes_the_encoder_writes(samples):
+    """The format that keeps each label's, phase's and flag's text writes what the general
+    encoder writes for every sample, whatever the types of its fields and ``%`` in its texts,
+    and the same sample twice the same way."""
+    line = timeline_writer._LineFormat(schema.FIELDS)
+    plan = timeline_writer._encoders(schema.FIELDS)
+    for sample in samples + samples:
+        assert line.line(sample) == timeline_writer._sample_line(plan, sample)
