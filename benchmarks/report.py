@@ -281,8 +281,9 @@ def misses(
             " Inside training a checkpoint's time goes to "
             + ", ".join(f"{p} {s * 1e6:.0f} µs" for p, s in parts["parts_s"].items())
             + " (§2): `mallinfo2` walks malloc's free lists, which training leaves long and "
-            "cold, and the timeline's line is written by its own `write` so that it survives "
-            "the process being killed (an OOM kill is the case a timeline is for)."
+            "cold (`mallinfo` and `malloc_info` walk the same lists), the children's reading "
+            "looks for children in every thread's `/proc/self/task/*/children` even when none "
+            "lives, and the line's Python runs on caches a training step has left cold."
             if parts
             else ""
         )
@@ -537,12 +538,13 @@ def checkpoint_parts(parts: dict | None) -> list[str]:
     rows = [[part, f"{s * 1e6:.1f}"] for part, s in parts["parts_s"].items()]
     rows.append(["checkpoint", f"{parts['checkpoint_mean_s'] * 1e6:.1f}"])
     return [
-        "Where a checkpoint's time goes inside training: each of the probe's reads and the "
-        "timeline's write timed at every call over a shorter epoch "
+        "Where a checkpoint's time goes inside training: each of the probe's reads, the "
+        "children's reading, the timeline line's building and copy and the store's append "
+        "timed at every call over a shorter epoch "
         f"(`test_checkpoint_parts`: {parts['checkpoints']} checkpoints, "
         f"{parts['windows'][0]} training and {parts['windows'][1]} validation windows); the "
-        "rest is the recorder's Python (argument checks, the store's append, the returned "
-        "sample).",
+        "rest is the recorder's Python (argument checks, the readings corrected for the "
+        "store's own size, the returned sample).",
         table(["part", "mean µs per checkpoint"], rows),
     ]
 
