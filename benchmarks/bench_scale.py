@@ -15,6 +15,8 @@ to the line-by-line reader before the columnar reader took every layout (issue 2
   (``harness.judge``), the part this package's store and context serve;
 - ``columns``: ``read_timeline`` then ``Context`` alone: the statistics pass over columns.
 
+``judge`` and ``columns`` also print which reader read the file (``Timeline.reader``).
+
 The store's bytes per checkpoint (``SampleStore.nbytes() / len``) are kept for each size read
 in columns (files under ``harness.timeline_columns.COLUMNS_FROM``, 4 MiB, are read line by
 line).
