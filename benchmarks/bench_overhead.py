@@ -85,20 +85,25 @@ PARTS_WINDOWS = (256, 64)
 
 
 def test_checkpoint_parts(benchmark, split, tmp_path):
-    """Where a checkpoint's time goes inside training: each of the probe's reads and the
-    timeline's write timed at every call (the clock's own cost, about 0.1 µs a call, is in
-    them), over a shorter epoch; what the checkpoint takes beyond them is the recorder's Python.
+    """Where a checkpoint's time goes inside training: each of the probe's reads, the
+    children's reading, the timeline line's building and its copy into the file, and the
+    store's append timed at every call (the clock's own cost, about 0.1 µs a call, is in them),
+    over a shorter epoch; what the checkpoint takes beyond them is the recorder's Python.
     Mean µs per checkpoint go to ``extra_info``."""
     torch.manual_seed(0)
     recorder = Recorder("cpu", timeline=tmp_path / "epoch.jsonl")
     probe, writer = recorder.probe, recorder._timeline
+    assert writer is not None
     spent: dict[str, list[float]] = {}
     for owner, name, part in (
         (probe, "_mallinfo2", "mallinfo2"),
         (probe, "_rss", "rss (statm)"),
         (probe, "_peak", "peak (getrusage, VmHWM when above rss)"),
         (probe, "reset_peak", "peak reset (clear_refs)"),
-        (writer, "write", "timeline line written"),
+        (recorder._children, "read", "children read (none alive)"),
+        (writer._format, "line", "timeline line built"),
+        (writer, "_write", "timeline line put in the file"),
+        (recorder.samples, "append", "store append"),
     ):
         setattr(owner, name, timed(getattr(owner, name), spent.setdefault(part, [])))
     checkpoints: list[float] = []

@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.attribution import Holder
 from harness.errors import BadInput
 from harness.finish import Finished, finish_run, relative, rules_of, write_finished
 from harness.fsio import would_replace
@@ -226,6 +225,8 @@ def finish_ranks(
         verdict_file=document.name if document is not None else None,
         ranks=tuple(parts),
     )
+    from harness.attribution.holders import Holder  # here: torch only where ranks are merged
+
     found = sorted((Holder.from_dict(h) for h in holders), key=lambda h: -h.bytes)
     shares = [
         replace(

@@ -274,8 +274,9 @@ class SampleStore(Sequence[Sample]):
         int64 with :data:`NONE` for None, ``float`` and ``bool`` fields as arrays, ``note``
         fields as ``{position among the new samples: text}``."""
         n = self._n
-        for name in metrics.keys() - self._metrics.keys():
-            self._new_metric(name, n)
+        for name in metrics:
+            if name not in self._metrics:
+                self._new_metric(name, n)
         self._reserve(n + count)
 
         def put(column: array, values: np.ndarray) -> None:

@@ -2,7 +2,10 @@
 blocks, against the schema :data:`harness.sample.FIELDS` gives, straight into a
 :class:`~harness.store.SampleStore` (a few tens of bytes per sample, a million lines in
 seconds). A file this reader cannot describe exactly (an empty line, a field of another type,
-a number beyond 64 bits) is left to the line-by-line reader, which names the line at fault."""
+a number beyond 64 bits) is left to the line-by-line reader, which names the line at fault.
+Metrics the header does not name (workers' roles, known only as they come) are declared from
+the end record; a killed run has none, so each is declared at the block where it first
+appears, and the parse resumes there."""
 
 from __future__ import annotations
 
@@ -25,6 +28,10 @@ SCAN_BLOCK = 2 << 20
 COLUMNS_FROM = 4 << 20
 """Files from this size on are read in columns; smaller ones (tens of thousands of lines) by
 the line reader, which is quick enough there and leaves no parser's memory in the process."""
+
+
+MAX_METRICS = 1024
+"""Most metric names a file read in columns may hold; more go to the line reader."""
 
 
 _ARROW = {"text": "string", "note": "string", "int": "int64", "float": "float64", "bool": "bool_"}
@@ -53,8 +60,7 @@ def read_columns(file: BinaryIO) -> Timeline | None:
     """The timeline in ``file`` (open at its start) read in columns, or None when it needs the
     line-by-line reader (see :func:`harness.timeline.read_timeline`)."""
     try:
-        import pyarrow as pa
-        import pyarrow.json as pj
+        import pyarrow.json
     except ImportError:
         return None
     fd = file.fileno()
@@ -85,28 +91,88 @@ def read_columns(file: BinaryIO) -> Timeline | None:
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         return None
     store = SampleStore()
-    fields = store.fields
     if stop > start:
         if _has_unusual_lines(fd, start, stop):
             return None
-        kinds = {f.name: getattr(pa, _ARROW[f.kind])() for f in fields}
-        kinds[METRICS] = pa.struct([(m, pa.int64()) for m in dict.fromkeys(metrics)])
-        types = pa.schema([(name, kinds[name]) for name in line_order(fields)])
-        options = pj.ParseOptions(explicit_schema=types, unexpected_field_behavior="error")
-        stream = io.BufferedReader(_Range(fd, start, stop), PARSE_BLOCK)
-        try:
-            reader = pj.open_json(
-                stream,
-                read_options=pj.ReadOptions(block_size=PARSE_BLOCK),
-                parse_options=options,
-                memory_pool=pa.system_memory_pool(),
-            )
-            for batch in reader:
-                if not _add_batch(store, batch):
+        known = list(dict.fromkeys(metrics))
+        at, read = start, 0  # where the current parse began, and the samples before it
+        while True:
+            try:
+                _parse(fd, at, stop, known, store)
+                break
+            except (pyarrow.ArrowException, ValueError, OverflowError):
+                # a metric the header did not name (a worker's, in a killed run without the
+                # end record that lists them) is declared and the parse resumes at its block
+                at = _line_start(fd, at, len(store) - read)
+                read = len(store)
+                met = _new_metrics(fd, at, stop, known)
+                if not met or len(known) + len(met) > MAX_METRICS:
                     return None
-        except (pa.ArrowException, ValueError, OverflowError):
-            return None
+                known += met
+            except _Refused:
+                return None
     return Timeline(header, store, torn, end, reader="columns")
+
+
+class _Refused(Exception):
+    """A batch holds what a sample may not: the line reader names it."""
+
+
+def _parse(fd: int, start: int, stop: int, metrics: list[str], store: SampleStore) -> None:
+    """Parse the sample lines from byte ``start`` to ``stop`` with the metrics ``metrics`` into
+    ``store``, a batch at a time; pyarrow's error when a line does not fit the schema."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    kinds = {f.name: getattr(pa, _ARROW[f.kind])() for f in store.fields}
+    kinds[METRICS] = pa.struct([(m, pa.int64()) for m in metrics])
+    types = pa.schema([(name, kinds[name]) for name in line_order(store.fields)])
+    options = pj.ParseOptions(explicit_schema=types, unexpected_field_behavior="error")
+    stream = io.BufferedReader(_Range(fd, start, stop), PARSE_BLOCK)
+    reader = pj.open_json(
+        stream,
+        read_options=pj.ReadOptions(block_size=PARSE_BLOCK),
+        parse_options=options,
+        memory_pool=pa.system_memory_pool(),
+    )
+    for batch in reader:
+        if not _add_batch(store, batch):
+            raise _Refused
+
+
+def _line_start(fd: int, at: int, lines: int) -> int:
+    """Where the line ``lines`` lines after the one starting at byte ``at`` starts."""
+    while lines:
+        chunk = os.pread(fd, SCAN_BLOCK, at)
+        found = chunk.count(b"\n")
+        if found < lines:
+            if not chunk:
+                return at
+            at, lines = at + len(chunk), lines - found
+            continue
+        cut = -1
+        for _ in range(lines):
+            cut = chunk.index(b"\n", cut + 1)
+        return at + cut + 1
+    return at
+
+
+def _new_metrics(fd: int, at: int, stop: int, known: list[str]) -> list[str]:
+    """The metric names beyond ``known`` in the block of lines from byte ``at`` (the one
+    pyarrow could not parse), in the order they come; empty when that block has none."""
+    block = os.pread(fd, min(PARSE_BLOCK, stop - at), at)
+    if at + len(block) < stop:
+        block += os.pread(fd, 1 << 16, at + len(block)).split(b"\n", 1)[0]
+    met: dict[str, None] = {}
+    for line in block.split(b"\n"):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        readings = record.get(METRICS) if isinstance(record, dict) else None
+        if isinstance(readings, dict):
+            met.update(dict.fromkeys(readings))
+    return [m for m in met if m not in known]
 
 
 def _tail(fd: int, start: int, size: int) -> tuple[int | None, dict[str, Any] | None, int]:

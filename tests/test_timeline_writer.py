@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import harness.sample as schema
 from harness import timeline_columns, timeline_writer
 from harness.sample import Sample
 from harness.timeline import TimelineWriter, read_timeline
@@ -65,6 +68,56 @@ def test_every_checkpoint_recorded_before_a_sigkill_is_read_back(tmp_path, kill_
     assert [s.note for s in timeline.samples] == [
         "n" * (b % 300) for b in range(len(timeline.samples))
     ]
+
+
+ROLES_CHILD = """
+import sys
+from harness.sample import Sample
+from harness.timeline import TimelineWriter
+
+writer = TimelineWriter(sys.argv[1], {"metrics": ["rss", "children_anon"]})
+batch = 0
+while True:
+    metrics = {"rss": batch, "children_anon": 0}
+    for worker in range(batch // 700):
+        metrics[f"child_anon:worker {worker}"] = batch + worker
+        metrics["children_anon"] += batch + worker
+    writer.write(Sample("TRAIN_BATCH", "train", 0, batch, 1.5, metrics))
+    batch += 1
+    print(batch, flush=True)
+"""
+
+
+def test_a_killed_run_whose_workers_came_mid_run_is_read_in_columns(tmp_path, monkeypatch):
+    """Workers' metrics appear after the header (one more every 700 checkpoints) and a killed
+    run has no end record to name them: the columnar reader still reads every line."""
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+    monkeypatch.setattr(timeline_columns, "PARSE_BLOCK", 1 << 12)
+    path = tmp_path / "killed.jsonl"
+    child = subprocess.Popen(
+        [sys.executable, "-c", ROLES_CHILD, str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdout is not None
+    reported = 0
+    while reported < 2500:
+        reported = int(child.stdout.readline())
+    child.send_signal(signal.SIGKILL)
+    rest = child.stdout.read().split()
+    child.stdout.close()
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    reported = int(rest[-1]) if rest else reported
+    timeline = read_timeline(path)
+    assert timeline.reader == "columns" and timeline.end is None
+    assert len(timeline.samples) >= reported
+    for batch, s in enumerate(timeline.samples):
+        roles = {f"child_anon:worker {w}": batch + w for w in range(batch // 700)}
+        total = sum(roles.values())
+        assert (s.batch, s.get("rss"), s.get("children_anon")) == (batch, batch, total)
+        read = {m: v for m, v in s.metrics.items() if m.startswith("child_anon:") and v is not None}
+        assert read == roles
 
 
 def test_a_phase_end_and_a_close_cut_the_file_to_its_lines(tmp_path):
@@ -204,3 +257,34 @@ def test_a_file_system_without_reservations_or_proc_still_gets_every_line(
     writer.close()
     assert not path.read_bytes().endswith(b"\0")
     assert [s.batch for s in read_timeline(path).samples] == list(range(1000))
+
+
+_VALUES = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text('a%s"')
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            Sample,
+            label=st.text("ab%", min_size=1, max_size=4) | _VALUES,
+            phase=st.sampled_from(["training", "100%", None]) | _VALUES,
+            epoch=st.none() | st.integers(0, 3) | _VALUES,
+            batch=_VALUES,
+            time=_VALUES,
+            metrics=st.dictionaries(st.text("r%", max_size=2), _VALUES, max_size=3),
+            collected=st.booleans() | _VALUES,
+            note=st.none() | st.text("x%", max_size=3) | _VALUES,
+            processes=st.none() | st.just("worker 0=7") | _VALUES,
+        ),
+        max_size=12,
+    )
+)
+def test_the_line_format_writes_the_bytes_the_encoder_writes(samples):
+    """The format that keeps each label's, phase's and flag's text writes what the general
+    encoder writes for every sample, whatever the types of its fields and ``%`` in its texts,
+    and the same sample twice the same way."""
+    line = timeline_writer._LineFormat(schema.FIELDS)
+    plan = timeline_writer._encoders(schema.FIELDS)
+    for sample in samples + samples:
+        assert line.line(sample) == timeline_writer._sample_line(plan, sample)
