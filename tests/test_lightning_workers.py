@@ -55,7 +55,9 @@ def test_a_cache_in_the_fits_workers_fails_naming_them(leaky):
         assert verdict.passed, [f.message for f in verdict.findings]
         return
     assert verdict.status == "FAIL"
-    (finding,) = verdict.findings
+    # Workers forked from a long-lived process may fill its heap's free pages first, which read
+    # as copied (a P2 copy-on-read warning beside the failure).
+    (finding,) = [f for f in verdict.findings if f.blocking]
     assert finding.kind == Kind.CHILD_LEAK and "(2 of 2 epochs)" in finding.message
     assert "worker 0 +" in finding.message and "worker 1 +" in finding.message
     assert "loader" not in finding.message
