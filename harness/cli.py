@@ -13,9 +13,10 @@ atomically (:mod:`harness.fsio`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from harness.artifacts import (
@@ -181,10 +182,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return BAD_INPUT
 
 
+class _NoPandas:
+    """A finder that says pandas is not installed."""
+
+    @staticmethod
+    def find_spec(name: str, *_: object) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is not needed to read a timeline", name=name)
+
+
+@contextlib.contextmanager
+def _pyarrow_without_pandas() -> Iterator[None]:
+    """pyarrow imports pandas, where it is installed, the first time it turns a column into
+    numpy: 25 MiB and 0.2 s of a report on a million checkpoints (306 against 282 MB peak,
+    measured). Reading a timeline needs none of it, so the command's own process tells
+    pyarrow there is no pandas while it reads (unless pandas was already imported)."""
+    if "pandas" in sys.modules:
+        yield
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)  # type: ignore[arg-type]
+
+
 def _report(args: argparse.Namespace) -> int:
     _check_outputs(args)
     try:
-        timeline = read_timeline(args.timeline)
+        with _pyarrow_without_pandas():
+            timeline = read_timeline(args.timeline)
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path=args.timeline) from None
     except ValueError as exc:
