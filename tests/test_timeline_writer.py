@@ -42,26 +42,32 @@ while True:
 """
 
 
-@pytest.mark.parametrize("kill_after", [1, 2500])
-def test_every_checkpoint_recorded_before_a_sigkill_is_read_back(tmp_path, kill_after):
-    """The child says on a pipe how many lines it has written; SIGKILL lands mid-loop, after
-    several windows and phase ends; every line it reported, and any it wrote after, reads back."""
-    path = tmp_path / "killed.jsonl"
+def killed(script: str, path: Path, after: int) -> int:
+    """Run ``script`` on ``path`` in a child that says on a pipe how many lines it has written,
+    SIGKILL it once it said ``after``; the last count it said."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path)],
+        [sys.executable, "-c", script, str(path)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert child.stdout is not None
     reported = 0
-    while reported < kill_after:
+    while reported < after:
         reported = int(child.stdout.readline())
     child.send_signal(signal.SIGKILL)
     rest = child.stdout.read().split()
     child.stdout.close()
     assert child.wait(timeout=60) == -signal.SIGKILL
-    reported = int(rest[-1]) if rest else reported
+    return int(rest[-1]) if rest else reported
+
+
+@pytest.mark.parametrize("kill_after", [1, 2500])
+def test_every_checkpoint_recorded_before_a_sigkill_is_read_back(tmp_path, kill_after):
+    """The child says on a pipe how many lines it has written; SIGKILL lands mid-loop, after
+    several windows and phase ends; every line it reported, and any it wrote after, reads back."""
+    path = tmp_path / "killed.jsonl"
+    reported = killed(CHILD, path, kill_after)
     timeline = read_timeline(path)
     assert len(timeline.samples) >= reported and timeline.end is None
     assert [s.batch for s in timeline.samples] == list(range(len(timeline.samples)))
@@ -94,21 +100,7 @@ def test_a_killed_run_whose_workers_came_mid_run_is_read_in_columns(tmp_path, mo
     monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
     monkeypatch.setattr(timeline_columns, "PARSE_BLOCK", 1 << 12)
     path = tmp_path / "killed.jsonl"
-    child = subprocess.Popen(
-        [sys.executable, "-c", ROLES_CHILD, str(path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert child.stdout is not None
-    reported = 0
-    while reported < 2500:
-        reported = int(child.stdout.readline())
-    child.send_signal(signal.SIGKILL)
-    rest = child.stdout.read().split()
-    child.stdout.close()
-    assert child.wait(timeout=60) == -signal.SIGKILL
-    reported = int(rest[-1]) if rest else reported
+    reported = killed(ROLES_CHILD, path, 2500)
     timeline = read_timeline(path)
     assert timeline.reader == "columns" and timeline.end is None
     assert len(timeline.samples) >= reported
