@@ -116,7 +116,7 @@ def gpu_leak(session: nox.Session) -> None:
 def budgets(session: nox.Session) -> None:
     """The main job's budgets from measured spread (``benchmarks/budgets.py``): the clean job
     run N times, each budget the largest reading plus k times the spread; ``--write`` puts them
-    in ``tft/budgets.json`` (arguments after ``--``: ``--runs 5 --k 3 --write``)."""
+    in ``tft/budgets.json`` (arguments after ``--``: ``--runs 5 --num-workers 0 2 --write``)."""
     install(session, "test")
     session.run("python", "benchmarks/budgets.py", *session.posargs)
 

@@ -60,7 +60,7 @@ def test_each_worker_count_is_measured_and_the_widest_budget_kept(monkeypatch, t
     written.write_text(json.dumps({"budgets": {}, "measured": None}))
     monkeypatch.setattr(budgets, "BUDGETS", written)
     monkeypatch.setattr(budgets, "ROOT", tmp_path)
-    assert budgets.main(["--runs", "2", "--num-workers", "0", "2", "--write"]) == 0
+    assert budgets.main(["--runs", "2", "--k", "3", "--num-workers", "0", "2", "--write"]) == 0
     document = json.loads(written.read_text())
     # growth: 37 + 3 KiB (2 workers) over 24 + 12 (none); peak: 7.5 + 1.5 MiB; teardown: 300 + 30
     assert document["budgets"] == {"max_growth": "40KiB", "max_peak": "9MiB", "teardown": "330KiB"}
