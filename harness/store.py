@@ -280,7 +280,7 @@ class SampleStore(Sequence[Sample]):
         self._reserve(n + count)
 
         def put(column: array, values: np.ndarray) -> None:
-            column[n : n + count] = array(column.typecode, values.tobytes())
+            np.frombuffer(column, dtype=values.dtype)[n : n + count] = values
 
         for f in self._fields:
             given = fields[f.name]

@@ -181,6 +181,7 @@ class _LineFormat:
         self._kept = getter if len(kept) != 1 else (lambda values: (getter(values),))
         self._flags = [i for i, name in enumerate(kept) if kinds[name] == "bool"]
         self._varying = [entry for entry in self.plan if entry[0] not in kept]
+        self._varying_names = {entry[0] for entry in self._varying}
         self._frames: dict[Any, str] = {}
 
     def line(self, sample: Sample) -> bytes | None:
@@ -188,14 +189,13 @@ class _LineFormat:
         values = sample.__dict__
         try:
             kept = self._kept(values)
-            frame = self._frames.get(kept)
+            # True and 1 are one key: a frame is kept only where every flag is a bool
+            keyed = all(type(kept[i]) is bool for i in self._flags)
+            frame = self._frames.get(kept) if keyed else None
         except (KeyError, TypeError):  # a field missing, or a value that is no key
             return _sample_line(self.plan, sample)
-        for i in self._flags:  # True and 1 are one key: a flag must be a bool
-            if type(kept[i]) is not bool:
-                frame = None
         if frame is None:
-            frame = self._frame(sample, kept)
+            frame = self._frame(sample, kept if keyed else None)
             if frame is None:
                 return _sample_line(self.plan, sample)
         texts = []
@@ -211,11 +211,11 @@ class _LineFormat:
         return (frame % tuple(texts)).encode()
 
     def _frame(self, sample: Sample, kept: Any) -> str | None:
-        """The line with ``%s`` where each varying field's value goes; None when a kept value
-        is not of its type."""
+        """The line with ``%s`` where each varying field's value goes, kept under ``kept``
+        unless it is None; None when a kept value is not of its type."""
         parts = []
         for name, key, encode, nullable in self.plan:
-            if any(name == varying[0] for varying in self._varying):
+            if name in self._varying_names:
                 parts.append(key + "%s")
                 continue
             value = sample.__dict__[name]
@@ -224,9 +224,7 @@ class _LineFormat:
                 return None
             parts.append(key + text.replace("%", "%%"))
         frame = f"{{{','.join(parts)}}}\n"
-        if len(self._frames) < _MAX_FRAMES and not any(
-            type(kept[i]) is not bool for i in self._flags
-        ):
+        if kept is not None and len(self._frames) < _MAX_FRAMES:
             self._frames[kept] = frame
         return frame
 
