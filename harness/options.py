@@ -13,8 +13,11 @@ from harness.errors import BadInput
 from harness.json_values import check_tree
 from harness.units import parse_size
 
-CHILD_METRICS = ("uss", "pss")
-"""What ``child_metric`` may name: a child's private memory, or its proportional share."""
+CHILD_METRICS = ("heap", "anon")
+"""What ``child_metric`` may name: a child's live heap where it publishes one (else its anon),
+or every child's anon, read from outside."""
+_OUTSIDE = ("uss", "pss")
+"""``child_metric`` values of older timelines: RSS-side readings from outside, now ``anon``."""
 
 
 def _option(help: str, kind: str = "str", *, live: bool = False) -> Any:
@@ -120,14 +123,18 @@ class Rules:
         ),
     )
     child_metric: str = field(
-        default="uss",
-        metadata=_option("children's memory judged: uss (private) or pss (proportional)", "name"),
+        default="heap",
+        metadata=_option(
+            "children's memory judged: heap (live heap read inside each child where it "
+            "publishes one, else anon) or anon (resident anonymous memory, read from outside)",
+            "name",
+        ),
     )
     max_child_growth: int | str | None = field(
-        default="256KiB",
+        default=None,
         metadata=_option(
-            "new memory a child process (each role, and all together) may gain in a phase "
-            "after warm-up",
+            "growth a child process (each role, and all together) may gain in a phase after "
+            "warm-up (default: max_growth)",
             "size",
         ),
     )
@@ -188,6 +195,8 @@ class Rules:
                 raise BadInput(f"expected True or False, got {value!r}", field=f"Rules.{name}")
         if not isinstance(self.metric, str) or not self.metric:
             raise BadInput(f"expected a metric name, got {self.metric!r}", field="Rules.metric")
+        if self.child_metric in _OUTSIDE:
+            object.__setattr__(self, "child_metric", "anon")
         if self.child_metric not in CHILD_METRICS:
             raise BadInput(
                 f"expected one of {', '.join(CHILD_METRICS)}, got {self.child_metric!r}",
