@@ -60,7 +60,9 @@ import re
 import sys
 from dataclasses import dataclass
 
-from harness import heap_board, procfs, worker_roles
+import harness.heap_board as heap_board
+import harness.procfs as procfs
+import harness.worker_roles as worker_roles
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -188,8 +188,9 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
     worst, outcome = max(named_first, key=lambda pair: pair[0].fit.growth if pair[0].fit else 0)
     assert worst.fit is not None
     named = ", ".join(_growth(s) for s in roles)
-    if not roles:  # only all of them together: name each one's share
-        shares = ", ".join(_growth(s) for s in judged if s.name != ALL)
+    if not roles:  # only all of them together: name the share of each one that grew
+        grew = [s for s in judged if s.name != ALL and s.fit is not None and s.fit.growth > 0]
+        shares = ", ".join(_growth(s) for s in grew)
         named = f"{_growth(worst)} ({shares})"
     message = (
         f"child-leak in {group.scope}: {named} > {name} {ctx.rules.shown(name)} "
