@@ -275,9 +275,12 @@ class ChildrenReader:
         if anon is None and (listed or published is None):
             return None
         rollup = rollup or (new and published is None)
-        rolled = procfs.read_rollup(pid) if rollup else (None, None, None)
-        if rolled is None:
-            return None
+        rolled: tuple[int | None, int | None, int | None] = (None, None, None)
+        if rollup:
+            read = procfs.read_rollup(pid)
+            if read is None:
+                return None
+            rolled = read
         fresh = False
         if published is not None:
             fresh = self._counts.get(pid) != published.count

@@ -258,6 +258,8 @@ _target: str | None = None
 _slot: _Slot | None = None
 _original_loop: Callable[..., Any] | None = None
 _hooked = False
+_forks = 0
+"""Children this process forked through Python since it made its board."""
 
 
 def install() -> tuple[Board | None, str | None]:
@@ -294,6 +296,16 @@ def _wrap_workers(board: str) -> str | None:
     return None
 
 
+def _parent_forked() -> None:
+    global _forks
+    _forks += 1
+
+
+def forks() -> int:
+    """How many children this process has forked through Python since it made its board."""
+    return _forks
+
+
 def _ours(loop: object) -> bool:
     return isinstance(loop, functools.partial) and loop.func is _worker_loop
 
@@ -308,7 +320,8 @@ def _forked() -> None:
     if _target is not None:
         _slot = _open(_target)
         if _slot is not None:
-            _slot.tick()
+            with contextlib.suppress(RuntimeError):  # no thread to be had: one reading stays
+                _slot.tick()
 
 
 def _open(board: str) -> _Slot | None:
@@ -332,7 +345,7 @@ def _worker_loop(board: str, *args: Any, **kwargs: Any) -> Any:
         _slot = _open(board)
     if _slot is not None:
         for kind in fetch._BaseDatasetFetcher.__subclasses__():
-            kind.fetch = _publishing(kind.fetch, _slot)
+            kind.fetch = _publishing(kind.fetch, _slot)  # type: ignore[method-assign]
     loop = worker._worker_loop
     original = _original_loop if _ours(loop) else loop
     assert original is not None and not _ours(original)
@@ -346,16 +359,3 @@ def _publishing(fetch: Callable[..., Any], slot: _Slot) -> Callable[..., Any]:
         return fetch(self, index)
 
     return published
-
-
-_forks = 0
-
-
-def _parent_forked() -> None:
-    global _forks
-    _forks += 1
-
-
-def forks() -> int:
-    """How many children this process has forked through Python since it installed the board."""
-    return _forks
