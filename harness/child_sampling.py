@@ -36,6 +36,8 @@ class ChildSampler:
     def __init__(self, pid: int | None = None) -> None:
         self.reader = ChildrenReader(pid)
         self.notes = self.reader.notes
+        self._text: tuple[dict[str, int], str | None] = ({}, None)
+        """The last live processes and their text (they change far less often than read)."""
 
     def read(
         self, *, rollup: bool = False, latest: bool = False
@@ -46,7 +48,10 @@ class ChildSampler:
         reading = self.reader.read(rollup=rollup, rollup_if_new=True)
         if reading is None:
             return None
-        return reading.metrics(latest=latest), processes_text(reading.pids)
+        pids = reading.pids
+        if pids != self._text[0]:
+            self._text = pids, processes_text(pids)
+        return reading.metrics(latest=latest), self._text[1]
 
 
 def processes_text(pids: Mapping[str, int]) -> str | None:

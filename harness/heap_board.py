@@ -61,6 +61,7 @@ SIZE = 64
 _SLOT = struct.Struct("<QqqQqqqQ")
 """sequence, pid, live heap, count, monotonic ns, and the latest rollup: uss, shared, and the
 count it was taken at (0: none yet)."""
+_SEQUENCE = struct.Struct("<Q")
 _PREFIX = "leakgate-heap-"
 _TRIES = 4
 
@@ -89,6 +90,7 @@ class Board:
         self.owner = os.getpid()
         self._maps: dict[int, mmap.mmap] = {}
         self._last: dict[int, HeapReading] = {}
+        self._sequences: dict[int, int] = {}
 
     @classmethod
     def make(cls) -> Board:
@@ -113,11 +115,14 @@ class Board:
             view = self._map(pid)
             if view is None:
                 return None
+        last = self._last.get(pid)
+        if last is not None and _SEQUENCE.unpack_from(view)[0] == self._sequences[pid]:
+            return last  # nothing new since: no second read, no new object
         for _ in range(_TRIES):
             sequence, owner, *fields = _SLOT.unpack_from(view)
-            whole = sequence % 2 == 0 and _SLOT.unpack_from(view)[0] == sequence
+            whole = sequence % 2 == 0 and _SEQUENCE.unpack_from(view)[0] == sequence
             if whole and owner == pid and fields[1]:
-                self._last[pid] = HeapReading(*fields)
+                self._last[pid], self._sequences[pid] = HeapReading(*fields), sequence
                 break
         return self._last.get(pid)
 
@@ -145,6 +150,7 @@ class Board:
         """Drop an exited child's slot."""
         view = self._maps.pop(pid, None)
         self._last.pop(pid, None)
+        self._sequences.pop(pid, None)
         if view is not None:
             view.close()
         with contextlib.suppress(OSError):
@@ -228,13 +234,13 @@ class _Slot:
                 if rolled is not None:
                     self._rollup = (rolled[0], rolled[2], self._count)
             self._sequence += 1
-            struct.pack_into("<Q", self._view, 0, self._sequence)
+            _SEQUENCE.pack_into(self._view, 0, self._sequence)
             now = time.monotonic_ns()
             _SLOT.pack_into(
                 self._view, 0, self._sequence, self.pid, heap, self._count, now, *self._rollup
             )
             self._sequence += 1
-            struct.pack_into("<Q", self._view, 0, self._sequence)
+            _SEQUENCE.pack_into(self._view, 0, self._sequence)
 
     def tick(self) -> None:
         """Publish every :data:`PERIOD` seconds on a daemon thread, until :meth:`stop`."""

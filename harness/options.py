@@ -20,11 +20,14 @@ _OUTSIDE = ("uss", "pss")
 """``child_metric`` values of older timelines: RSS-side readings from outside, now ``anon``."""
 
 
-def _option(help: str, kind: str = "str", *, live: bool = False) -> Any:
+def _option(
+    help: str, kind: str = "str", *, live: bool = False, fallback: str | None = None
+) -> Any:
     """A :class:`Rules` field's metadata: its help text, how text is read into it (``kind``),
-    and whether it shapes what a live run records rather than what is judged (``live``: a
-    rebuild from a timeline cannot apply it, and it never changes a verdict)."""
-    return {"help": help, "kind": kind, "live": live}
+    whether it shapes what a live run records rather than what is judged (``live``: a
+    rebuild from a timeline cannot apply it, and it never changes a verdict), and the option
+    that stands in for it while it is not set (``fallback``)."""
+    return {"help": help, "kind": kind, "live": live, "fallback": fallback}
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ class Rules:
             "growth a child process (each role, and all together) may gain in a phase after "
             "warm-up (default: max_growth)",
             "size",
+            fallback="max_growth",
         ),
     )
     max_copy_on_read: int | str | None = field(
@@ -223,7 +227,8 @@ class Rules:
         """A size rule as the user wrote it (``"50MB"``), or its bytes when given as an int."""
         value = getattr(self, name)
         if value is None:
-            return "off"
+            fallback = self.__dataclass_fields__[name].metadata.get("fallback")
+            return f"= {fallback}" if fallback and getattr(self, fallback) is not None else "off"
         return self.written.get(name) or f"{value}B"
 
     def to_dict(self) -> dict[str, Any]:

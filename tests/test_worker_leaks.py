@@ -377,7 +377,8 @@ def test_child_options_are_checked_and_saved():
     again = Verdict.from_dict(verdict.to_dict())
     assert again == verdict and again.rules.shown("max_child_growth") == "1MiB"
     assert (again.findings[0].severity, again.findings[0].blocking) == ("P1", True)
-    assert Rules().shown("max_child_growth") == "off"  # then max_growth bounds the children
+    assert Rules().shown("max_child_growth") == "off"
+    assert Rules(max_growth="4MB").shown("max_child_growth") == "= max_growth"
     assert Rules.from_dict({"child_metric": "uss"}).child_metric == "anon"  # older timelines
 
 
