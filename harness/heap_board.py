@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.probes import live_heap
+from harness.malloc import live_heap
 from harness.procfs import read_rollup
 
 PERIOD = 0.01

@@ -106,18 +106,6 @@ def _libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
     return function
 
 
-_MALLINFO2 = _libc_function("mallinfo2", _MallInfo2)
-
-
-def live_heap() -> int | None:
-    """This process's live heap: the bytes malloc has handed out and not taken back (glibc
-    ``mallinfo2``: ``uordblks + hblkhd``), or None where there is no ``mallinfo2``."""
-    if _MALLINFO2 is None:
-        return None
-    info = _MALLINFO2()
-    return int(info.uordblks + info.hblkhd)
-
-
 def _open(path: str, flags: int) -> tuple[int | None, str | None]:
     """A file descriptor kept open (re-reading /proc with pread costs < 1 µs), or why not."""
     try:

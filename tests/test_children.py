@@ -17,14 +17,9 @@ from torch.utils.data import DataLoader
 from workload import PythonObjects, WorkerCache
 
 import harness.worker_roles as roles_module
-from harness import children
-from harness.children import (
-    ChildrenReader,
-    ProcessMemory,
-    TreeReading,
-    read_anon,
-    read_rollup,
-)
+from harness import children, procfs
+from harness.children import ChildrenReader, ProcessMemory, TreeReading
+from harness.procfs import read_anon, read_rollup
 from harness.rules.children import Growth, growth_kind, lifetimes
 
 pytestmark = pytest.mark.skipif(
@@ -288,15 +283,15 @@ def test_no_children_reads_nothing():
 
 LONE = """
 import os, subprocess, sys, threading
-from harness import children
+from harness import children, procfs
 
 def listed(pid):
     raise AssertionError("listed the children files of a process without children")
 
-listing, children._children = children._children, listed
+listing, procfs._children = procfs._children, listed
 reader = children.ChildrenReader()
-assert reader.read() == children.TreeReading() and children.descendants(os.getpid()) == []
-children._children = listing
+assert reader.read() == children.TreeReading() and procfs.descendants(os.getpid()) == []
+procfs._children = listing
 started = []
 thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
 thread.start()
@@ -305,9 +300,9 @@ thread.join()
 assert seen.pid == started[0].pid  # a child another thread started
 started[0].kill()
 os.waitid(os.P_PID, started[0].pid, os.WEXITED | os.WNOWAIT)
-assert children.has_children() and reader.read().processes == ()  # exited, not reaped
+assert procfs.has_children() and reader.read().processes == ()  # exited, not reaped
 started[0].wait()
-assert not children.has_children() and reader.read().absent == (seen.role,)
+assert not procfs.has_children() and reader.read().absent == (seen.role,)
 """
 
 
@@ -329,7 +324,7 @@ def test_an_exited_process_has_no_rollup():
 
 
 def test_without_proc_nothing_is_read_and_it_says_so(monkeypatch, tmp_path):
-    monkeypatch.setattr(children, "_PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(procfs, "PROC", str(tmp_path / "proc"))
     reader = ChildrenReader()
     assert reader.read() is reader.read(rollup=True) is None
     assert len(reader.notes) == 1 and "not measured" in reader.notes[0]
@@ -401,7 +396,7 @@ def test_multiprocessings_resource_tracker_is_not_a_child_of_the_job():
 
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid
-    assert tracker in children.descendants(os.getpid())
+    assert tracker in procfs.descendants(os.getpid())
     reading = children.ChildrenReader().read(rollup=True)
     assert reading is not None
     assert tracker not in {p.pid for p in reading.processes}
@@ -413,9 +408,9 @@ def test_a_tracker_read_before_its_exec_is_not_a_child_of_the_job(monkeypatch):
 
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid
-    ours, read = children._read(f"/proc/{os.getpid()}/cmdline"), children._read
+    ours, read = procfs.read(f"/proc/{os.getpid()}/cmdline"), procfs.read
     monkeypatch.setattr(
-        children, "_read", lambda path: ours if path == f"/proc/{tracker}/cmdline" else read(path)
+        procfs, "read", lambda path: ours if path == f"/proc/{tracker}/cmdline" else read(path)
     )
     reading = children.ChildrenReader().read(rollup=True)
     assert reading is not None

@@ -33,6 +33,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.wording",
             "harness.json_values",
             "harness.procfs",
+            "harness.malloc",
             "tft",
         ),
     ),

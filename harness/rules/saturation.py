@@ -153,11 +153,16 @@ def saturating(ctx: Context, phase: str | None) -> list[Group] | None:
 
 def cached_between(ctx: Context, start: int, end: int, metric: str) -> tuple[float, list[str]]:
     """The growth of ``metric`` that bounded caches account for between positions ``start``
-    and ``end``: each saturating phase's epochs that lie wholly between them, from their first
-    reading to their last; and those phases' names."""
+    and ``end``: the epochs, lying wholly between them, of each phase whose leak the verdict
+    calls a bounded cache (its growth saturates, and the leak rules failed it), from their
+    first reading to their last; and those phases' names."""
     total, phases = 0.0, []
+    failed = {c.scope for c in ctx.checks if c.rule in LEAK_RULES and c.status == "FAIL"}
     for phase in dict.fromkeys(g.phase for g in ctx.groups):
-        for group in saturating(ctx, phase) or ():
+        groups = saturating(ctx, phase) or []
+        if not failed & {g.scope for g in groups}:
+            continue
+        for group in groups:
             first, last = group.indices[0], group.indices[-1]
             if start <= first and last <= end and ctx.pair_metric(first, last) == metric:
                 total += ctx.value(last, metric) - ctx.value(first, metric)
