@@ -275,7 +275,9 @@ def traced(
             print(f"error: --capacity {args.capacity}: {held}", file=sys.stderr)
             return 2
     name = "tft-train-" + ("+".join(args.inject_fault) or "clean")
+    title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
     meta = {
+        "title": title,  # a report rebuilt from the timeline is titled as the run's own
         "train_samples": len(split.train),
         "val_samples": len(split.val),
         "faults": list(args.inject_fault),
@@ -313,7 +315,6 @@ def traced(
         except torch.OutOfMemoryError as exc:  # still over the capacity at the session's END
             print(f"error: {exc}", file=sys.stderr)
             error = error or exc.with_traceback(None)
-        title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
         finish = finish_distributed if recorder.rank is not None else finish_run
         finished = finish(recorder, name=name, error=error, directory=args.memreport, title=title)
         faults.reset()
