@@ -4,8 +4,10 @@ and a session's verdicts kept, found and summarised.
 A verdict fails the gate when its status is not PASS, or when it regressed against its base
 (:func:`harness.artifacts.compare_runs`: the same tolerance and noise floor everywhere). A
 baseline is a folder of verdict files named as the run's (``<test>.json``); from pytest it is
-kept under ``.leakgate/<NAME>/`` in the rootdir or in a folder the user names. The session
-summary (``--memreport-json``) is documented in ``reports/README.md``.
+kept under ``.leakgate/<NAME>/`` in the rootdir or in a folder the user names, with a
+:data:`MANIFEST` written last, so that a save cut short is never read as a whole baseline. The
+session summary (``--memreport-json``) is documented in ``reports/README.md``; it is written
+atomically, or through to a device or FIFO (:func:`harness.fsio.write_output`).
 """
 
 from __future__ import annotations

@@ -214,3 +214,22 @@ def test_a_complete_save_lists_its_verdicts_and_a_resave_replaces_the_list(pytes
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     (kept / "stray.json").unlink()
     assert pytester.runpytest(*args, "--memreport-compare").ret == 0
+
+
+def test_the_gate_refuses_a_baseline_whose_save_did_not_finish(tmp_path, capsys):
+    from test_cli import clean, saved
+
+    from harness.cli import main
+
+    runs, base = tmp_path / "runs", tmp_path / "base"
+    runs.mkdir(), base.mkdir()
+    saved(runs, "a", clean())
+    baseline.save_baseline(base, {"a.json": json.loads((runs / "a.json").read_text())})
+    assert main(["gate", str(runs), "--baseline", str(base)]) == 0
+    (base / baseline.MANIFEST).write_text(
+        json.dumps({"schema": "leakgate-baseline/1", "saving": True})
+    )
+    capsys.readouterr()
+    assert main(["gate", str(runs), "--baseline", str(base)]) == 2
+    assert "incomplete baseline" in capsys.readouterr().err
+    assert "Gate: REFUSED" in (runs / "index.md").read_text()
