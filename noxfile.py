@@ -1,5 +1,5 @@
 """Sessions: ``gpu_leak`` (the main job), ``budgets``, ``gpu_check``, ``tests``, ``lint``,
-``bench``.
+``bench``, ``examples``.
 
 How torch is chosen, in order:
 
@@ -43,6 +43,14 @@ TORCH = os.environ.get("LEAKGATE_TORCH", "" if REUSE_TORCH else "torch==2.13.0")
 VENV_PARAMS = ["--system-site-packages"] if REUSE_TORCH else []
 REPORTS = Path("reports")
 BASELINE = REPORTS / "baseline"
+EXAMPLES = REPORTS / "examples"
+EXAMPLE_RUNS = (  # the clean job, and the incident replayed on an emulated small device
+    (),
+    ("--inject-fault", "val-attention-cache", "--inject-fault", "val-batch-32"),
+)
+EXAMPLE_CAPACITY = "420MiB"
+"""Between the run's level at its start and the incident's validation peak (measured on a CPU:
+397 MiB and 443 MiB), so that validation runs out of memory, as in the incident."""
 BENCH_PEERS = ("pytest-memray", "pytorch-forecasting")
 
 
@@ -154,6 +162,26 @@ def bench(session: nox.Session) -> None:
     torch_now = session.run("python", "-c", code, silent=True).strip().splitlines()[-1]
     session.install(*BENCH_PEERS, f"torch=={torch_now}")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def examples(session: nox.Session) -> None:
+    """``reports/examples/``: each committed timeline's report and verdict made again by the
+    current renderer (``leakgate report``), which ``tests/test_examples.py`` holds them to.
+    ``-- --record`` first records the timelines again with ``python -m tft.train`` (the clean
+    job and the incident replayed, 5 epochs each: minutes)."""
+    install(session, "test")
+    if "--record" in session.posargs:
+        for stale in EXAMPLES.glob("*.*"):
+            stale.unlink()
+        for faults in EXAMPLE_RUNS:
+            capacity = ["--capacity", EXAMPLE_CAPACITY] if faults else []
+            train = ["python", "-m", "tft.train", "--epochs", "5", "--batch-size", "1"]
+            record = [*train, *faults, *capacity, "--memreport", str(EXAMPLES)]
+            session.run(*record, "--log-level", "warning", success_codes=[0, 1])
+    for timeline in sorted(EXAMPLES.glob("*.jsonl")):
+        report = ["python", "-m", "harness", "report", str(timeline)]
+        session.run(*report, "-o", str(timeline.with_suffix(".md")), success_codes=[0, 1])
 
 
 def _start(session: nox.Session, output: IO[str], *args: str) -> subprocess.Popen[str]:

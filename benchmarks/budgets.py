@@ -11,7 +11,7 @@ the spread (largest minus smallest) of that count's runs:
 - ``teardown``: the residue the teardown check measured.
 
 The budgets and what they were set from are written to ``tft/budgets.json``, which
-``tft.train.MEMORY_RULES`` reads. Run it on the machine the gate runs on (a busy CI runner
+``tft.train.memory_rules`` reads. Run it on the machine the gate runs on (a busy CI runner
 spreads wider than a quiet desktop), then check that the faults the job must catch still fail:
 
     python benchmarks/budgets.py [--runs 5] [--k 1.5] [--device auto] [--num-workers 0 2] [--write]

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput, one_line
-from harness.fsio import read_regular, write_atomic
-from harness.json_values import finite_number
+from harness.fsio import write_atomic
+from harness.json_values import finite_number, read_json
 from harness.naming import is_rebuilt
 from harness.report import (
     GateDecision,
@@ -140,16 +140,7 @@ def load_run_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a saved verdict; :class:`~harness.errors.BadInput` (naming the file and the field)
     when it is missing, not JSON, nested more than 64 levels deep, not a verdict of a readable
     schema, or a field of it is not of its kind (:func:`harness.verdict_schema.check_verdict`)."""
-    try:
-        text = read_regular(path)
-    except OSError as exc:
-        raise BadInput(f"cannot read ({exc.strerror or exc})", path=path) from None
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise BadInput("nested too deeply", path=path) from None
-    except ValueError:
-        raise BadInput("not JSON", path=path) from None
+    data = read_json(path)
     if not isinstance(data, dict) or "schema_version" not in data:
         raise BadInput("not a leakgate verdict (no schema_version)", path=path)
     try:

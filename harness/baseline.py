@@ -4,8 +4,10 @@ and a session's verdicts kept, found and summarised.
 A verdict fails the gate when its status is not PASS, or when it regressed against its base
 (:func:`harness.artifacts.compare_runs`: the same tolerance and noise floor everywhere). A
 baseline is a folder of verdict files named as the run's (``<test>.json``); from pytest it is
-kept under ``.leakgate/<NAME>/`` in the rootdir or in a folder the user names. The session
-summary (``--memreport-json``) is documented in ``reports/README.md``.
+kept under ``.leakgate/<NAME>/`` in the rootdir or in a folder the user names, with a
+:data:`MANIFEST` written last, so that a save cut short is never read as a whole baseline. The
+session summary (``--memreport-json``) is documented in ``reports/README.md``; it is written
+atomically, or through to a device or FIFO (:func:`harness.fsio.write_output`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from harness.artifacts import (
     Comparison,
     compare_runs,
     load_run_document,
+    verdict_files,
 )
 from harness.errors import BadInput
-from harness.fsio import write_atomic
+from harness.fsio import make_folder, write_atomic, write_output
+from harness.json_values import read_json
 from harness.naming import safe_name
 from harness.report import GateDecision
 from harness.units import format_mib, format_size
@@ -73,70 +77,56 @@ def missing_from_run(baseline: Iterable[str], run: Iterable[str]) -> list[str]:
     return sorted(set(baseline) - set(run))
 
 
-def check_name(name: str) -> str:
-    """A baseline's name: a plain folder name (no separator, not ``.`` or ``..``)."""
-    if not name or name in (".", "..") or "/" in name or os.sep in name:
-        raise BadInput(f"expected a plain name, got {name!r}", field="baseline name")
-    return name
-
-
-def find_baseline(storage: Path, given: str) -> Path:
-    """The folder ``given`` names: a path when it has a separator (``./nightly``), else a name
-    under ``storage``. ``BadInput`` unless it is a folder holding at least one verdict."""
-    named = os.sep in given or "/" in given
-    folder = Path(given) if named else storage / check_name(given)
-    if not folder.exists():
-        saved = sorted(p.name for p in storage.iterdir() if p.is_dir()) if storage.is_dir() else []
-        known = f"; saved: {', '.join(saved)}" if saved else f"; none saved in {storage}"
-        raise BadInput(f"no such baseline{'' if named else known}", path=folder)
-    if not folder.is_dir():
-        raise BadInput("a baseline must be a folder of verdicts, not a file", path=folder)
-    if not any(folder.glob("*.json")):
-        raise BadInput("no verdicts in this baseline", path=folder)
-    return folder
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    """What a pytest session does with its verdicts at its end: the baseline folder it compares
-    with, the one it saves into, the summary file."""
-
-    compare: Path | None
-    save: Path | None
-    json: Path | None
-
-
-def session_options(
-    save: str | None, compare: str | None, summary: str | None, storage: Path, memreport: bool
-) -> SessionOptions:
-    """``--memreport-save``, ``--memreport-compare`` and ``--memreport-json`` checked: ``BadInput``
-    for a baseline that is not there, a storage or summary path of the wrong kind, or a baseline
-    option without the report folder its verdicts are read from."""
-    if (save is not None or compare is not None) and not memreport:
-        flag = "--memreport-save" if save is not None else "--memreport-compare"
-        raise BadInput("needs --memreport (the verdicts it keeps or compares)", field=flag)
-    if (save is not None or compare is not None) and storage.exists() and not storage.is_dir():
-        raise BadInput("not a folder", path=storage, field="--memreport-storage")
-    if summary is not None and (not summary or Path(summary).is_dir()):
-        raise BadInput(
-            "expected a file path, got a folder", path=summary or ".", field="--memreport-json"
-        )
-    return SessionOptions(
-        find_baseline(storage, compare) if compare is not None else None,
-        storage / check_name(save) if save is not None else None,
-        Path(summary) if summary is not None else None,
-    )
+MANIFEST = "baseline.manifest"
+"""The file that says what a saved baseline holds: ``{"schema": ..., "verdicts": [names]}``,
+written last. While a save runs it lists nothing and says ``"saving": true``, so a save that
+a full disk or a kill cut short leaves a baseline that says it is incomplete."""
+MANIFEST_SCHEMA = "leakgate-baseline/1"
 
 
 def save_baseline(folder: Path, documents: Mapping[str, Mapping[str, Any]]) -> list[Path]:
-    """Write each verdict document to ``folder/<name>``, atomically; a verdict already there
-    for another test is kept. ``OSError`` names the file that could not be written."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write each verdict document to ``folder/<name>``, atomically, then the folder's
+    :data:`MANIFEST` listing every verdict there (one already there for another test is kept).
+    ``OSError`` names the file that could not be written, or the folder when a link has its
+    name (never followed)."""
+    make_folder(folder)
+    _write_manifest(folder, {"saving": True})
     written = []
     for name, document in sorted(documents.items()):
         text = json.dumps(document, indent=2, default=str) + "\n"
         written.append(write_atomic(folder / name, text))
+    _write_manifest(folder, {"verdicts": [path.name for path in verdict_files(folder)]})
     return written
+
+
+def _write_manifest(folder: Path, content: Mapping[str, Any]) -> None:
+    write_atomic(folder / MANIFEST, json.dumps({"schema": MANIFEST_SCHEMA, **content}) + "\n")
+
+
+def baseline_verdicts(folder: Path) -> dict[str, Path]:
+    """A baseline's verdicts by file name. A folder without a :data:`MANIFEST` is a plain
+    folder of verdicts (``leakgate gate --baseline``'s); one with a manifest holds exactly what
+    it lists. ``BadInput`` naming the folder for an incomplete baseline (a save cut short, a
+    verdict listed and gone, one there and not listed) or a manifest that cannot be read."""
+    found = {path.name: path for path in verdict_files(folder)}
+    manifest = folder / MANIFEST
+    if not os.path.lexists(manifest):
+        return found
+    document = read_json(manifest)
+    if not isinstance(document, dict) or document.get("schema") != MANIFEST_SCHEMA:
+        raise BadInput(f"not a leakgate manifest ({MANIFEST_SCHEMA})", path=manifest)
+    listed = document.get("verdicts")
+    if not isinstance(listed, list):
+        raise BadInput("incomplete baseline: its save did not finish", path=folder)
+    names = {name for name in listed if isinstance(name, str)}
+    if names != set(found) or len(names) != len(listed):
+        differences = [f"listed, not there: {name}" for name in sorted(names - set(found))]
+        differences += [f"there, not listed: {name}" for name in sorted(set(found) - names)]
+        raise BadInput(
+            f"incomplete baseline: not what its manifest lists ({'; '.join(differences)})",
+            path=folder,
+        )
+    return found
 
 
 def phase_numbers(phases: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -235,7 +225,11 @@ def close_session(
     missing: list[str] = []
     decision = None
     if compare is not None:
-        base = {path.name: path for path in sorted(compare.glob("*.json"))}
+        try:
+            base = baseline_verdicts(compare)
+        except BadInput as exc:
+            lines.append(f"leakgate REGRESSION unreadable baseline: {exc}")
+            base, failed = {}, True
         for nodeid, new in documents.items():
             path = base.get(f"{safe_name(nodeid)}.json")
             try:
@@ -296,7 +290,7 @@ def close_session(
         document = session_summary(tests, baseline=compare, missing=missing, saved=save)
         try:
             summary.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(summary, json.dumps(document, indent=2) + "\n")
+            write_output(summary, json.dumps(document, indent=2) + "\n")
             lines.append(f"leakgate: session summary in {summary}")
         except OSError as exc:
             lines.append(f"leakgate warning: the summary was not written ({_os_error(exc)})")

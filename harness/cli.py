@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 if any verdict in DIR fails or regresses against a baseline; DIR/index.md "
         "shows the decision",
         description="Check every verdict in DIR, then write DIR/index.md with the decision above "
-        "its table (nothing when the input is refused): any status but PASS "
+        "its table (when the input is refused, an index that says so): any status but PASS "
         "fails the gate, and so does a regression against the same-named verdict in BASELINE "
         "(verdicts without a baseline are listed and checked for their status only). Each "
         "timeline X.jsonl in DIR needs its X.json from the same run (run_id), and must have "

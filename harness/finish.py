@@ -251,9 +251,10 @@ def _named(explained: Sequence[Share]) -> list[Holder]:
 
 
 def _test_of(header: Mapping[str, Any]) -> str | None:
+    """A run's title as its header keeps it: the test's id, else the title its run gave."""
     meta = header.get("meta")
-    test = meta.get("test") if isinstance(meta, Mapping) else None
-    return test if isinstance(test, str) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    return next((v for v in (meta.get("test"), meta.get("title")) if isinstance(v, str)), None)
 
 
 def relative(path: str | os.PathLike[str] | None, here: Path) -> str | None:

@@ -9,6 +9,13 @@ written through a link to a file elsewhere.
 :func:`create_exclusive` opens a new file for streaming (a timeline): it fails when anything,
 a link included, already has the name, so a run never appends to or truncates another's file.
 
+:func:`write_output` writes a file a user named: a character device or a FIFO there (``/dev/null``,
+``/dev/stdout`` on a terminal or a pipe, a link to one) is written as a stream, since a rename
+would replace it; anything else behind a link is refused, never replaced; a regular file or a
+new name is written atomically. :func:`output_kind` says which, before any work is done.
+
+:func:`make_folder` makes a folder to write into and refuses a link in its place.
+
 :func:`open_regular` and :func:`read_regular` open an input only when it is a regular file: a
 FIFO would block the reader until some writer came, ``/dev/zero`` would never end, a socket
 cannot be read at all. Every input the commands read goes through them.
@@ -101,6 +108,78 @@ def create_exclusive(path: str | os.PathLike[str]) -> int:
         raise _naming(error, Path(path)) from None
 
 
+def output_kind(path: str | os.PathLike[str]) -> str:
+    """How :func:`write_output` writes ``path``: ``"stream"`` for a character device or a FIFO
+    (links followed), ``"file"`` for a regular file or a new name.
+
+    Raises ``OSError`` naming ``path`` for what neither fits: a folder, a socket, a block
+    device, or a link to anything but a stream (replacing the link would lose it, following
+    it would write through it).
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "file"
+    except OSError as error:
+        raise _naming(error, Path(path)) from None
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISLNK(mode):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            raise OSError(errno.ELOOP, "a link to nothing, never replaced", str(path)) from None
+        if not _is_stream(mode):
+            raise OSError(errno.ELOOP, f"a link to {_kind(mode)}, never replaced", str(path))
+    if not _is_stream(mode):
+        _check_regular(mode, path)
+    return "stream"
+
+
+def write_output(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` as :func:`output_kind` says: through to a stream, or
+    atomically (:func:`write_atomic`). Raises ``OSError`` naming ``path``."""
+    if output_kind(path) == "file":
+        return write_atomic(path, data)
+    payload = data.encode() if isinstance(data, str) else data
+    try:
+        # Without blocking: a FIFO that nobody reads is refused (ENXIO), never waited on.
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as error:
+        raise _naming(error, Path(path)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not _is_stream(mode):  # swapped for something else since it was looked at
+            raise OSError(errno.EINVAL, f"{_kind(mode)}, not a stream", str(path))
+        os.set_blocking(fd, True)
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as error:
+        raise _naming(error, Path(path)) from None
+    finally:
+        os.close(fd)
+    return Path(path)
+
+
+def make_folder(path: str | os.PathLike[str]) -> Path:
+    """Make the folder ``path`` (and its parents) unless it is there; ``OSError`` naming it
+    when a link (even to a folder) or anything but a folder has its name: what is written
+    into it stays where it was meant to be."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            raise OSError(errno.ELOOP, "a link, never followed", str(folder))
+    except OSError as error:
+        raise _naming(error, folder) from None
+    return folder
+
+
+def _is_stream(mode: int) -> bool:
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISSOCK, "a socket"),
@@ -143,8 +222,16 @@ def _check_regular(mode: int, path: str | os.PathLike[str]) -> None:
         return
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
-    raise OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
+    raise OSError(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words: ``a regular file``, ``a FIFO``..."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
 def would_replace(output: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
@@ -168,6 +255,17 @@ def would_replace(output: str | os.PathLike[str], path: str | os.PathLike[str]) 
     except (OSError, RuntimeError, ValueError):
         return False
     return False
+
+
+def same_folder(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` name one folder: the same path once links are resolved, or the
+    same folder on disk (a bind mount, another spelling on a case-insensitive system)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
 
 
 def _entry(path: str | os.PathLike[str]) -> Path | None:

@@ -3,25 +3,37 @@ baseline, one line per verdict and per problem, and the folder's ``index.md``.
 
 The gate's exit code is the decision: 0 every verdict passes and nothing regressed, 1 a verdict
 fails, a value regressed or a run is missing, stale or incomplete; bad input (an unreadable or
-odd file, no verdicts at all) raises :class:`~harness.errors.BadInput` for the CLI to map.
+odd file, no verdicts at all) raises :class:`~harness.errors.BadInput` for the CLI to map, and
+``index.md`` then says that the gate refused the folder, so that no earlier decision outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.artifacts import (
+    INDEX,
     Change,
     Comparison,
     load_run_document,
     verdict_files,
     write_index,
 )
-from harness.baseline import judge_verdict, missing_from_run, regression_lines, tolerance_text
+from harness.baseline import (
+    baseline_verdicts,
+    judge_verdict,
+    missing_from_run,
+    regression_lines,
+    tolerance_text,
+)
 from harness.errors import BadInput, as_bad_input, as_unwritable
 from harness.finish import unfinished
+from harness.fsio import write_atomic
+from harness.markdown import strong, text
 from harness.merge import gate_problems
 from harness.report.index import GateDecision
 from harness.timeline import read_timeline
@@ -45,6 +57,23 @@ def write_index_to(directory: Path, decision: GateDecision | None = None) -> Pat
     return path
 
 
+def write_refusal(directory: Path, reason: BadInput) -> None:
+    """Replace ``directory``'s ``index.md`` (a job summary may show it) with one that says the
+    gate refused the folder and why, so that an earlier decision is never shown as this one's.
+    Best effort: the refusal itself is what the gate reports."""
+    if not directory.is_dir():
+        return
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    lines = [
+        "# leakgate memory verdicts",
+        "",
+        f"{strong('Gate: REFUSED')}: {text(reason)}; decided {when}. No verdict here counts "
+        "until this is fixed and the gate runs again.",
+    ]
+    with contextlib.suppress(OSError):
+        write_atomic(directory / INDEX, "\n".join(lines) + "\n")
+
+
 @dataclass(frozen=True)
 class Gated:
     """The gate's decision (as ``index.md`` shows it) and its lines for the terminal."""
@@ -57,8 +86,13 @@ def gate_folder(
     directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int
 ) -> int:
     """Decide on DIR (:func:`decide`), write its ``index.md`` with the decision, then print one
-    line per verdict, one per problem, and the total. Input the gate refuses writes nothing."""
-    gated = decide(directory, baseline_dir, tolerance=tolerance, min_bytes=min_bytes)
+    line per verdict, one per problem, and the total. Input the gate refuses writes nothing but
+    an ``index.md`` that says so (:func:`write_refusal`)."""
+    try:
+        gated = decide(directory, baseline_dir, tolerance=tolerance, min_bytes=min_bytes)
+    except BadInput as exc:
+        write_refusal(directory, exc)
+        raise
     write_index_to(directory, gated.decision)
     for line in gated.lines:
         print(line)
@@ -135,7 +169,7 @@ def _baseline(folder: Path) -> dict[str, Path]:
     if not folder.is_dir():
         what = "not a directory" if folder.exists() else "no such directory"
         raise BadInput(what, path=folder, field="baseline")
-    found = {path.name: path for path in verdict_files(folder)}
+    found = baseline_verdicts(folder)
     if not found:
         raise BadInput("no verdicts in it", path=folder, field="baseline")
     return found

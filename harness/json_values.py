@@ -1,17 +1,36 @@
 """What a JSON value that leakgate writes or reads back may hold, and the small checks every
-reader shares: nesting no deeper than :data:`MAX_DEPTH`, integers a float can hold, and, for a
-value handed in to be written (a registered rule's option), JSON's own types with finite
-numbers only. Each check raises :class:`~harness.errors.BadInput` whose ``field`` says where."""
+reader shares: a file read as JSON (:func:`read_json`), nesting no deeper than
+:data:`MAX_DEPTH`, integers a float can hold, and, for a value handed in to be written (a
+registered rule's option), JSON's own types with finite numbers only. Each check raises
+:class:`~harness.errors.BadInput` whose ``field`` says where."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any
 
 from harness.errors import BadInput
+from harness.fsio import read_regular
 
 MAX_DEPTH = 64
 """How deeply a value may nest (a run's config is a few levels deep)."""
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON value in the regular file ``path``; :class:`~harness.errors.BadInput` naming
+    the file when it cannot be read, is not JSON or nests too deeply for the parser."""
+    try:
+        text = read_regular(path)
+    except OSError as exc:
+        raise BadInput(f"cannot read ({exc.strerror or exc})", path=path) from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadInput("nested too deeply", path=path) from None
+    except ValueError:
+        raise BadInput("not JSON", path=path) from None
 
 
 def check_tree(root: Any, *, written: bool = False, where: str = "") -> None:

@@ -1,6 +1,6 @@
 """File names the harness makes: a test id as a safe file name, a name a user gives checked to
-be one, a rank's timeline name, the run and rank read back from one, and a rebuilt copy's
-name."""
+be one, a path a user gives checked to fit the system's limits, a rank's timeline name, the run
+and rank read back from one, and a rebuilt copy's name."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from harness.errors import BadInput
 MAX_NAME = 200
 """The longest name :func:`check_file_name` takes: room for a suffix and a temporary file's
 prefix within a file system's 255 bytes."""
+MAX_COMPONENT = 255
+"""The most bytes one entry of a path may have (``NAME_MAX`` on Linux and macOS)."""
+MAX_PATH = 4096
+"""The most bytes a whole path may have (``PATH_MAX`` on Linux)."""
 _RANK_SUFFIX = re.compile(r"[._-]rank(\d+)$")
 
 
@@ -47,6 +51,29 @@ def check_file_name(name: Any, what: str = "name") -> str:
             f"printable, at most {MAX_NAME} bytes)"
         )
     return name
+
+
+def check_path(given: str | os.PathLike[str], what: str, *, folder: bool = False) -> Path:
+    """``given`` as a path when the system can open it: no NUL, no entry over
+    :data:`MAX_COMPONENT` bytes, at most :data:`MAX_PATH` bytes as an absolute path, less room
+    for one file name (:data:`MAX_NAME`) inside it when it is a ``folder`` to write into.
+
+    Raises :class:`~harness.errors.BadInput` whose ``field`` is ``what``, showing the path's
+    start only."""
+    text = os.fspath(given)
+    shown = text if len(text) <= 60 else text[:40] + "..."
+    if not text or "\0" in text:
+        raise BadInput("expected a path", path=shown or "''", field=what)
+    longest = max((len(os.fsencode(part)) for part in Path(text).parts), default=0)
+    if longest > MAX_COMPONENT:
+        problem = f"an entry of {longest} bytes; at most {MAX_COMPONENT} fit in a folder"
+        raise BadInput(problem, path=shown, field=what)
+    room = MAX_PATH - 1 - (MAX_NAME + 1 if folder else 0)
+    size = len(os.fsencode(os.path.abspath(text)))
+    if size > room:
+        problem = f"{size} bytes as an absolute path; at most {room} fit"
+        raise BadInput(problem, path=shown, field=what)
+    return Path(text)
 
 
 def rank_timeline(path: str | os.PathLike[str], rank: int) -> Path:

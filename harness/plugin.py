@@ -30,16 +30,15 @@ import harness.labels as labels
 from harness.errors import BadInput, as_unwritable
 from harness.naming import safe_name
 from harness.options import options, parse_option
+from harness.session_options import add_session_options
 
 if TYPE_CHECKING:
-    from harness.baseline import SessionOptions
     from harness.recorder import Recorder
     from harness.report import GateDecision
     from harness.rules import Rules, Verdict
+    from harness.session_options import SessionOptions
 
 DEFAULT_DIR = "reports"
-DEFAULT_BASELINE = "baseline"
-STORAGE = ".leakgate"
 MEMREPORT_ENV = "LEAKGATE_MEMREPORT"
 PLUGIN_NAME = "leakgate-state"
 PROPERTY = "leakgate"
@@ -72,39 +71,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "failing leak, OOM or teardown, write <test>.snapshot.pickle beside its report (for "
         "pytorch.org/memory_viz); nothing without a CUDA device",
     )
-    group.addoption(
-        "--memreport-save",
-        nargs="?",
-        const=DEFAULT_BASELINE,
-        default=None,
-        metavar="NAME",
-        help=f"keep this session's verdicts as the baseline NAME (default {DEFAULT_BASELINE}) "
-        "in the storage folder; needs --memreport",
-    )
-    group.addoption(
-        "--memreport-compare",
-        nargs="?",
-        const=DEFAULT_BASELINE,
-        default=None,
-        metavar="NAME|PATH",
-        help="compare this session's verdicts with a saved baseline (a name in the storage "
-        "folder, or a path with a slash to a folder of verdicts) by the rules of 'leakgate "
-        "gate': a regression, or a baseline verdict this session did not produce, fails the "
-        "session; needs --memreport",
-    )
-    group.addoption(
-        "--memreport-storage",
-        default=None,
-        metavar="DIR",
-        help=f"where named baselines are kept (default: {STORAGE}/ in the rootdir)",
-    )
-    group.addoption(
-        "--memreport-json",
-        default=None,
-        metavar="PATH",
-        help="write one machine-readable summary of the session's verdicts (and the "
-        "comparison) to PATH; schema in reports/README.md",
-    )
+    add_session_options(group)
     for option in options():
         parser.addini(f"memleak_{option.name}", option.metadata["help"], default=None)
 
@@ -166,13 +133,12 @@ class LeakGate:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        option = config.getoption("memreport")
-        self.directory = Path(option) if option else None
+        self.session = _session_options(config)
+        self.directory = self.session.directory
         self.traces: dict[str, Trace] = {}
         self.started = time.time()
         self.outcomes: list[Outcome] = []
         self.write_error: str | None = None
-        self.session = _session_options(config)
         self.environ = os.environ.get(MEMREPORT_ENV)
         if self.directory is not None:  # where run_ranks inside a test writes (harness.spawn)
             os.environ[MEMREPORT_ENV] = str(self.directory.resolve())
@@ -408,7 +374,7 @@ class LeakGate:
         """Index this session's reports, once, in the process that saw every test: the
         controller under pytest-xdist (workers have ``workerinput``); then compare, save and
         summarise the session's verdicts, as asked, failing the session on a regression."""
-        if self.session is not None:
+        if self.session.ends and not hasattr(self.config, "workerinput"):
             from harness.baseline import close_session
 
             closed = close_session(
@@ -470,19 +436,13 @@ class LeakGate:
             tr.write_line(f"reports in {self.directory}/, index: {self.directory / 'index.md'}")
 
 
-def _session_options(config: pytest.Config) -> SessionOptions | None:
-    """The baseline and summary options, checked before any test runs (a usage error, one
-    line); None in an xdist worker or when none is given."""
-    save, compare = config.getoption("memreport_save"), config.getoption("memreport_compare")
-    summary, given = config.getoption("memreport_json"), config.getoption("memreport_storage")
-    if hasattr(config, "workerinput") or (save, compare, summary) == (None, None, None):
-        return None
-    from harness.baseline import session_options
-    from harness.errors import BadInput
+def _session_options(config: pytest.Config) -> SessionOptions:
+    """The report folder, baseline and summary options, checked before any test runs (a usage
+    error, one line)."""
+    from harness.session_options import read_session_options
 
-    storage = Path(given) if given else config.rootpath / STORAGE
     try:
-        return session_options(save, compare, summary, storage, bool(config.getoption("memreport")))
+        return read_session_options(config)
     except BadInput as exc:
         raise pytest.UsageError(f"leakgate: {exc}") from None
 

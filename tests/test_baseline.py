@@ -229,7 +229,7 @@ def test_xdist_the_controller_compares_and_writes_once(pytester):
             ["--memreport=out", "--memreport-compare=./a_file"],
             "*a_file: a baseline must be a folder*",
         ),
-        (["--memreport=out", "--memreport-save=a/b/../"], "*expected a plain name*"),
+        (["--memreport=out", "--memreport-save=a/b/../"], "*not a plain file name*"),
         (["--memreport-save"], "*--memreport-save: needs --memreport*"),
         (["--memreport=out", "--memreport-save", "--memreport-storage=a_file"], "*not a folder*"),
         (["--memreport-json=."], "*--memreport-json: expected a file path*"),

@@ -39,7 +39,7 @@ from harness.units import parse_size
 from tft import faults
 from tft.data import WindowDataset, load, synth
 from tft.model import TemporalFusionTransformer, TFTConfig
-from tft.train import MEMORY_RULES, warm_up
+from tft.train import memory_rules, warm_up
 from tft.trainer import TrainConfig, Trainer, shard
 
 KB = 2**10
@@ -458,13 +458,13 @@ def test_tft_train_under_torchrun_passes_clean_and_names_rank0_for_rank0_gather(
     assert "memory verdict: PASS" in clean_out
     doc = json.loads((tmp_path / "clean" / "tft-train-clean.json").read_text())
     assert doc["status"] == "PASS"
-    assert doc["rules"]["max_growth"] == parse_size(MEMORY_RULES["max_growth"])
+    assert doc["rules"]["max_growth"] == parse_size(memory_rules()["max_growth"])
     assert [(r["rank"], r["status"]) for r in doc["header"]["ranks"]] == [(0, "PASS"), (1, "PASS")]
     assert (doc["header"]["world_size"], doc["header"]["backend"]) == (2, "gloo")
     for rank in (0, 1):
         header = read_timeline(tmp_path / "clean" / f"tft-train-clean.rank{rank}.jsonl").header
         assert (header["rank"], header["world_size"], header["backend"]) == (rank, 2, "gloo")
-        assert header["rules"]["written"]["max_growth"] == MEMORY_RULES["max_growth"]
+        assert header["rules"]["written"]["max_growth"] == memory_rules()["max_growth"]
     assert leakgate(["gate", str(tmp_path / "clean")]) == 0
 
     assert runs[1].returncode == 1, leaky_out + leaky_err[-3000:]

@@ -134,10 +134,10 @@ def test_the_index_says_what_the_gate_decided(tmp_path, capsys, name):
     code = gate(runs, baseline)
     printed = capsys.readouterr().out.splitlines()
     assert code == expected
-    if code == 2:
-        assert not (runs / "index.md").exists()
-        return
     page = read_page((runs / "index.md").read_text())
+    if code == 2:
+        assert page.gate == "REFUSED" and not page.rows
+        return
     assert page.gate == ("PASS" if code == 0 else "FAIL") == printed[-1].split(":")[1].strip()
     assert set(page.rows) == verdicts
     assert page.totals == {s: page.rows.count(s) for s in ("PASS", "REGRESSION", "FAIL", "ERROR")}
@@ -168,13 +168,23 @@ def test_a_regression_is_listed_with_its_phase_metric_values_and_tolerance(tmp_p
     assert page.rows == ["REGRESSION"] and page.totals["PASS"] == 0
 
 
-def test_a_refused_gate_leaves_the_previous_index_as_it_was(tmp_path, capsys):
+@pytest.mark.parametrize("landed", ["{not json", '{"schema_version": 1}'])
+def test_a_refused_gate_leaves_no_index_that_says_the_earlier_pass(tmp_path, capsys, landed):
     saved(tmp_path, "a", clean())
-    assert main(["index", str(tmp_path)]) == 0
-    before = (tmp_path / "index.md").read_text()
-    (tmp_path / "broken.json").write_text("{not json")
+    assert gate(tmp_path) == 0
+    assert read_page((tmp_path / "index.md").read_text()).gate == "PASS"
+    (tmp_path / "broken.json").write_text(landed)
     assert gate(tmp_path) == 2
-    assert (tmp_path / "index.md").read_text() == before
+    page = read_page((tmp_path / "index.md").read_text())
+    assert page.gate == "REFUSED" and not page.rows and "broken.json" in page.opening
+
+
+def test_a_gate_refused_for_its_baseline_says_so_in_the_index(tmp_path, capsys):
+    saved(tmp_path, "a", clean())
+    assert gate(tmp_path) == 0
+    assert gate(tmp_path, tmp_path / "no-such-baseline") == 2
+    page = read_page((tmp_path / "index.md").read_text())
+    assert page.gate == "REFUSED" and "no-such-baseline" in page.opening
 
 
 def test_the_index_alone_says_no_baseline_was_compared(tmp_path, capsys):

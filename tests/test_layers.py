@@ -81,6 +81,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "front ends",
         (
             "harness.plugin",
+            "harness.session_options",
             "harness.cli",
             "harness.gate",
             "harness.__main__",

@@ -3,12 +3,13 @@
 Without ``--parquet-file`` the default synthetic file (704 training and 176 validation windows)
 is generated into the cache folder. ``--inject-fault NAME`` trains a known faulty variant
 (:mod:`tft.faults`). ``--memreport DIR`` traces memory at the trainer's checkpoints, judges the
-timeline with :data:`MEMORY_RULES` and writes ``DIR/<run>.jsonl``, ``.json`` and ``.md``;
-``--capacity`` emulates a smaller device (and traces the run too). ``--num-workers N`` has N
-DataLoader worker processes make the batches (:mod:`tft.loading`; default 0, the incident's
-set-up: the training process makes them). Exit codes: 0 done (with a passing verdict when
-traced), 1 out of memory or a failing verdict, 2 bad input or a timeline or report that cannot
-be written (one line).
+timeline with :func:`memory_rules` (the budgets in ``tft/budgets.json``, checked before any
+work) and writes ``DIR/<run>.jsonl``, ``.json`` and ``.md``; ``--capacity`` emulates a
+smaller device (and traces the run too). ``--num-workers N`` has N DataLoader worker processes
+make the batches (:mod:`tft.loading`; default 0, the incident's set-up: the training process
+makes them). Exit codes: 0 done (with a passing verdict when traced), 1 out of memory or a
+failing verdict, 2 bad input (a budgets file included) or a timeline or report that cannot be
+written (one line).
 
 Under ``torchrun`` (``WORLD_SIZE`` set) every rank joins the default process group (NCCL with
 one rank per visible GPU, ``cuda:LOCAL_RANK``; gloo on the CPU) and the trainer runs DDP. A
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import math
 import os
@@ -53,7 +53,7 @@ from tft.qat import export_int8
 from tft.scoring import Accumulator, baseline_q_risk
 from tft.trainer import Callback, Trainer
 
-__all__ = ["MEMORY_RULES", "batch_shapes", "build_parser", "leave", "main", "warm_up"]
+__all__ = ["batch_shapes", "build_parser", "leave", "main", "memory_rules", "warm_up"]
 
 log = logging.getLogger("tft.train")
 
@@ -62,27 +62,53 @@ class MemoryRules(TypedDict):
     """Keyword arguments of ``harness.Rules``, as far as a traced run sets them."""
 
     phase: tuple[str, ...]
-    max_growth: str
+    max_growth: str | int
     warmup: int
-    max_peak: str
-    teardown: str
+    max_peak: str | int
+    teardown: str | int
 
 
 BUDGETS = Path(__file__).with_name("budgets.json")
 """The main job's budgets (``max_growth``, ``max_peak``, ``teardown``) and the measurements
 they were set from: ``benchmarks/budgets.py`` runs the clean job several times and writes it."""
+BUDGET_KEYS = ("max_growth", "max_peak", "teardown")
 
-_SET = json.loads(BUDGETS.read_text())["budgets"]
-MEMORY_RULES: MemoryRules = {
-    "phase": ("training", "validation"),
-    "max_growth": _SET["max_growth"],
-    "warmup": 5,
-    "max_peak": _SET["max_peak"],
-    "teardown": _SET["teardown"],
-}
-"""The ``harness.Rules`` a traced run is judged by: its budgets from :data:`BUDGETS`, set
-from the spread of the default workload's clean runs (704 training and 176 validation
-windows, batch size 1, 5 epochs); ``reports/README.md`` has the numbers behind them."""
+
+def memory_rules(path: Path | None = None) -> MemoryRules:
+    """The ``harness.Rules`` a traced run is judged by: its budgets read from ``path``
+    (default :data:`BUDGETS`), set from the spread of the default workload's clean runs (704
+    training and 176 validation windows, batch size 1, 5 epochs; ``reports/README.md`` has the
+    numbers behind them).
+
+    Raises ``harness.errors.BadInput`` naming the file and the key for a file that cannot be
+    read or is not JSON, and for budgets that are not exactly the three sizes."""
+    from harness.errors import BadInput
+    from harness.json_values import read_json
+    from harness.units import parse_size
+
+    path = BUDGETS if path is None else path
+    document = read_json(path)
+    budgets = document.get("budgets") if isinstance(document, dict) else None
+    if not isinstance(budgets, dict):
+        raise BadInput("expected an object of sizes", path=path, field="budgets")
+    unknown = sorted(set(budgets) - set(BUDGET_KEYS))
+    if unknown:
+        problem = f"not a budget (known: {', '.join(BUDGET_KEYS)})"
+        raise BadInput(problem, path=path, field=f"budgets.{unknown[0]}")
+    for key in BUDGET_KEYS:
+        if key not in budgets:
+            raise BadInput("missing", path=path, field=f"budgets.{key}")
+        try:
+            parse_size(budgets[key], what=f"budgets.{key}")
+        except BadInput as exc:
+            raise BadInput(exc.problem, path=path, field=exc.field) from None
+    return {
+        "phase": ("training", "validation"),
+        "max_growth": budgets["max_growth"],
+        "warmup": 5,
+        "max_peak": budgets["max_peak"],
+        "teardown": budgets["teardown"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,8 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for fault in faults.CATALOGUE.values():
             print(f"{fault.name:<22} {fault.summary}")
         return 0
+    tracing = args.memreport is not None or args.capacity is not None
     try:
         arguments.check(args)
+        rules = memory_rules() if tracing else None
         torch.set_num_threads(args.threads)
         config = TrainConfig(
             batch_size=args.batch_size,
@@ -139,12 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except CheckpointError as exc:
             print(f"error: --resume: {exc}", file=sys.stderr)
             return 2
-    tracing = args.memreport is not None or args.capacity is not None
-    if tracing and "WORLD_SIZE" in os.environ:
+    if rules is not None and "WORLD_SIZE" in os.environ:
         quiet_flight_recorder()
     with process_group(config):
-        if tracing:
-            return traced(args, config, model_config, split, argv)
+        if rules is not None:
+            return traced(args, config, model_config, split, argv, rules)
         try:
             train(args, config, model_config, split)
         except torch.OutOfMemoryError as exc:
@@ -218,9 +245,10 @@ def traced(
     model_config: TFTConfig,
     split: Split,
     argv: Sequence[str],
+    rules: MemoryRules,
 ) -> int:
-    """Train under a memory recorder, judge the timeline with :data:`MEMORY_RULES`, print the
-    verdict and, with ``--memreport``, save the run; 1 when the verdict is not PASS.
+    """Train under a memory recorder, judge the timeline with ``rules`` (:func:`memory_rules`),
+    print the verdict and, with ``--memreport``, save the run; 1 when the verdict is not PASS.
 
     The session is framed by collected ``session START``/``session END`` checkpoints taken
     before the model exists and after everything :func:`train` built is gone, so the
@@ -247,7 +275,9 @@ def traced(
             print(f"error: --capacity {args.capacity}: {held}", file=sys.stderr)
             return 2
     name = "tft-train-" + ("+".join(args.inject_fault) or "clean")
+    title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
     meta = {
+        "title": title,  # a report rebuilt from the timeline is titled as the run's own
         "train_samples": len(split.train),
         "val_samples": len(split.val),
         "faults": list(args.inject_fault),
@@ -261,9 +291,9 @@ def traced(
             config=config,
             meta=meta,
             attribute=PhaseAttribution(
-                growth=MEMORY_RULES["max_growth"], at_end=False, warmup=MEMORY_RULES["warmup"]
+                growth=rules["max_growth"], at_end=False, warmup=rules["warmup"]
             ),
-            rules=Rules(**MEMORY_RULES),
+            rules=Rules(**rules),
         )
     except OSError as exc:  # the timeline cannot be created: a link in the way, no such place
         print(f"error: {exc.filename or args.memreport}: {exc.strerror or exc}", file=sys.stderr)
@@ -285,7 +315,6 @@ def traced(
         except torch.OutOfMemoryError as exc:  # still over the capacity at the session's END
             print(f"error: {exc}", file=sys.stderr)
             error = error or exc.with_traceback(None)
-        title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
         finish = finish_distributed if recorder.rank is not None else finish_run
         finished = finish(recorder, name=name, error=error, directory=args.memreport, title=title)
         faults.reset()

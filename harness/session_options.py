@@ -1,0 +1,194 @@
+"""The pytest session's own options, checked where they enter, before any test runs.
+
+``--memreport`` (the report folder), ``--memreport-storage`` (where named baselines are kept),
+``--memreport-save`` and ``--memreport-compare`` (a baseline) and ``--memreport-json`` (the
+summary) are each a path the system can open (:func:`~harness.naming.check_path`) of the kind
+they must be: a folder or none yet, a summary that is a file or a stream
+(:func:`~harness.fsio.output_kind`). A named baseline is one plain entry of the storage, never a
+link out of it, and a complete one (:func:`~harness.baseline.baseline_verdicts`). Nothing
+compared or saved is the folder the session writes its verdicts into, and the summary is never
+written among verdicts. Anything else is :class:`~harness.errors.BadInput`, which the plugin
+turns into pytest's usage error.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.errors import BadInput
+from harness.fsio import output_kind, same_folder
+from harness.naming import check_file_name, check_path
+
+if TYPE_CHECKING:
+    import pytest
+
+DEFAULT_BASELINE = "baseline"
+STORAGE = ".leakgate"
+"""Where named baselines are kept, in the rootdir, unless ``--memreport-storage`` says."""
+
+
+def add_session_options(group: pytest.OptionGroup) -> None:
+    """Declare the options that act at the session's end (the plugin's group)."""
+    group.addoption(
+        "--memreport-save",
+        nargs="?",
+        const=DEFAULT_BASELINE,
+        default=None,
+        metavar="NAME",
+        help=f"keep this session's verdicts as the baseline NAME (default {DEFAULT_BASELINE}) "
+        "in the storage folder; needs --memreport",
+    )
+    group.addoption(
+        "--memreport-compare",
+        nargs="?",
+        const=DEFAULT_BASELINE,
+        default=None,
+        metavar="NAME|PATH",
+        help="compare this session's verdicts with a saved baseline (a name in the storage "
+        "folder, or a path with a slash to a folder of verdicts) by the rules of 'leakgate "
+        "gate': a regression, or a baseline verdict this session did not produce, fails the "
+        "session; needs --memreport",
+    )
+    group.addoption(
+        "--memreport-storage",
+        default=None,
+        metavar="DIR",
+        help=f"where named baselines are kept (default: {STORAGE}/ in the rootdir)",
+    )
+    group.addoption(
+        "--memreport-json",
+        default=None,
+        metavar="PATH",
+        help="write one machine-readable summary of the session's verdicts (and the "
+        "comparison) to PATH; schema in reports/README.md",
+    )
+
+
+def read_session_options(config: pytest.Config) -> SessionOptions:
+    """The session's options as given to pytest, checked (:func:`session_options`)."""
+    return session_options(
+        config.getoption("memreport"),
+        save=config.getoption("memreport_save"),
+        compare=config.getoption("memreport_compare"),
+        summary=config.getoption("memreport_json"),
+        storage=config.getoption("memreport_storage"),
+        default_storage=config.rootpath / STORAGE,
+    )
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Where a pytest session writes its reports, and what it does with its verdicts at its
+    end: the baseline folder it compares with, the one it saves into, the summary file."""
+
+    directory: Path | None
+    compare: Path | None = None
+    save: Path | None = None
+    json: Path | None = None
+
+    @property
+    def ends(self) -> bool:
+        """Whether the session's end compares, saves or summarises."""
+        return (self.compare, self.save, self.json) != (None, None, None)
+
+
+def session_options(
+    memreport: str | None,
+    *,
+    save: str | None = None,
+    compare: str | None = None,
+    summary: str | None = None,
+    storage: str | None = None,
+    default_storage: Path,
+) -> SessionOptions:
+    """Every option checked; ``storage`` is ``--memreport-storage`` as given (None for
+    ``default_storage``)."""
+    directory = None if memreport is None else _folder(memreport, "--memreport")
+    baselines = save is not None or compare is not None
+    if baselines and directory is None:
+        flag = "--memreport-save" if save is not None else "--memreport-compare"
+        raise BadInput("needs --memreport (the verdicts it keeps or compares)", field=flag)
+    kept = default_storage if storage is None else _folder(storage, "--memreport-storage")
+    if baselines:
+        _folder(kept, "--memreport-storage")
+        if directory is not None and same_folder(kept, directory):
+            raise BadInput(
+                "is the report folder (--memreport): keep baselines apart from the reports",
+                path=kept,
+                field="--memreport-storage",
+            )
+    saved = None if save is None else _in_storage(kept, save, "--memreport-save")
+    compared = None if compare is None else find_baseline(kept, compare)
+    for folder, flag in ((compared, "--memreport-compare"), (saved, "--memreport-save")):
+        if folder is not None and directory is not None and same_folder(folder, directory):
+            raise BadInput(
+                "is the folder this session writes into (--memreport): its verdicts would be "
+                "compared with or saved over themselves",
+                path=folder,
+                field=flag,
+            )
+    written = None if summary is None else _summary(summary, (directory, compared, saved))
+    return SessionOptions(directory, compared, saved, written)
+
+
+def find_baseline(storage: Path, given: str) -> Path:
+    """The folder ``given`` names: a path when it has a separator (``./nightly``), else a name
+    under ``storage``. ``BadInput`` unless it is a folder holding at least one verdict, and a
+    complete baseline (:func:`~harness.baseline.baseline_verdicts`)."""
+    from harness.baseline import baseline_verdicts  # lazily: the plugin loads light
+
+    flag = "--memreport-compare"
+    named = os.sep in given or "/" in given
+    folder = check_path(given, flag, folder=True) if named else _in_storage(storage, given, flag)
+    if not folder.exists():
+        saved = sorted(p.name for p in storage.iterdir() if p.is_dir()) if storage.is_dir() else []
+        known = f"; saved: {', '.join(saved)}" if saved else f"; none saved in {storage}"
+        raise BadInput(f"no such baseline{'' if named else known}", path=folder)
+    if not folder.is_dir():
+        raise BadInput("a baseline must be a folder of verdicts, not a file", path=folder)
+    if not baseline_verdicts(folder):
+        raise BadInput("no verdicts in this baseline", path=folder)
+    return folder
+
+
+def _folder(given: str | os.PathLike[str], flag: str) -> Path:
+    """A folder to write into: a path that fits, and a folder or nothing yet."""
+    folder = check_path(given, flag, folder=True)
+    if folder.exists() and not folder.is_dir():
+        raise BadInput("not a folder", path=folder, field=flag)
+    return folder
+
+
+def _in_storage(storage: Path, name: str, flag: str) -> Path:
+    """The baseline ``name`` in ``storage``: a plain name, whose entry is a folder or nothing
+    yet, never a link (a baseline is kept in the storage itself, never followed out of it)."""
+    folder = _folder(storage / check_file_name(name, flag), flag)
+    if folder.is_symlink():
+        problem = "a link: a baseline is never followed out of the storage"
+        raise BadInput(problem, path=folder, field=flag)
+    return folder
+
+
+def _summary(given: str, folders: tuple[Path | None, ...]) -> Path:
+    """``--memreport-json``: a file or a stream, never in a folder of verdicts (where the gate
+    and the next comparison would read it as one)."""
+    flag = "--memreport-json"
+    path = check_path(given, flag)
+    if path.is_dir():
+        raise BadInput("expected a file path, got a folder", path=path, field=flag)
+    try:
+        output_kind(path)
+    except OSError as exc:
+        raise BadInput(exc.strerror or str(exc), path=path, field=flag) from None
+    for folder in folders:
+        if folder is not None and same_folder(path.parent, folder):
+            raise BadInput(
+                f"among the verdicts of {folder}, where it would be read as one: write it "
+                "elsewhere",
+                path=path,
+                field=flag,
+            )
+    return path
