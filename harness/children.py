@@ -24,12 +24,12 @@ Three readings, each for what it is good at:
 
 **Finding them.** Descendants are listed through ``/proc/<pid>/task/<tid>/children``,
 recursively (a scan of every ``/proc/<pid>/stat`` where the kernel lacks that file), after one
-``waitid`` that tells whether this process has any child at all (:func:`has_children`). A
-listing costs 100 to 250 µs with 2 to 4 workers of a torch process (one file per thread), so a
-reader lists on a rollup, every :data:`LIST_EVERY` readings, and whenever something says the
-set changed: a Python fork, a DataLoader iterator naming its workers, a new slot on the board,
-a first child. Between listings a known direct child's exit is asked of ``waitid`` (about
-1 µs), and a child without a slot is read from ``status``, which fails once it has exited.
+``waitid`` that tells whether this process has any child at all (:func:`harness.procfs.
+has_children`). A listing costs 100 to 250 µs with 2 to 4 workers of a torch process (one file
+per thread), so a reader lists on a rollup, every :data:`LIST_EVERY` readings, and whenever
+something says the set changed: a Python fork, a DataLoader iterator naming its workers, a
+first child. Between listings a known direct child's exit is asked of ``waitid`` (about 1 µs),
+and a child without a slot is read from ``status``, which fails once it has exited.
 
 **Why not psutil.** psutil (not a dependency of leakgate) finds children by reading the parent
 pid of *every* process on the machine (1.6 to 6.7 ms here with 95 processes) and reads the
@@ -55,10 +55,11 @@ slot: what the children are judged on together, at every reading where one lives
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import harness.heap_board as heap_board
 import harness.procfs as procfs
@@ -77,8 +78,7 @@ PER_ROLE = ("child_heap", "child_anon", "child_uss", "child_pss", "child_shared"
 _HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
 
 
-@dataclass(frozen=True)
-class ProcessMemory:
+class ProcessMemory(NamedTuple):
     """One live descendant at one reading, in bytes: ``heap`` its latest published live heap
     (None without a slot) and whether that is ``fresh``; ``anon`` when read; ``uss``, ``pss``
     and ``shared`` on rollup readings only."""
@@ -98,8 +98,7 @@ class ProcessMemory:
         return self.heap if self.heap is not None else self.anon or 0
 
 
-@dataclass(frozen=True)
-class TreeReading:
+class TreeReading(NamedTuple):
     """The live descendants at one reading; ``absent``: roles seen before that are not alive;
     ``rollup``: whether ``uss``, ``pss`` and ``shared`` were read."""
 
@@ -127,10 +126,16 @@ class TreeReading:
         for p in self.processes:
             heap = p.heap if p.fresh or latest else None
             values = (heap, p.anon, p.uss, p.pss, p.shared)
-            for metric, value in zip(PER_ROLE, values, strict=True):
+            for name, value in zip(_names(p.role), values, strict=True):
                 if value is not None:
-                    flat[role_metric(metric, p.role)] = value
+                    flat[name] = value
         return flat
+
+
+@functools.lru_cache(maxsize=256)
+def _names(role: str) -> tuple[str, ...]:
+    """``role``'s metric names, in :data:`PER_ROLE` order."""
+    return tuple(role_metric(metric, role) for metric in PER_ROLE)
 
 
 def role_metric(metric: str, role: str) -> str:
@@ -180,10 +185,11 @@ class ChildrenReader:
         self._counts: dict[int, int] = {}
         """Each publishing descendant's reading count when last used, and its rollup's."""
         self._rolled: dict[int, int] = {}
-        self._slotless: set[int] = set()
         self._helpers: dict[int, bool] = {}
         self._since = 0
-        self._marks: tuple[int, int, int] | None = None
+        self._roles_now: tuple[str, ...] = ()
+        self._absent: tuple[str, ...] = ()
+        self._marks: tuple[int, int, bool] | None = None
 
     def _helper(self, pid: int) -> bool:
         """Whether ``pid`` is one of multiprocessing's own servers (its resource tracker or
@@ -202,13 +208,11 @@ class ChildrenReader:
         return helper
 
     def _changed(self) -> bool:
-        """Whether something says the descendants may have changed since the last reading:
-        a slot made or removed, an iterator's workers named, a fork by Python."""
-        board = self.board.generation() if self.board is not None else 0
-        marks = (board, worker_roles.ROLES.generation, heap_board.forks())
+        """Whether something says the descendants may have changed since the last reading: a
+        DataLoader iterator named its workers, this process forked through Python, or it has
+        children now and had none (or the reverse: one ``waitid``)."""
+        marks = (worker_roles.ROLES.generation, heap_board.forks(), procfs.has_children())
         changed, self._marks = marks != self._marks, marks
-        if changed:
-            self._slotless.clear()
         return changed
 
     def _list(self) -> dict[int, bool]:
@@ -237,9 +241,7 @@ class ChildrenReader:
         where they cannot be measured."""
         if not self.available:
             return None
-        changed = self._changed()
-        listed = rollup or changed or not self._live or self._since >= LIST_EVERY
-        listed = listed or not self._own
+        listed = self._changed() or rollup or self._since >= LIST_EVERY or not self._own
         if listed:
             live, self._since = self._list(), 0
         else:
@@ -248,29 +250,30 @@ class ChildrenReader:
         if not live and not self._live:  # none now and none before: nothing to update
             return TreeReading(absent=tuple(self._seen), rollup=rollup)
         new = live.keys() - self._live.keys() if rollup_if_new else set()
-        for pid in self._live.keys() - live.keys():
-            self._forget(pid)
+        if live.keys() != self._live.keys():
+            for pid in self._live.keys() - live.keys():
+                self._forget(pid)
+            worker_roles.ROLES.forget(set(live))
         self._live = live
-        worker_roles.ROLES.forget(set(live))
         processes = []
         for pid in list(live):
             memory = self._process(pid, listed, rollup, pid in new)
             if memory is None:  # it exited as it was read
                 del self._live[pid]
                 continue
-            self._seen[memory.role] = None
             processes.append(memory)
-        roles = {p.role for p in processes}
-        absent = tuple(role for role in self._seen if role not in roles)
-        return TreeReading(tuple(processes), absent, rollup)
+        roles = tuple(p.role for p in processes)
+        if roles != self._roles_now:
+            self._seen.update(dict.fromkeys(roles))
+            self._absent = tuple(role for role in self._seen if role not in roles)
+            self._roles_now = roles
+        return TreeReading(tuple(processes), self._absent, rollup)
 
     def _process(self, pid: int, listed: bool, rollup: bool, new: bool) -> ProcessMemory | None:
         """One descendant's reading, or None when it has exited."""
         published = None
-        if self.board is not None and pid not in self._slotless:
+        if self.board is not None:
             published = self.board.read(pid)
-            if not self.board.has_slot(pid):
-                self._slotless.add(pid)
         anon = procfs.read_anon(pid) if listed or published is None else None
         if anon is None and (listed or published is None):
             return None
@@ -299,6 +302,5 @@ class ChildrenReader:
         self._roles.pop(pid, None)
         self._counts.pop(pid, None)
         self._rolled.pop(pid, None)
-        self._slotless.discard(pid)
         if self.board is not None:
             self.board.forget(pid)

@@ -82,8 +82,7 @@ class HeapReading:
 
 class Board:
     """The folder this process's children publish into, and the parent's view of their slots
-    (``read``: a child's latest reading; ``generation``: changes when a slot is made or
-    removed)."""
+    (``read``: a child's latest reading)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -99,13 +98,6 @@ class Board:
         parent = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
         _remove_orphans(parent)
         return cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent))
-
-    def generation(self) -> int:
-        """The folder's modification time: it moves when a child makes its slot."""
-        try:
-            return os.stat(self.path).st_mtime_ns
-        except OSError:
-            return -1
 
     def read(self, pid: int) -> HeapReading | None:
         """``pid``'s latest complete reading: None while it has no slot or has not published
@@ -125,10 +117,6 @@ class Board:
                 self._last[pid], self._sequences[pid] = HeapReading(*fields), sequence
                 break
         return self._last.get(pid)
-
-    def has_slot(self, pid: int) -> bool:
-        """Whether ``pid`` has made its slot (it publishes, or is about to)."""
-        return pid in self._maps
 
     def _map(self, pid: int) -> mmap.mmap | None:
         try:
