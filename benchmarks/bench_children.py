@@ -1,8 +1,8 @@
 """Cost of reading the live descendants' memory (``harness.children``) with 0, 2 and 4
-DataLoader workers alive (forked, persistent, idle between readings): the reading of every
-checkpoint (``statm``) and the rollup reading (``smaps_rollup``), finding the children alone,
-and psutil's way of doing the same where psutil is installed; and a CPU ``Recorder``
-checkpoint with children recorded (on its schedule: a rollup every 4th checkpoint) and without
+DataLoader workers alive (forked, persistent, publishing their live heap, idle between
+readings): the reading of every checkpoint (each worker's slot), the rollup reading of phase
+edges (``smaps_rollup``), finding the children alone, and psutil's way of doing the same where
+psutil is installed; and a CPU ``Recorder`` checkpoint with children recorded and without
 (``children=False``), which ``reports/bench.md`` shows.
 
     pytest benchmarks/bench_children.py
@@ -23,7 +23,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from harness.children import ChildrenReader, descendants
+from harness import heap_board
+from harness.children import ChildrenReader
+from harness.procfs import descendants
 from harness.recorder import Recorder
 
 WORKERS = (0, 2, 4)
@@ -33,6 +35,7 @@ def started_workers(count: int) -> Iterator[object] | None:
     """An iterator whose ``count`` forked workers stay alive while it does (``None`` for 0)."""
     if count == 0:
         return None
+    heap_board.install()  # as a recorder made before the loader does: the workers publish
     batches = iter(
         DataLoader(
             range(1 << 20),
@@ -107,16 +110,14 @@ def test_read_children(benchmark, workers, rollup):
 
 @pytest.mark.parametrize("children", [True, False], ids=["children", "no-children"])
 def test_checkpoint_children(benchmark, workers, children):
-    """A memory-only CPU checkpoint with ``workers`` live DataLoader workers; the median over
-    rounds covers the rollup every 4th checkpoint makes."""
+    """A memory-only CPU checkpoint with ``workers`` live DataLoader workers."""
     with Recorder("cpu", children=children) as rec:
         benchmark.pedantic(rec.checkpoint, args=("BATCH",), rounds=400, warmup_rounds=8)
     benchmark.extra_info.update(workers=workers, children=children)
 
 
 def checkpoint_us(children: bool, rounds: int = 400) -> float:
-    """The mean time of a CPU checkpoint (children recorded or not), in microseconds: the mean,
-    not the median, so that the rollups of every 4th checkpoint count."""
+    """The mean time of a CPU checkpoint (children recorded or not), in microseconds."""
     with Recorder("cpu", children=children) as rec:
         started = time.perf_counter()
         for _ in range(rounds):

@@ -757,12 +757,12 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
     if cells:
         parts += [
             "The memory of a process's live descendants (`harness.children`), with 0, 2 and 4 "
-            "forked DataLoader workers of a torch process alive and idle between readings "
-            "(`benchmarks/bench_children.py`): a reading of every checkpoint (`statm`), a rollup "
-            "reading (`smaps_rollup`, USS/PSS), and a memory-only CPU checkpoint with children "
-            "recorded and with `children=False`. The checkpoint's mean counts the rollups its "
-            "schedule reads (every 4th checkpoint, down to every 16th while a rollup is dear); "
-            "its median is a checkpoint without one. With no child one `waitid` says so.",
+            "forked DataLoader workers of a torch process alive, publishing their live heap and "
+            "idle between readings (`benchmarks/bench_children.py`): the reading of every "
+            "checkpoint (each worker's slot; the processes listed every 16th reading or when "
+            "something says they changed), the rollup reading of phase edges (`smaps_rollup`, "
+            "USS/PSS), and a memory-only CPU checkpoint with children recorded and with "
+            "`children=False`. With no child one `waitid` says so.",
             table(
                 [
                     "workers",
@@ -807,8 +807,9 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
             "of recorded/plain over the repetitions, the checkpoints' own time as a share of a "
             "plain epoch, the overhead judged (the larger of the median's excess and that "
             "share, as in section 2), and the checkpoints that read the children's rollup "
-            "(`smaps_rollup`, milliseconds per worker; none without a child) in the first "
-            "repetition.",
+            "(`smaps_rollup`, milliseconds per worker: phase edges and a new worker's first "
+            "reading, or the worker's own at its readings 4, 8, 16, ...; none without a child) "
+            "in the first repetition.",
             table(
                 [
                     "workers",

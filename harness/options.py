@@ -13,15 +13,21 @@ from harness.errors import BadInput
 from harness.json_values import check_tree
 from harness.units import parse_size
 
-CHILD_METRICS = ("uss", "pss")
-"""What ``child_metric`` may name: a child's private memory, or its proportional share."""
+CHILD_METRICS = ("heap", "anon")
+"""What ``child_metric`` may name: a child's live heap where it publishes one (else its anon),
+or every child's anon, read from outside."""
+_OUTSIDE = ("uss", "pss")
+"""``child_metric`` values of older timelines: RSS-side readings from outside, now ``anon``."""
 
 
-def _option(help: str, kind: str = "str", *, live: bool = False) -> Any:
+def _option(
+    help: str, kind: str = "str", *, live: bool = False, fallback: str | None = None
+) -> Any:
     """A :class:`Rules` field's metadata: its help text, how text is read into it (``kind``),
-    and whether it shapes what a live run records rather than what is judged (``live``: a
-    rebuild from a timeline cannot apply it, and it never changes a verdict)."""
-    return {"help": help, "kind": kind, "live": live}
+    whether it shapes what a live run records rather than what is judged (``live``: a
+    rebuild from a timeline cannot apply it, and it never changes a verdict), and the option
+    that stands in for it while it is not set (``fallback``)."""
+    return {"help": help, "kind": kind, "live": live, "fallback": fallback}
 
 
 @dataclass(frozen=True)
@@ -120,15 +126,20 @@ class Rules:
         ),
     )
     child_metric: str = field(
-        default="uss",
-        metadata=_option("children's memory judged: uss (private) or pss (proportional)", "name"),
+        default="heap",
+        metadata=_option(
+            "children's memory judged: heap (live heap read inside each child where it "
+            "publishes one, else anon) or anon (resident anonymous memory, read from outside)",
+            "name",
+        ),
     )
     max_child_growth: int | str | None = field(
-        default="256KiB",
+        default=None,
         metadata=_option(
-            "new memory a child process (each role, and all together) may gain in a phase "
-            "after warm-up",
+            "growth a child process (each role, and all together) may gain in a phase after "
+            "warm-up (default: max_growth)",
             "size",
+            fallback="max_growth",
         ),
     )
     max_copy_on_read: int | str | None = field(
@@ -188,6 +199,8 @@ class Rules:
                 raise BadInput(f"expected True or False, got {value!r}", field=f"Rules.{name}")
         if not isinstance(self.metric, str) or not self.metric:
             raise BadInput(f"expected a metric name, got {self.metric!r}", field="Rules.metric")
+        if self.child_metric in _OUTSIDE:
+            object.__setattr__(self, "child_metric", "anon")
         if self.child_metric not in CHILD_METRICS:
             raise BadInput(
                 f"expected one of {', '.join(CHILD_METRICS)}, got {self.child_metric!r}",
@@ -214,7 +227,8 @@ class Rules:
         """A size rule as the user wrote it (``"50MB"``), or its bytes when given as an int."""
         value = getattr(self, name)
         if value is None:
-            return "off"
+            fallback = self.__dataclass_fields__[name].metadata.get("fallback")
+            return f"= {fallback}" if fallback and getattr(self, fallback) is not None else "off"
         return self.written.get(name) or f"{value}B"
 
     def to_dict(self) -> dict[str, Any]:

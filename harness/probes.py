@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from harness.errors import BadInput
+from harness.malloc import MallInfo2, libc_function
 
 Metrics = dict[str, int | None]
 
@@ -70,42 +71,6 @@ class Probe(ABC):
         """Free the probe's own resources and undo :meth:`limit`."""
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (field, ctypes.c_size_t)
-        for field in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def _load_libc() -> Any:
-    try:
-        return ctypes.CDLL(None)
-    except (OSError, TypeError):
-        return None
-
-
-_LIBC = _load_libc()
-
-
-def _libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
-    function = getattr(_LIBC, name, None)
-    if function is not None:
-        function.restype = restype
-        function.argtypes = argtypes
-    return function
-
-
 def _open(path: str, flags: int) -> tuple[int | None, str | None]:
     """A file descriptor kept open (re-reading /proc with pread costs < 1 µs), or why not."""
     try:
@@ -144,8 +109,8 @@ class CpuProbe(Probe):
 
     def __init__(self) -> None:
         self.notes = []
-        self._mallinfo2 = _libc_function("mallinfo2", _MallInfo2)
-        self._malloc_trim = _libc_function("malloc_trim", ctypes.c_int, ctypes.c_size_t)
+        self._mallinfo2 = libc_function("mallinfo2", MallInfo2)
+        self._malloc_trim = libc_function("malloc_trim", ctypes.c_int, ctypes.c_size_t)
         if self._mallinfo2 is None:
             self.notes.append(
                 "cpu allocated unavailable: no mallinfo2 (it needs glibc >= 2.33); "

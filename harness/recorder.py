@@ -238,7 +238,7 @@ class Recorder:
         probe.reset_peak()
         processes = None
         if self._children is not None:
-            found = self._children.read(rollup=rollup)
+            found = self._children.read(rollup=rollup, latest=batch is None or collect)
             if found is not None:
                 metrics.update(found[0])
                 processes = found[1]

@@ -11,7 +11,8 @@ from harness.verdict import CONFIGURATION
 from harness.wording import plural
 
 MAX_ROWS = 24
-CHILDREN = "children_anon"
+CHILDREN = ("children_heap", "children_anon")
+"""The children column's metric: their judged memory, else (older timelines) their anon."""
 
 
 def worst_growth(verdict: Verdict) -> float | None:
@@ -38,9 +39,9 @@ def failure_message(
 
 def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
     """Named checkpoints in full; each run of per-batch samples as its first and last rows.
-    When child processes lived, a ``children`` column gives their resident anonymous memory
-    (``children_anon``, read at every checkpoint)."""
-    children = any(s.get(CHILDREN) for s in samples)
+    When child processes lived, a column gives the memory they are judged on together
+    (``children_heap``: each one's live heap, or its anon)."""
+    children = next((m for m in CHILDREN if any(s.get(m) for s in samples)), None)
     rows: list[list[str]] = []
     starts: dict[tuple[str | None, int | None], int] = {}
     shown = _rows_to_show(samples)
@@ -62,12 +63,12 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
         delta = format_mib(value - starts[key], signed=True) if value is not None else "n/a"
         rows.append([label, s.phase or "", format_mib(value), delta])
         if children:
-            rows[-1].append(format_mib(s.get(CHILDREN)))
+            rows[-1].append(format_mib(s.get(children)))
     if len(rows) > MAX_ROWS:
         half = MAX_ROWS // 2
         skipped = [f"... {plural(len(rows) - MAX_ROWS, 'row')} ...", *gap[1:]]
         rows = [*rows[:half], skipped, *rows[-half:]]
-    header = ["checkpoint", "phase", metric, "delta", *([CHILDREN] if children else [])]
+    header = ["checkpoint", "phase", metric, "delta", *([children] if children else [])]
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     return [
         "  "

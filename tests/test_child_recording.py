@@ -1,25 +1,18 @@
-"""The recorder reads its children: anon at every checkpoint, smaps_rollup on a schedule, the
-live processes by role in each sample, and a timeline that keeps them."""
+"""The recorder reads its children: their published live heap where new, smaps_rollup at phase
+edges, collected checkpoints and a new process's first, the live processes by role in each
+sample, and a timeline that keeps them."""
 
 from __future__ import annotations
 
 import gc
-import itertools
 import json
 import os
 
 import pytest
 from torch.utils.data import DataLoader
 
-from harness import child_sampling, timeline_columns
-from harness.child_sampling import (
-    SCHEDULE,
-    SPARSEST,
-    ChildSampler,
-    parse_processes,
-    processes_text,
-)
-from harness.children import TreeReading
+from harness import timeline_columns
+from harness.child_sampling import SCHEDULE, parse_processes, processes_text
 from harness.recorder import Recorder
 from harness.rules import Rules
 from harness.timeline import read_lines, read_timeline
@@ -49,27 +42,35 @@ def record(tmp_path, **options) -> Recorder:
     return rec
 
 
-def test_children_are_read_at_every_checkpoint_and_rolled_up_on_the_schedule(tmp_path):
+def test_children_are_read_at_every_checkpoint_and_rolled_up_at_edges(tmp_path):
     rec = record(tmp_path)
     assert rec.header["children"] == SCHEDULE
     batches = [(i, s) for i, s in enumerate(rec.samples) if s.label == "VALIDATION_BATCH"]
-    assert all(s.get("child_anon:worker 0") and s.get("child_anon:worker 1") for _, s in batches)
+    assert all(s.get("children_heap") for _, s in batches)
+    for epoch in (0, 1):
+        for role in ("worker 0", "worker 1"):  # each one's live heap, where it was new
+            fresh = [s for _, s in batches if s.epoch == epoch and s.get(f"child_heap:{role}")]
+            assert 1 <= len(fresh) <= 6  # 5 items a worker, and the reading before its first
     rolled = {i for i, s in enumerate(rec.samples) if s.get("children_uss") is not None}
     edges = {i for i, s in enumerate(rec.samples) if s.label.endswith((" START", " END"))}
     collected = {i for i, s in enumerate(rec.samples) if s.collected}
     alive = {i for i, s in enumerate(rec.samples) if s.processes}
-    assert (edges | collected) & alive <= rolled
+    # the parent rolls up at edges and collected checkpoints, and at a new worker's first
+    # checkpoint only when its slot was not yet there; each worker reads its own at its 4th batch
+    firsts = {next(i for i, s in batches if s.epoch == e) for e in (0, 1)}
+    assert (edges | collected) & alive <= rolled <= (edges | collected | firsts) & alive
+    for epoch in (0, 1):
+        for role in ("worker 0", "worker 1"):
+            own = [s for _, s in batches if s.epoch == epoch and s.get(f"child_uss:{role}")]
+            assert own and all(s.get(f"child_shared:{role}") for s in own)
+    named = [rec.samples[i] for i in (edges | collected) & alive]
+    assert all(s.get("child_heap:worker 0") and s.get("child_heap:worker 1") for s in named)
     # no child alive (the restarted workers exit with each epoch): nothing kept for them
     left = [i for i in range(len(rec.samples)) if i not in alive]
     assert not [
         m for i in left for m, v in rec.samples[i].metrics.items() if v is not None and "child" in m
     ]
-    assert max(b - a for a, b in itertools.pairwise(sorted(rolled))) <= SPARSEST
-    # each epoch's workers are new: their first checkpoint is rolled up
-    firsts = [next(i for i, s in batches if s.epoch == e) for e in (0, 1)]
-    assert set(firsts) <= rolled
-    assert len(rolled) < len(rec.samples)
-    pids = [parse_processes(rec.samples[i].processes) for i in firsts]
+    pids = [parse_processes(rec.samples[i].processes) for i in sorted(firsts)]
     assert [set(p) for p in pids] == [{"worker 0", "worker 1"}] * 2
     assert pids[0]["worker 0"] != pids[1]["worker 0"]  # restarted, same role
     for i in rolled:
@@ -111,30 +112,3 @@ def test_processes_text_reads_back():
     assert text == "loader 2 worker 0=13,python3.11 14=14,worker 1=12"
     assert parse_processes(text) == pids
     assert processes_text({}) is None and parse_processes(None) == {}
-
-
-def test_rollups_thin_out_while_they_are_dear(monkeypatch):
-    """A rollup of 50 ms between batches of 30 ms: every 16th checkpoint; of 1 ms: every 4th
-    (a clock of the test's own, no sleeping)."""
-    clock = [0.0]
-
-    class Reader:
-        def __init__(self, cost: float) -> None:
-            self.cost = cost
-
-        def read(self, *, rollup: bool, rollup_if_new: bool) -> TreeReading:
-            clock[0] += self.cost if rollup else 1e-4
-            return TreeReading(rollup=rollup)
-
-    monkeypatch.setattr(child_sampling, "perf_counter", lambda: clock[0])
-    for cost, every in ((0.05, SPARSEST), (0.001, 4)):
-        sampler = ChildSampler()
-        sampler.reader = Reader(cost)
-        rolled = []
-        for i in range(100):
-            clock[0] += 0.03  # a batch
-            sampler.read()
-            if sampler._since == 1:
-                rolled.append(i)
-        assert rolled[:2] == [0, 4]  # the first interval is unknown: the default stride
-        assert set(b - a for a, b in itertools.pairwise(rolled[2:])) == {every}

@@ -16,17 +16,11 @@ import torch
 from torch.utils.data import DataLoader
 from workload import PythonObjects, WorkerCache
 
-from harness import children
-from harness.children import (
-    ChildrenReader,
-    Growth,
-    ProcessMemory,
-    TreeReading,
-    growth_kind,
-    lifetimes,
-    read_anon,
-    read_rollup,
-)
+import harness.worker_roles as roles_module
+from harness import children, procfs
+from harness.children import ChildrenReader, ProcessMemory, TreeReading
+from harness.procfs import read_anon, read_rollup
+from harness.rules.children import Growth, growth_kind, lifetimes
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
@@ -81,18 +75,21 @@ def test_a_worker_cache_grows_that_workers_role_only(method):
     readings, (cache_pid, clean_pid) = run_own(loader, reader)
     cache_role = role_of(readings[-1], cache_pid)
     assert re.fullmatch(r"(loader \d+ )?worker 0", cache_role)
-    for metric in ("uss", "anon"):
+    for metric in ("heap", "uss", "anon"):
         cache = by_pid(readings, cache_pid, metric)[2:]
         clean = by_pid(readings, clean_pid, metric)[2:]
         assert cache[-1] - cache[0] > 3 * MiB
-        assert abs(clean[-1] - clean[0]) < 1 * MiB
+        assert abs(clean[-1] - clean[0]) < (256 << 10 if metric == "heap" else MiB)
     cache = by_pid(readings, cache_pid)[2:]
     assert growth_kind(cache, by_pid(readings, cache_pid, "shared")[2:]).kind == "private"
-    metrics = readings[-1].metrics()
+    metrics = readings[-1].metrics(latest=True)
     clean_role = role_of(readings[-1], clean_pid)
     assert metrics[f"child_uss:{cache_role}"] == cache[-1]
     assert metrics["children_uss"] >= cache[-1] + metrics[f"child_uss:{clean_role}"]
-    assert metrics["children_pss"] == readings[-1].pss > 0
+    assert metrics["children_pss"] == sum(p.pss for p in readings[-1].processes) > 0
+    heap = by_pid(readings, cache_pid, "heap")[-1]
+    assert metrics[f"child_heap:{cache_role}"] == heap
+    assert metrics["children_heap"] >= heap + metrics[f"child_heap:{clean_role}"]
 
 
 def test_copy_on_read_is_told_from_a_cache():
@@ -135,7 +132,7 @@ def test_a_second_live_loader_gets_its_own_roles():
 
 
 def test_loader_numbers_are_reused_once_free():
-    roles = children._WorkerRoles()
+    roles = roles_module.WorkerRoles()
     roles.add(1, (101, 102))
     roles.add(2, (201,))
     roles.remove(2)
@@ -172,7 +169,7 @@ def test_a_loaders_next_iterator_made_while_the_last_lives_takes_its_roles():
 
 
 def test_only_an_iterator_over_the_same_dataset_takes_a_live_ones_number():
-    roles = children._WorkerRoles()
+    roles = roles_module.WorkerRoles()
     roles.add(1, (101,), dataset=7)
     roles.add(2, (201,), dataset=8)
     roles.add(3, (301,), dataset=7)
@@ -185,7 +182,7 @@ def unwatched(monkeypatch):
     """torch's worker-pid hooks as torch made them, and no worker roles learned yet."""
     from torch.utils.data._utils import signal_handling
 
-    monkeypatch.setattr(children, "_WORKERS", children._WorkerRoles())
+    monkeypatch.setattr(roles_module, "ROLES", roles_module.WorkerRoles())
     monkeypatch.setattr(signal_handling, "_set_worker_pids", torch._C._set_worker_pids)
     monkeypatch.setattr(signal_handling, "_remove_worker_pids", torch._C._remove_worker_pids)
     return signal_handling
@@ -235,7 +232,7 @@ def test_a_killed_worker_is_absent_not_a_drop():
         assert reading.absent == ("worker 1",)
         assert worker_roles(reading) == {"worker 0"}
         assert not [name for name in reading.metrics() if name.endswith(":worker 1")]
-    assert after.uss == sum(p.uss for p in after.processes) > 0
+    assert after.metrics()["children_uss"] == sum(p.uss for p in after.processes) > 0
     del batches
 
 
@@ -270,7 +267,7 @@ def test_a_subprocess_and_its_child_are_seen_by_role():
     assert reader.read().absent == (f"{comm} {child.pid}", f"{comm} {grandchild}")
 
 
-def test_no_children_reads_zero_sums():
+def test_no_children_reads_nothing():
     lone = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
@@ -281,21 +278,20 @@ def test_no_children_reads_zero_sums():
         lone.stdin.close()
         lone.wait()
     assert reading == TreeReading(rollup=True)
-    assert reading.metrics() == {"children_anon": 0, "children_uss": 0, "children_pss": 0}
-    assert cheap.metrics() == {"children_anon": 0}
+    assert reading.metrics() == cheap.metrics() == {}
 
 
 LONE = """
 import os, subprocess, sys, threading
-from harness import children
+from harness import children, procfs
 
 def listed(pid):
     raise AssertionError("listed the children files of a process without children")
 
-listing, children._children = children._children, listed
+listing, procfs._children = procfs._children, listed
 reader = children.ChildrenReader()
-assert reader.read() == children.TreeReading() and children.descendants(os.getpid()) == []
-children._children = listing
+assert reader.read() == children.TreeReading() and procfs.descendants(os.getpid()) == []
+procfs._children = listing
 started = []
 thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
 thread.start()
@@ -304,9 +300,9 @@ thread.join()
 assert seen.pid == started[0].pid  # a child another thread started
 started[0].kill()
 os.waitid(os.P_PID, started[0].pid, os.WEXITED | os.WNOWAIT)
-assert children.has_children() and reader.read().processes == ()  # exited, not reaped
+assert procfs.has_children() and reader.read().processes == ()  # exited, not reaped
 started[0].wait()
-assert not children.has_children() and reader.read().absent == (seen.role,)
+assert not procfs.has_children() and reader.read().absent == (seen.role,)
 """
 
 
@@ -328,22 +324,22 @@ def test_an_exited_process_has_no_rollup():
 
 
 def test_without_proc_nothing_is_read_and_it_says_so(monkeypatch, tmp_path):
-    monkeypatch.setattr(children, "_PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(procfs, "PROC", str(tmp_path / "proc"))
     reader = ChildrenReader()
     assert reader.read() is reader.read(rollup=True) is None
     assert len(reader.notes) == 1 and "not measured" in reader.notes[0]
 
 
 def test_metrics_names_each_role():
-    reading = TreeReading(
-        (ProcessMemory("worker 0", 11, 9, 3, 5, 7), ProcessMemory("sh 12", 12, 8, 1, 2, 4)),
-        absent=("worker 1",),
-        rollup=True,
-    )
+    worker = ProcessMemory("worker 0", 11, 9, heap=6, fresh=True, uss=3, pss=5, shared=7)
+    command = ProcessMemory("sh 12", 12, 8, uss=1, pss=2, shared=4)
+    reading = TreeReading((worker, command), absent=("worker 1",), rollup=True)
     assert reading.metrics() == {
+        "children_heap": 14,
         "children_anon": 17,
         "children_uss": 4,
         "children_pss": 7,
+        "child_heap:worker 0": 6,
         "child_anon:worker 0": 9,
         "child_uss:worker 0": 3,
         "child_pss:worker 0": 5,
@@ -354,9 +350,11 @@ def test_metrics_names_each_role():
         "child_shared:sh 12": 4,
     }
     assert reading.pids == {"worker 0": 11, "sh 12": 12}
-    cheap = TreeReading((ProcessMemory("worker 0", 11, 9),))
-    assert cheap.metrics() == {"children_anon": 9, "child_anon:worker 0": 9}
-    assert cheap.uss is cheap.pss is None
+    stale = TreeReading((ProcessMemory("worker 0", 11, None, heap=6),))
+    assert stale.metrics() == {"children_heap": 6}
+    assert stale.metrics(latest=True) == {"children_heap": 6, "child_heap:worker 0": 6}
+    cheap = TreeReading((ProcessMemory("sh 12", 12, 9),))
+    assert cheap.metrics() == {"children_heap": 9, "children_anon": 9, "child_anon:sh 12": 9}
 
 
 @pytest.mark.parametrize(
@@ -398,7 +396,7 @@ def test_multiprocessings_resource_tracker_is_not_a_child_of_the_job():
 
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid
-    assert tracker in children.descendants(os.getpid())
+    assert tracker in procfs.descendants(os.getpid())
     reading = children.ChildrenReader().read(rollup=True)
     assert reading is not None
     assert tracker not in {p.pid for p in reading.processes}
@@ -410,9 +408,9 @@ def test_a_tracker_read_before_its_exec_is_not_a_child_of_the_job(monkeypatch):
 
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid
-    ours, read = children._read(f"/proc/{os.getpid()}/cmdline"), children._read
+    ours, read = procfs.read(f"/proc/{os.getpid()}/cmdline"), procfs.read
     monkeypatch.setattr(
-        children, "_read", lambda path: ours if path == f"/proc/{tracker}/cmdline" else read(path)
+        procfs, "read", lambda path: ours if path == f"/proc/{tracker}/cmdline" else read(path)
     )
     reading = children.ChildrenReader().read(rollup=True)
     assert reading is not None

@@ -374,7 +374,7 @@ def test_run_ranks_judges_each_ranks_workers(leaky_rank, tmp_path):
     assert not row[0].endswith("MiB")  # rank 0's worker: a few KiB at most
     assert row[1].endswith("MiB") == (leaky_rank is not None)
     assert row[2] == ("**FAIL** (rank 1) |" if leaky_rank else "PASS |")
-    assert "rank 0 workers, rank 1 workers" in report
+    assert "rank 0 children, rank 1 children" in report
 
 
 # -- the trainer under DDP ----------------------------------------------------------------------

@@ -32,6 +32,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.identity",
             "harness.wording",
             "harness.json_values",
+            "harness.procfs",
+            "harness.malloc",
             "tft",
         ),
     ),
@@ -40,6 +42,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         (
             "harness.children",
             "harness.child_sampling",
+            "harness.heap_board",
+            "harness.worker_roles",
             "harness.probes",
             "harness.store",
             "harness.options",

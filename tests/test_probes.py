@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from harness import probes
+from harness import malloc, probes
 from harness.probes import CpuProbe, CudaProbe, make_probe
 
 MiB = 2**20
@@ -110,7 +110,7 @@ def test_cpu_probe_describes_itself(cpu_probe):
 
 
 def test_without_glibc_allocated_and_trim_are_unavailable(monkeypatch):
-    monkeypatch.setattr(probes, "_LIBC", None)
+    monkeypatch.setattr(malloc, "_LIBC", None)
     probe = CpuProbe()
     try:
         metrics = probe.sample()

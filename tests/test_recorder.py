@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import DeviceOutOfMemory, Recorder, Sample, probes, read_timeline
+from harness import DeviceOutOfMemory, Recorder, Sample, malloc, probes, read_timeline
 from harness.cli import main
 from harness.probes import CpuProbe
 
@@ -92,7 +92,7 @@ def test_refilled_leak_grows_rss_in_every_epoch_with_collect(rec):
 
 def test_without_mallinfo2_rss_is_primary_and_follows_the_refilled_leak(monkeypatch):
     monkeypatch.setattr(
-        probes, "_LIBC", types.SimpleNamespace(malloc_trim=probes._LIBC.malloc_trim)
+        malloc, "_LIBC", types.SimpleNamespace(malloc_trim=malloc._LIBC.malloc_trim)
     )
     with Recorder("cpu") as rec:
         assert rec.probe.primary == "rss"
@@ -228,7 +228,7 @@ def test_a_with_block_that_raises_ends_the_run_with_its_error(tmp_path):
 
 
 def test_fallbacks_are_noted_once_in_the_header(monkeypatch, tmp_path):
-    monkeypatch.setattr(probes, "_LIBC", None)
+    monkeypatch.setattr(malloc, "_LIBC", None)
     monkeypatch.setattr(probes, "_CLEAR_REFS", str(tmp_path))
     path = tmp_path / "t.jsonl"
     with Recorder("cpu", timeline=path) as rec:

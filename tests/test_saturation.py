@@ -19,28 +19,33 @@ BATCHES = 48
 
 class Workspaces:
     """Scratch buffers kept per sequence length, as cuDNN keeps a workspace or oneDNN a
-    primitive per input shape: each new length allocates once, a repeated one reuses it."""
+    primitive per input shape: each new length allocates once, a repeated one reuses it.
+    Without ``bound`` a buffer is kept per batch: a cache that never stops growing."""
 
-    def __init__(self) -> None:
-        self.by_length: dict[int, torch.Tensor] = {}
+    def __init__(self, bound: bool = True) -> None:
+        self.bound = bound
+        self.by_key: dict[object, torch.Tensor] = {}
 
-    def get(self, length: int) -> torch.Tensor:
-        if length not in self.by_length:
-            self.by_length[length] = torch.empty(length * 256)  # 1 KiB per position
-        return self.by_length[length]
+    def get(self, length: int, batch: tuple[int, int]) -> torch.Tensor:
+        key = length if self.bound else (batch, length)
+        if key not in self.by_key:
+            self.by_key[key] = torch.empty(length * 256)  # 1 KiB per position
+        return self.by_key[key]
 
 
-def validate(rec: Recorder, model: nn.Module, epochs: int, kept: list | None = None) -> None:
+def validate(
+    rec: Recorder, model: nn.Module, epochs: int, kept: list | None = None, bound: bool = True
+) -> None:
     """Batches of a length drawn from 32 buckets, so each epoch meets fewer lengths it has not
     met before; ``kept`` collects each batch's output (with its graph) when given."""
     draw = random.Random(0)
-    workspaces = Workspaces()
+    workspaces = Workspaces(bound)
     for epoch in range(epochs):
         lengths = [draw.choice(LENGTHS) for _ in range(BATCHES)]
         with rec.phase("validation", epoch=epoch):
             for batch, length in enumerate(lengths):
                 x = torch.randn(length, 16)
-                scratch = workspaces.get(length)
+                scratch = workspaces.get(length, (epoch, batch))
                 out = model(x) + scratch[: length * 64].view(length, 64)
                 if kept is not None:
                     kept.append(out)
@@ -85,6 +90,35 @@ def test_a_per_batch_leak_over_the_same_epochs_still_fails():
     (leak,) = verdict.of_kind(Kind.LEAK)
     assert leak.phase == "validation" and "3 of 3 epochs" in leak.message
     assert not verdict.of_kind(Kind.CACHE)
+
+
+DRIFT = Rules(phase="validation", max_growth="1MB", max_drift="1MB", warmup_epochs=0)
+"""Drift of each epoch's start against the first's: the cache's growth, read a second way."""
+
+
+def test_a_bounded_cache_is_not_failed_again_as_drift():
+    with Recorder("cpu") as rec:
+        validate(rec, nn.Linear(16, 64), epochs=3)
+    verdict = judge(rec.samples, DRIFT)
+    assert verdict.status == "PASS", [f.message for f in verdict.findings]
+    assert [f.kind for f in verdict.findings] == [Kind.CACHE]
+    drifts = [c for c in verdict.checks if c.rule == "max_drift"]
+    assert {c.status for c in drifts} == {"WARN"}  # the start and the end of each epoch
+    for drift in drifts:
+        assert "of it the bounded cache in validation" in drift.details
+        assert drift.measured is not None and drift.measured <= 1_000_000
+    asked = judge(rec.samples, Rules(**{**DRIFT.to_dict(), "cache_is_leak": True}))
+    assert {f.kind for f in asked.findings} == {Kind.LEAK, Kind.DRIFT}
+
+
+def test_a_cache_without_a_bound_fails_as_leak_and_drift():
+    with Recorder("cpu") as rec:
+        validate(rec, nn.Linear(16, 64), epochs=3, bound=False)
+    verdict = judge(rec.samples, DRIFT)
+    assert verdict.status == "FAIL"
+    assert {f.kind for f in verdict.findings} == {Kind.LEAK, Kind.DRIFT}
+    (drift,) = verdict.of_kind(Kind.DRIFT)
+    assert "bounded cache" not in drift.message and drift.bytes > 10_000_000
 
 
 def test_one_epoch_of_a_filling_cache_is_no_evidence_of_a_bound():

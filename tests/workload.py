@@ -29,22 +29,45 @@ class PythonObjects(Dataset):
 
 class WorkerCache(Dataset):
     """``data`` (default: the numbers below 240), with 64 KiB kept per item read in the
-    DataLoader workers that ``leaky`` names, nothing elsewhere. Each item is a fresh anonymous
-    mapping: malloc could serve small items from the heap a worker inherited, which grows no
-    new private memory."""
+    DataLoader workers that ``leaky`` names, nothing elsewhere: a buffer from malloc, written
+    through, so it grows the worker's live heap; with ``pages``, a fresh anonymous mapping
+    instead, which malloc does not count and which grows the worker's resident memory even
+    where malloc would reuse free heap it inherited."""
 
-    def __init__(self, leaky: tuple[int, ...] = (0, 1), data: Sequence = range(240)) -> None:
-        self.leaky, self.data, self.kept = leaky, data, []
+    def __init__(
+        self, leaky: tuple[int, ...] = (0, 1), data: Sequence = range(240), pages: bool = False
+    ) -> None:
+        self.leaky, self.data, self.pages, self.kept = leaky, data, pages, []
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, index: int) -> object:
         if get_worker_info().id in self.leaky:
-            item = mmap.mmap(-1, ITEM, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            item.write(b"\1" * ITEM)
-            self.kept.append(item)
+            if self.pages:
+                item = mmap.mmap(-1, ITEM, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                item.write(b"\1" * ITEM)
+                self.kept.append(item)
+            else:
+                self.kept.append(bytearray(b"\1" * ITEM))
         return self.data[index]
+
+
+class Sums(Dataset):
+    """``n`` items, each the sum of a fresh tensor of 16384 floats (64 KiB made and freed per
+    item); with ``cache`` every tensor is also kept, in whichever process reads it."""
+
+    def __init__(self, n: int = 4 * 176, cache: bool = False) -> None:
+        self.n, self.cache, self.kept = n, cache, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        item = torch.randn(16384)
+        if self.cache:
+            self.kept.append(item)
+        return item.sum()
 
 
 class Windows(Dataset):

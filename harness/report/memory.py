@@ -15,18 +15,19 @@ from harness.markdown import Markdown, code, fenced, plain, strong, table, text
 from harness.report.run import Run, as_int, checkpoint_name, oom_events, oom_labelled, unbatched
 from harness.report.workers import (
     PROFILE_NOTE,
-    anon_cells,
+    budget_note,
+    children_total,
     growth_cells,
+    memory_cells,
     sampling_note,
     worker_roles,
-    workers_total,
 )
 from harness.store import NONE
 from harness.units import echo_size, format_mib, format_rate, format_size
 from harness.verdict import PhaseStats, Rules
 from harness.wording import plural
 
-WORKERS = "workers"
+WORKERS = "children"
 """The chart's name for the workers' total."""
 PROFILE_BATCH_ROWS = 6
 """About how many rows a run of per-batch checkpoints gets in the Memory Profile (first, every
@@ -57,7 +58,7 @@ def profile(run: Run) -> list[str]:
     body = ["  ".join(header)]
     for name, i, notes in rows:
         sample = run.samples[i]
-        cells = [f"{name + ':':<{width}}", *(f"{v:>10}" for v in anon_cells(run, i, roles))]
+        cells = [f"{name + ':':<{width}}", *(f"{v:>10}" for v in memory_cells(run, i, roles))]
         cells.append(f"{format_mib(run.reading(sample)):>10}")
         used = as_int(sample.get(against))
         if against != metric:
@@ -90,15 +91,15 @@ def chart(run: Run) -> list[str]:
         filling = run.readings(against)
         if shows_capacity({against: filling}, run.capacity):
             series[against] = filling
-    roles = worker_roles(run)
-    if roles:
-        series[WORKERS] = workers_total(run, roles)
+    children = children_total(run)
+    if children is not None:
+        series[WORKERS] = children
     names = list(series)
     block = memory_chart(series, capacity=run.capacity)
     if not block:
         return []
     drawn: list[str] = [
-        code(m) if m != WORKERS else "the workers' total `anon`"
+        code(m) if m != WORKERS else "the children's judged memory in all"
         for m in names
         if not np.isnan(series[m]).all()
     ]
@@ -164,8 +165,7 @@ def analysis(run: Run) -> list[str]:
         "the probe has one, in the metric it marks, named when it is another one); budget is "
         "`max_growth`. Phases outside the rules' `phase` are shown unjudged."
         + (
-            f" A worker role's column is its growth against `max_child_growth` "
-            f"({text(run.verdict.rules.shown('max_child_growth'))}). "
+            f" A worker role's column is its growth against {budget_note(run)}. "
             f"{sampling_note(run)}"
             if roles
             else ""

@@ -28,11 +28,12 @@ from harness.report.memory import (
 from harness.report.run import Run, as_int, checkpoint_name
 from harness.report.workers import (
     PROFILE_NOTE,
-    anon_cells,
+    budget_note,
+    children_total,
     growth_cells,
+    memory_cells,
     sampling_note,
     worker_roles,
-    workers_total,
 )
 from harness.sample import Sample
 from harness.units import format_mib
@@ -165,7 +166,7 @@ def rank_profile(run: MergedRun) -> list[str]:
             cells.append(f"{format_mib(reading):>{cell}}")
         for view, where, own in zip(views, positions, roles, strict=True):
             at = where.get(key)
-            found = ["-"] * len(own) if at is None else anon_cells(view, at, own)
+            found = ["-"] * len(own) if at is None else memory_cells(view, at, own)
             cells += [f"{v:>{cell}}" for v in found]
         line = "  ".join(cells)
         if notes.get(key):
@@ -187,9 +188,9 @@ def rank_chart(run: MergedRun) -> list[str]:
         f"rank {r.rank}": [as_int(s.get(run.metric)) for s in r.samples] for r in shown
     }
     for r in shown:
-        view = r.view(run.name)
-        if roles := worker_roles(view):
-            series[f"rank {r.rank} workers"] = workers_total(view, roles)
+        children = children_total(r.view(run.name))
+        if children is not None:
+            series[f"rank {r.rank} children"] = children
     block = memory_chart(series)
     if not block:
         return []
@@ -243,7 +244,7 @@ def rank_analysis(run: MergedRun) -> list[str]:
         "value when every rank has the same). Status names the ranks that failed."
         + (
             " A rank's worker role column (`r1 worker 0`) is its growth against "
-            f"`max_child_growth` ({text(run.verdict.rules.shown('max_child_growth'))}). "
+            f"{budget_note(run)}. "
             f"{sampling_note(run)}"
             if any(roles)
             else ""

@@ -1,10 +1,13 @@
-"""The DataLoader workers in a report: one column per worker role in the Memory Profile (its
-resident anonymous memory, read at every checkpoint) and the Memory Analysis (its judged new
-memory's growth), the workers' total for the chart, and how children were sampled."""
+"""The DataLoader workers in a report: one column per worker role in the Memory Profile (the
+memory it is judged on: its live heap, else its anon) and the Memory Analysis (its judged
+growth), the children's total for the chart, how children were sampled and which measure
+judged each role."""
 
 from __future__ import annotations
 
 import re
+import weakref
+from typing import Any
 
 import numpy as np
 
@@ -12,6 +15,7 @@ from harness.child_sampling import parse_processes
 from harness.children import role_metric
 from harness.markdown import Markdown, code, plain, text
 from harness.report.run import Run
+from harness.rules.children import budget
 from harness.units import format_mib, format_size
 
 MAX_ROLES = 8
@@ -37,12 +41,36 @@ def _order(role: str) -> tuple[int, int]:
     return int(found.group(2) or 1), int(found.group(3))
 
 
-def anon_cells(run: Run, i: int, roles: list[str]) -> list[str]:
-    """Each worker role's ``anon`` at position ``i``, ``-`` where it was not alive."""
-    sample = run.samples[i]
-    return [
-        format_mib(v) if (v := sample.get(role_metric("child_anon", r))) else "-" for r in roles
-    ]
+def memory_cells(run: Run, i: int, roles: list[str]) -> list[str]:
+    """Each worker role's judged memory at position ``i``: its latest live heap reading (a
+    worker publishes one per batch it makes), else its ``anon``; ``-`` where it was not
+    alive."""
+    alive = parse_processes(run.samples[i].processes)
+    cells = []
+    for role in roles:
+        value = None
+        if role in alive:
+            for metric in (role_metric("child_heap", role), role_metric("child_anon", role)):
+                at = _latest(run, metric, i)
+                if at is not None:
+                    value = run.samples[at].get(metric)
+                    break
+        cells.append(format_mib(value) if value else "-")
+    return cells
+
+
+_READ: weakref.WeakKeyDictionary[Any, dict[str, np.ndarray]] = weakref.WeakKeyDictionary()
+"""Each report's columns: the positions where each metric was read."""
+
+
+def _latest(run: Run, metric: str, i: int) -> int | None:
+    """The last position at or before ``i`` where ``metric`` was read."""
+    read = _READ.setdefault(run.columns, {})
+    at = read.get(metric)
+    if at is None:
+        at = read[metric] = np.flatnonzero(run.columns.present(metric))
+    k = int(np.searchsorted(at, i, side="right"))
+    return int(at[k - 1]) if k else None
 
 
 def growth_cells(run: Run, scope: str, roles: list[str]) -> list[str]:
@@ -59,31 +87,54 @@ def growth_cells(run: Run, scope: str, roles: list[str]) -> list[str]:
     return cells
 
 
-def workers_total(run: Run, roles: list[str]) -> np.ndarray:
-    """The workers' ``anon`` summed at every checkpoint (NaN where none was alive)."""
+def children_total(run: Run) -> np.ndarray | None:
+    """The children's judged memory (``children_heap``; ``children_anon`` in older timelines)
+    at every checkpoint, NaN where none was alive; None when none ever was."""
     c = run.columns
-    total = np.zeros(len(c.batch))
-    alive = np.zeros(len(c.batch), dtype=bool)
-    for role in roles:
-        name = role_metric("child_anon", role)
-        total += c.values(name)
-        alive |= c.present(name)
-    return np.where(alive, total, np.nan)
+    name = "children_heap" if c.present("children_heap").any() else "children_anon"
+    alive = c.present(name)
+    return np.where(alive, c.values(name), np.nan) if alive.any() else None
 
 
 PROFILE_NOTE = Markdown(
-    f"Worker columns: each worker role's {code('anon')} (resident anonymous memory, read at "
-    "every checkpoint; `-` where the worker was not alive)."
+    "Worker columns: the memory each worker role is judged on, its live heap where the worker "
+    f"publishes one, else its {code('anon')} (`-` where the worker was not alive)."
 )
+
+
+def measures(run: Run) -> dict[str, str]:
+    """Each child role's measure (``live heap`` where it published one and the rules judge
+    it, else ``anon``)."""
+    c = run.columns
+    inside = run.verdict.rules.child_metric == "heap"
+    roles = {
+        role
+        for code_ in np.unique(c.processes).tolist()
+        for role in parse_processes(c.strings[code_])
+    }
+    return {
+        role: "live heap" if inside and c.present(role_metric("child_heap", role)).any() else "anon"
+        for role in roles
+    }
+
+
+def budget_note(run: Run) -> Markdown:
+    """The option a worker's growth is judged against, as written: ```max_growth` (4MB)``."""
+    rules = run.verdict.rules
+    name = budget(rules) or "max_child_growth"
+    return Markdown(f"{code(name)} ({text(rules.shown(name))})")
 
 
 def sampling_note(run: Run) -> Markdown:
     """How children were sampled (the timeline header's words), or that they were not."""
     schedule = run.header.get("children")
     if isinstance(schedule, str) and schedule:
+        judged = measures(run)
+        said = "; ".join(f"{plain(role, 60)}: {m}" for role, m in sorted(judged.items()))
         return Markdown(
-            f"Child processes are sampled so: {plain(schedule, 400)}. A worker's growth is its "
-            f"judged new memory: {code('child_metric')} plus the change in the pages it still "
-            "shares, so pages copied from the parent are not counted."
+            f"Child processes are sampled so: {plain(schedule, 400)}. Each one is judged on its "
+            "live heap where it publishes one, read inside it as the main process's is (what "
+            "its allocator keeps after a free is not growth), else on its anon, read from "
+            f"outside" + (f". Judged on: {said}." if said else ".")
         )
     return text("Child processes were not recorded (children=False, or an older timeline).")

@@ -125,8 +125,11 @@ def bounded(
     return kept, [_restated(ctx, p) if p.phase in saturated else p for p in phases]
 
 
-def _cache(ctx: Context, phase: str | None) -> Finding | None:
-    """The ``cache`` finding for ``phase`` when its growth saturates, else None."""
+def saturating(ctx: Context, phase: str | None) -> list[Group] | None:
+    """``phase``'s judged epochs, in order, when its growth saturates (see the module doc),
+    else None; always None with ``cache_is_leak``."""
+    if ctx.rules.cache_is_leak:
+        return None
     groups = sorted(
         (
             g
@@ -141,12 +144,39 @@ def _cache(ctx: Context, phase: str | None) -> Finding | None:
     if len(groups) < MIN_EPOCHS:
         return None
     growths = [max(g.fit.growth, 0.0) for g in groups if g.fit is not None]
-    first, last = growths[0], groups[-1]
+    first = growths[0]
     if first <= 0:
         return None
     shrinking = all(b <= a + TOLERANCE * first for a, b in pairwise(growths))
-    if not shrinking or growths[-1] > FLAT * first:
+    return groups if shrinking and growths[-1] <= FLAT * first else None
+
+
+def cached_between(ctx: Context, start: int, end: int, metric: str) -> tuple[float, list[str]]:
+    """The growth of ``metric`` that bounded caches account for between positions ``start``
+    and ``end``: the epochs, lying wholly between them, of each phase whose leak the verdict
+    calls a bounded cache (its growth saturates, and the leak rules failed it), from their
+    first reading to their last; and those phases' names."""
+    total, phases = 0.0, []
+    failed = {c.scope for c in ctx.checks if c.rule in LEAK_RULES and c.status == "FAIL"}
+    for phase in dict.fromkeys(g.phase for g in ctx.groups):
+        groups = saturating(ctx, phase) or []
+        if not failed & {g.scope for g in groups}:
+            continue
+        for group in groups:
+            first, last = group.indices[0], group.indices[-1]
+            if start <= first and last <= end and ctx.pair_metric(first, last) == metric:
+                total += ctx.value(last, metric) - ctx.value(first, metric)
+                phases.append(phase if phase is not None else "(no phase)")
+    return total, list(dict.fromkeys(phases))
+
+
+def _cache(ctx: Context, phase: str | None) -> Finding | None:
+    """The ``cache`` finding for ``phase`` when its growth saturates, else None."""
+    groups = saturating(ctx, phase)
+    if groups is None:
         return None
+    growths = [max(g.fit.growth, 0.0) for g in groups if g.fit is not None]
+    last = groups[-1]
     per_epoch = ", ".join(
         f"{format_size(g, signed=True)} in epoch {grp.epoch}"
         for g, grp in zip(growths, groups, strict=True)

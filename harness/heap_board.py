@@ -1,0 +1,355 @@
+"""Child processes' live heap, read inside each child and published into a slot that its
+ancestor reads in microseconds.
+
+The main process is judged on its live heap (``mallinfo2``: what malloc handed out and was not
+freed, :func:`harness.probes.live_heap`). Read from outside, a child shows only RSS-side
+memory (anon, USS, PSS), which keeps what its allocator holds after a free: a clean DataLoader
+worker's grows by MiBs as glibc's arenas fill, while its live heap grows by about 20 KiB. So a
+child that runs this interpreter's code reads its own live heap and writes it into its *slot*:
+a 64-byte file named by its pid in a *board*, a private folder (in ``/dev/shm`` where there is
+one) that the recording process makes once (:func:`install`). The parent maps each slot and
+reads it with one ``struct`` unpack: no system call per reading.
+
+**Who publishes, and when.**
+
+- DataLoader workers, under every start method (fork, spawn, forkserver). torch starts a
+  worker with ``torch.utils.data._utils.worker._worker_loop``, looked up each time an iterator
+  starts its workers; :func:`install` puts a picklable wrapper there that carries the board's
+  path, so a spawned worker finds the board as a forked one does. In the worker, each fetch of
+  a batch first publishes: the state after every earlier batch was handed over, before this one
+  is made. A reading thus covers the batches its ``count`` says were begun before it, never the
+  one in flight. A torch without ``_worker_loop`` or its fetchers: workers forked are read as
+  any forked child below, spawned ones from outside.
+- Any other child forked by Python (``os.fork``, multiprocessing's fork): an at-fork hook opens
+  its slot and a daemon thread publishes every :data:`PERIOD` seconds while it lives.
+- A child that runs no code of this interpreter (an ``exec``'d command, ``subprocess``), a
+  spawned process that is not a DataLoader worker, a child of a process whose board could not
+  be made, and any child off glibc (no ``mallinfo2``): no slot. It is read from outside
+  (:mod:`harness.children`), and the report says, per role, which measure judged it.
+
+**Freshness.** A slot holds a sequence number (odd while it is being written: a reader that
+sees it odd, or changed across its read, reads again), the pid, the live heap, ``count`` (the
+readings taken so far) and the monotonic time of the reading. A reader keeps the count it last
+used for each pid: a reading whose count has not moved is no evidence of anything since.
+
+A board lives as long as its process: an ``atexit`` hook removes it, and boards left by a
+process that was killed are removed by the next board made on the machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.malloc import live_heap
+from harness.procfs import read_rollup
+
+PERIOD = 0.01
+"""Seconds between two readings of a forked child that is not a DataLoader worker."""
+SIZE = 64
+_SLOT = struct.Struct("<QqqQqqqQ")
+"""sequence, pid, live heap, count, monotonic ns, and the latest rollup: uss, shared, and the
+count it was taken at (0: none yet)."""
+_SEQUENCE = struct.Struct("<Q")
+_PREFIX = "leakgate-heap-"
+_TRIES = 4
+
+
+@dataclass(frozen=True)
+class HeapReading:
+    """A child's latest published reading: its live heap in bytes, ``count`` readings taken
+    so far, at ``taken`` (``time.monotonic_ns``); and its latest ``smaps_rollup`` (``uss``
+    and ``shared`` pages, read by the child itself at reading ``rolled``: 0 for none yet)."""
+
+    heap: int
+    count: int
+    taken: int
+    uss: int = 0
+    shared: int = 0
+    rolled: int = 0
+
+
+class Board:
+    """The folder this process's children publish into, and the parent's view of their slots
+    (``read``: a child's latest reading)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.owner = os.getpid()
+        self._maps: dict[int, mmap.mmap] = {}
+        self._last: dict[int, HeapReading] = {}
+        self._sequences: dict[int, int] = {}
+
+    @classmethod
+    def make(cls) -> Board:
+        """A new, private board; ``OSError`` when none can be made."""
+        shm = "/dev/shm"
+        parent = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+        _remove_orphans(parent)
+        return cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent))
+
+    def read(self, pid: int) -> HeapReading | None:
+        """``pid``'s latest complete reading: None while it has no slot or has not published
+        yet. A reading being written as it is read gives the one before it."""
+        view = self._maps.get(pid)
+        if view is None:
+            view = self._map(pid)
+            if view is None:
+                return None
+        last = self._last.get(pid)
+        if last is not None and _SEQUENCE.unpack_from(view)[0] == self._sequences[pid]:
+            return last  # nothing new since: no second read, no new object
+        for _ in range(_TRIES):
+            sequence, owner, *fields = _SLOT.unpack_from(view)
+            whole = sequence % 2 == 0 and _SEQUENCE.unpack_from(view)[0] == sequence
+            if whole and owner == pid and fields[1]:
+                self._last[pid], self._sequences[pid] = HeapReading(*fields), sequence
+                break
+        return self._last.get(pid)
+
+    def _map(self, pid: int) -> mmap.mmap | None:
+        try:
+            fd = os.open(os.path.join(self.path, str(pid)), os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size < SIZE:
+                return None
+            view = mmap.mmap(fd, SIZE, prot=mmap.PROT_READ)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        self._maps[pid] = view
+        return view
+
+    def forget(self, pid: int) -> None:
+        """Drop an exited child's slot."""
+        view = self._maps.pop(pid, None)
+        self._last.pop(pid, None)
+        self._sequences.pop(pid, None)
+        if view is not None:
+            view.close()
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.path, str(pid)))
+
+    def close(self) -> None:
+        """Remove the board (only in the process that made it)."""
+        for view in self._maps.values():
+            view.close()
+        self._maps.clear()
+        if os.getpid() == self.owner:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _remove_orphans(parent: str) -> None:
+    """Remove boards of this user whose process no longer lives."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(_PREFIX):
+            continue
+        pid = entry.name[len(_PREFIX) :].partition("-")[0]
+        with contextlib.suppress(OSError, ValueError):
+            mine = entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid()
+            if mine and not _alive(int(pid)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _rolls(count: int) -> bool:
+    """Whether a child reads its own ``smaps_rollup`` at its ``count``-th reading: at 4, 8, 16,
+    32, ... (milliseconds each, in the child, for the copy-on-read finding; its first readings
+    are its start-up's)."""
+    return count >= 4 and count & (count - 1) == 0
+
+
+class _Slot:
+    """This process's slot in its ancestor's board, written by :meth:`publish`."""
+
+    def __init__(self, board: str) -> None:
+        self.pid = os.getpid()
+        path = os.path.join(board, str(self.pid))
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            os.ftruncate(fd, SIZE)
+            self._view = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self._sequence = 0
+        self._count = 0
+        self._rollup = (0, 0, 0)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def publish(self) -> None:
+        """Write the live heap now (odd sequence number while writing), and the child's own
+        ``smaps_rollup`` at readings 4, 8, 16, 32, ... (:func:`_rolls`)."""
+        heap = live_heap()
+        if heap is None:
+            return
+        with self._lock:
+            self._count += 1
+            if _rolls(self._count):
+                rolled = read_rollup(self.pid)
+                if rolled is not None:
+                    self._rollup = (rolled[0], rolled[2], self._count)
+            self._sequence += 1
+            _SEQUENCE.pack_into(self._view, 0, self._sequence)
+            now = time.monotonic_ns()
+            _SLOT.pack_into(
+                self._view, 0, self._sequence, self.pid, heap, self._count, now, *self._rollup
+            )
+            self._sequence += 1
+            _SEQUENCE.pack_into(self._view, 0, self._sequence)
+
+    def tick(self) -> None:
+        """Publish every :data:`PERIOD` seconds on a daemon thread, until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._run, name="leakgate-heap", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERIOD):
+            self.publish()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+_board: Board | None = None
+"""The board this process's children publish into (made by :func:`install`)."""
+_target: str | None = None
+"""The board this process publishes into: its nearest recording ancestor's."""
+_slot: _Slot | None = None
+_original_loop: Callable[..., Any] | None = None
+_hooked = False
+_forks = 0
+"""Children this process forked through Python since it made its board."""
+
+
+def install() -> tuple[Board | None, str | None]:
+    """Make this process's children publish their live heap from now on (idempotent): the
+    board to read them from, and why some or all of them cannot publish (None when all can)."""
+    global _board, _hooked
+    if live_heap() is None:
+        return None, "children read from outside: no mallinfo2 here"
+    if _board is None or _board.owner != os.getpid():
+        try:
+            _board = Board.make()
+        except OSError as error:
+            return None, f"children read from outside: no board for their heap ({error.strerror})"
+        atexit.register(_board.close)
+    if not _hooked:
+        os.register_at_fork(after_in_child=_forked, after_in_parent=_parent_forked)
+        _hooked = True
+    return _board, _wrap_workers(_board.path)
+
+
+def _wrap_workers(board: str) -> str | None:
+    """Start DataLoader workers through :func:`_worker_loop`; why not, when torch lacks it."""
+    global _original_loop
+    try:
+        from torch.utils.data._utils import fetch, worker
+    except ImportError:
+        return "DataLoader workers read from outside: torch is not importable"
+    loop = getattr(worker, "_worker_loop", None)
+    if loop is None or not hasattr(fetch, "_BaseDatasetFetcher"):
+        return "spawned DataLoader workers read from outside: this torch has no _worker_loop"
+    if not _ours(loop):
+        _original_loop = loop
+    worker._worker_loop = functools.partial(_worker_loop, board)
+    return None
+
+
+def _parent_forked() -> None:
+    global _forks
+    _forks += 1
+
+
+def forks() -> int:
+    """How many children this process has forked through Python since it made its board."""
+    return _forks
+
+
+def _ours(loop: object) -> bool:
+    return isinstance(loop, functools.partial) and loop.func is _worker_loop
+
+
+def _forked() -> None:
+    """In a child forked by Python: publish into the parent's board (or the board the parent
+    publishes into) on a timer; a DataLoader worker switches to its batches."""
+    global _board, _target, _slot
+    if _board is not None:
+        _target, _board = _board.path, None
+    _slot = None
+    if _target is not None:
+        _slot = _open(_target)
+        if _slot is not None:
+            with contextlib.suppress(RuntimeError):  # no thread to be had: one reading stays
+                _slot.tick()
+
+
+def _open(board: str) -> _Slot | None:
+    try:
+        slot = _Slot(board)
+    except OSError:  # the board is gone or full: this child is read from outside
+        return None
+    slot.publish()
+    return slot
+
+
+def _worker_loop(board: str, *args: Any, **kwargs: Any) -> Any:
+    """A DataLoader worker's entry point: publish before each batch, then torch's loop."""
+    global _target, _slot
+    from torch.utils.data._utils import fetch, worker
+
+    _target = board
+    if _slot is not None:
+        _slot.stop()
+    else:
+        _slot = _open(board)
+    if _slot is not None:
+        for kind in fetch._BaseDatasetFetcher.__subclasses__():
+            kind.fetch = _publishing(kind.fetch, _slot)  # type: ignore[method-assign]
+    loop = worker._worker_loop
+    original = _original_loop if _ours(loop) else loop
+    assert original is not None and not _ours(original)
+    return original(*args, **kwargs)
+
+
+def _publishing(fetch: Callable[..., Any], slot: _Slot) -> Callable[..., Any]:
+    @functools.wraps(fetch)
+    def published(self: object, index: object) -> Any:
+        slot.publish()
+        return fetch(self, index)
+
+    return published
