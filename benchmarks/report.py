@@ -808,7 +808,7 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
             "plain epoch, the overhead judged (the larger of the median's excess and that "
             "share, as in section 2), and the checkpoints that read the children's rollup "
             "(`smaps_rollup`, milliseconds per worker: phase edges and a new worker's first "
-            "reading, or the worker's own at its readings 4, 8, 16, ...; none without a child) "
+            "reading, or the worker's own at its readings 8, 32, 128, ...; none without a child) "
             "in the first repetition.",
             table(
                 [

@@ -24,7 +24,7 @@ SCHEDULE = (
     "the live heap of each child that publishes one (DataLoader workers, Python forks), read "
     "inside it and kept wherever it is new; the anon (RssAnon + RssShmem) of any other child, "
     "at every checkpoint; smaps_rollup (USS, PSS, shared pages) at phase edges, collected "
-    "checkpoints and a new child's first, or by the child itself at its readings 4, 8, 16, ..."
+    "checkpoints and a new child's first, or by the child itself at its readings 8, 32, 128, ..."
 )
 """How children are sampled, in words, for the timeline header and the report."""
 

@@ -19,7 +19,7 @@ Three readings, each for what it is good at:
   every resident page for it: 5 to 30 ms with 2 forked workers of a torch process, so the
   parent reads it at phase edges and collected checkpoints, and at the first reading of a new
   child that publishes nothing; a child that publishes reads its own, off the parent's time,
-  at its readings 4, 8, 16, 32, ... (:mod:`harness.heap_board`), and the parent records it
+  at its readings 8, 32, 128, ... (:mod:`harness.heap_board`), and the parent records it
   when it is new.
 
 **Finding them.** Descendants are listed through ``/proc/<pid>/task/<tid>/children``,

@@ -183,10 +183,11 @@ def _alive(pid: int) -> bool:
 
 
 def _rolls(count: int) -> bool:
-    """Whether a child reads its own ``smaps_rollup`` at its ``count``-th reading: at 4, 8, 16,
-    32, ... (milliseconds each, in the child, for the copy-on-read finding; its first readings
-    are its start-up's)."""
-    return count >= 4 and count & (count - 1) == 0
+    """Whether a child reads its own ``smaps_rollup`` at its ``count``-th reading: at 8, 32,
+    128, 512, ... (10 to 30 ms each for a torch worker, in the child, for the copy-on-read
+    finding: its first readings are its start-up's, and each later one sees at least half of
+    what it copied so far)."""
+    return count >= 8 and count & (count - 1) == 0 and count.bit_length() % 2 == 0
 
 
 class _Slot:
@@ -211,7 +212,7 @@ class _Slot:
 
     def publish(self) -> None:
         """Write the live heap now (odd sequence number while writing), and the child's own
-        ``smaps_rollup`` at readings 4, 8, 16, 32, ... (:func:`_rolls`)."""
+        ``smaps_rollup`` at readings 8, 32, 128, ... (:func:`_rolls`)."""
         heap = live_heap()
         if heap is None:
             return

@@ -94,8 +94,8 @@ def test_a_reading_being_written_gives_the_one_before(tmp_path):
     assert not (tmp_path / str(pid)).exists() and board.read(pid) is None
 
 
-def test_a_child_reads_its_own_rollup_at_4_8_16_and_on():
-    assert [n for n in range(1, 70) if heap_board._rolls(n)] == [4, 8, 16, 32, 64]
+def test_a_child_reads_its_own_rollup_at_8_32_128_and_on():
+    assert [n for n in range(1, 600) if heap_board._rolls(n)] == [8, 32, 128, 512]
 
 
 LIVE = """
