@@ -5,23 +5,28 @@ compare, so that views of one storage count once."""
 
 from __future__ import annotations
 
+import collections
 import gc
+import sys
 import time
+import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from harness.attribution.quiet import unobserved
 from harness.attribution.sites import cuda_blocks
 
 StorageKey = tuple[str, int | None, int]
 
 
-NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
-"""What torch raises asking a tensor without memory of its own (sparse, meta, a wrapper
-subclass) for its storage."""
+NO_STORAGE = (Exception,)
+"""What asking a tensor about itself may raise: one without memory of its own (sparse, meta, a
+wrapper subclass) has no storage, an uninitialized parameter (a lazy module's) refuses every
+question, and a subclass's ``__torch_function__`` may raise anything. Such a tensor is skipped."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +42,10 @@ class Snapshot:
     time: float = 0.0
     storages: Mapping[int, StorageWeakRef] = field(default_factory=dict, repr=False)
     graphs: Mapping[int, int] = field(default_factory=dict, repr=False)
+    objects: frozenset[int] = field(default=frozenset(), repr=False)
+    """The ids of the objects ``gc`` tracked then (those it hid after a freeze excepted), and
+    of the untracked ones (arrays, strings, dicts of them) that those objects and the
+    collections in module globals held."""
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -52,11 +61,16 @@ class Snapshot:
         ref = self.tensors.get(id(tensor))
         return ref is not None and ref() is tensor
 
+    def nbytes(self) -> int:
+        """What this snapshot keeps in memory (its ids of objects dominate)."""
+        return sys.getsizeof(self.objects) + 32 * len(self.objects)
+
     def alive_storages(self) -> set[int]:
         """The storages (:func:`storage_id`) noted then that are still alive."""
         return {key for key, ref in self.storages.items() if not ref.expired()}
 
 
+@unobserved
 def live_tensors() -> Snapshot:
     """Note every tensor alive now (those ``gc.freeze()`` hid excepted) and the CUDA blocks in
     use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it."""
@@ -64,7 +78,9 @@ def live_tensors() -> Snapshot:
     storages: dict[int, StorageWeakRef] = {}
     graphs: dict[int, int] = {}
     tensor_types: dict[type, bool] = {}
-    for obj in gc.get_objects():
+    everything = gc.get_objects()
+    objects = frozenset((*map(id, everything), *untracked_ids(everything)))
+    for obj in everything:
         kind = type(obj)
         is_tensor = tensor_types.get(kind)
         if is_tensor is None:
@@ -80,7 +96,33 @@ def live_tensors() -> Snapshot:
             if storage._cdata not in storages:
                 storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
-    return Snapshot(tensors, blocks, time.time(), storages, graphs)
+    del everything
+    return Snapshot(tensors, blocks, time.time(), storages, graphs, objects)
+
+
+def untracked_ids(young: list[object]) -> Iterator[int]:
+    """The ids of the untracked objects that ``young``'s objects and the collections in module
+    globals hold (what ``gc`` does not list, and a leak may still add to an old collection)."""
+    held = [*young, *module_collections()]
+    while held:
+        for ref in gc.get_referents(held.pop()):
+            if not gc.is_tracked(ref):
+                yield id(ref)
+                if type(ref) in COLLECTIONS:
+                    held.append(ref)
+
+
+def module_collections() -> list[object]:
+    """The lists, dicts, sets and deques that module globals name."""
+    found = []
+    for module in list(sys.modules.values()):
+        table = getattr(module, "__dict__", None) if type(module) is types.ModuleType else None
+        if type(table) is dict:
+            found += [v for v in list(table.values()) if type(v) in COLLECTIONS]
+    return found
+
+
+COLLECTIONS = (list, dict, set, tuple, collections.deque)
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:

@@ -17,14 +17,23 @@ from typing import Any
 
 import torch
 
+from harness.attribution.weights import own_module
+
 _MODULE_STORES = ("_parameters", "_buffers", "_modules")
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
-_PACKAGE = __name__.partition(".")[0]
-_SELF_CHECK = f"{_PACKAGE}.selfcheck"
 _TOP_DEPTH = 8
 _CLIMB = 10_000
 TRACED_INPUTS = "torch.jit keeps each trace's example inputs"
+
+MAX_BYTES = 192 * 2**20
+"""The most a walk may hold for itself (its map of parents, the largest part, and its frontier):
+a walk that would need more stops there, as when its budget of objects runs out."""
+_ENTRY = 32 + 8
+"""What one more reached object costs the walk beyond its map's table: the id as an int, and
+its slot in a frontier."""
+_CHECK = 1 << 15
+"""Objects walked between two looks at the walk's own size."""
 
 SKIP = object()
 UNROOTED = object()
@@ -37,7 +46,11 @@ class Walk:
     reaches, which only C code or a reference cycle keeps). ``visit(obj, parent)``, when given,
     is called for each object the walk reaches (untracked ones, such as arrays and strings,
     each time they are reached; they get no ``parent``); a tracked object it returns False for
-    is not walked further.
+    is not walked further. With ``ours``, leakgate's own objects (their types' and modules')
+    are not walked, nor what only they reach. With ``watch`` (ids), every reference to a
+    watched object other than the one it was first reached by is kept, as its referrer in
+    :attr:`referrers` and itself in :attr:`joined`: with ``parent``, every reference the walk
+    saw to those objects.
 
     The walk, not ``gc.get_referrers``, finds referrers because ``gc.freeze()`` (which the
     :class:`~harness.Recorder` calls) hides frozen objects from ``gc.get_referrers`` and
@@ -52,11 +65,20 @@ class Walk:
         budget: int,
         targets: set[int] | None = None,
         visit: Callable[[Any, Any], bool] | None = None,
+        watch: set[int] | None = None,
+        ours: bool = False,
     ) -> None:
         self.budget = budget
+        self.watch = watch
+        self.referrers: list[Any] = []
+        self.joined: list[Any] = []
+        self.classify = own_or_kind if ours else kind_of
+        self.skipped: list[Any] = []
         self.visit = visit
         self.visited = 0
         self.complete = False
+        self.max_bytes = MAX_BYTES
+        self.full = False
         self.targets = targets
         self.missing = len(targets) if targets is not None else -1
         self.parent: dict[int, Any] = {}
@@ -88,6 +110,7 @@ class Walk:
         if not self.missing or rooted:
             self.complete = True
             return
+        self._leave_ours()
         # What the named roots do not reach is referenced from C only (or is garbage): walk
         # it too, from the objects nothing else unreached refers to first, then from what is
         # left (cycles), one object at a time: instances of classes first, whose attributes
@@ -103,6 +126,9 @@ class Walk:
         self.parent[id(tops)] = SKIP
         for obj in tops:
             self._see(obj, UNROOTED)
+        self._leave_ours()
+        tops = [o for o in tops if self.parent[id(o)] is not SKIP]
+        self.parent[id(tops)] = SKIP
         if not self._spread(tops):
             return
         rest = sorted((o for o in unreached if id(o) not in self.parent), key=_seed_rank)
@@ -110,9 +136,20 @@ class Walk:
         for obj in rest:
             if id(obj) not in self.parent:
                 self._see(obj, UNROOTED)
-                if not self._spread([obj]):
+                if self.parent[id(obj)] is SKIP:
+                    self._leave_ours()
+                elif not self._spread([obj]):
                     return
         self.complete = True
+
+    def _leave_ours(self) -> None:
+        """Mark what only leakgate's own objects reach as not to be walked."""
+        stack = self.skipped
+        while stack:
+            for ref in gc.get_referents(stack.pop()):
+                if id(ref) not in self.parent and gc.is_tracked(ref):
+                    self.parent[id(ref)] = SKIP
+                    stack.append(ref)
 
     def clear(self) -> None:
         """Drop every reference the walk took (frames among them, which would otherwise close
@@ -127,6 +164,8 @@ class Walk:
             while frame is not None:
                 if not _ours(frame):
                     yield frame
+                elif self.classify is own_or_kind:
+                    self.parent.setdefault(id(frame), SKIP)
                 frame = frame.f_back
 
     def _seed_frames(self, frontier: list[Any]) -> None:
@@ -147,6 +186,9 @@ class Walk:
             table = namespace(module)
             if type(table) is not dict or id(table) in self.parent:
                 continue
+            if self.classify is own_or_kind and own_module(name):
+                self.parent[id(table)] = SKIP
+                continue
             self.parent.setdefault(id(module), None)
             self.parent[id(table)] = module
             self.module_dicts[id(table)] = name
@@ -158,20 +200,27 @@ class Walk:
     def _seed(self, value: Any, root: Any, frontier: list[Any]) -> None:
         """Start the walk at ``value``, which ``root`` (a namespace, a frame) refers to."""
         if id(value) in self.parent:
+            if self.watch is not None and id(value) in self.watch:
+                self.referrers.append(root)
+                self.joined.append(value)
             return
         if self.visit is not None and not self.visit(value, root):
             self.parent[id(value)] = SKIP
         elif gc.is_tracked(value):
             self._see(value, root)
-            frontier.append(value)
+            if self.parent[id(value)] is not SKIP:
+                frontier.append(value)
 
     def _see(self, obj: Any, parent: Any) -> None:
         self.parent[id(obj)] = parent
         kind = type(obj)
         if kind not in self.kinds:
-            self.kinds[kind] = kind_of(kind)
+            self.kinds[kind] = self.classify(kind)
         named = self.kinds[kind]
-        if named is not None:
+        if named == OURS or (self.classify is own_or_kind and _running_ours(obj)):
+            self.parent[id(obj)] = SKIP
+            self.skipped.append(obj)
+        elif named is not None:
             self._keep(obj, named)
 
     def _keep(self, obj: Any, kind: str) -> None:
@@ -199,25 +248,38 @@ class Walk:
                 self.tensors[id(tensor)] = tensor
                 self.library[id(tensor)] = TRACED_INPUTS
 
+    def own_bytes(self) -> int:
+        """What this walk holds for itself now, in bytes (about :attr:`max_bytes` at most)."""
+        return sys.getsizeof(self.parent) + len(self.parent) * _ENTRY
+
     def _spread(self, frontier: list[Any]) -> bool:
-        """Breadth-first from ``frontier``; False when the budget ran out first (the objects
-        visited until then still have their referents recorded)."""
+        """Breadth-first from ``frontier``; False when the budget (of objects, or of the walk's
+        own memory) ran out first (the objects visited until then still have their referents
+        recorded)."""
         parent, kinds, tracked, referents = self.parent, self.kinds, gc.is_tracked, gc.get_referents
-        code, visit = types.CodeType, self.visit
+        code, visit, watch = types.CodeType, self.visit, self.watch
+        referrers, joined = self.referrers, self.joined
         while frontier:
             room = self.budget - self.visited
             cut = len(frontier) > room
             if cut:
                 frontier = frontier[: max(room, 0)]
                 parent[id(frontier)] = SKIP
-            self.visited += len(frontier)
             following: list[Any] = []
             parent[id(following)] = SKIP
-            for obj in frontier:
+            for done, obj in enumerate(frontier):
                 if not self.missing:  # every target has its parent: the rest names nothing
+                    self.visited += done
                     return True
+                if not done % _CHECK and self.own_bytes() > self.max_bytes:
+                    self.visited += done
+                    self.full = True
+                    return False
                 for ref in referents(obj):
                     if id(ref) in parent:
+                        if watch is not None and id(ref) in watch:
+                            referrers.append(obj)
+                            joined.append(ref)
                         continue
                     if not tracked(ref):
                         if visit is not None:
@@ -230,12 +292,18 @@ class Walk:
                     kind = type(ref)
                     if kind is code:
                         continue
-                    following.append(ref)
                     if kind not in kinds:
-                        kinds[kind] = kind_of(kind)
+                        kinds[kind] = self.classify(kind)
                     named = kinds[kind]
-                    if named is not None:
+                    if named is None:
+                        following.append(ref)
+                    elif named == OURS:
+                        parent[id(ref)] = SKIP
+                        self.skipped.append(ref)
+                    else:
+                        following.append(ref)
                         self._keep(ref, named)
+            self.visited += len(frontier)
             if cut:
                 return False
             frontier = following
@@ -417,6 +485,17 @@ def kind_of(kind: type) -> str | None:
     return None
 
 
+OURS = "ours"
+
+
+def own_or_kind(kind: type) -> str | None:
+    """:func:`kind_of`, or :data:`OURS` for a type of leakgate's own."""
+    module = kind.__dict__.get("__module__")
+    if isinstance(module, str) and own_module(module):
+        return OURS
+    return kind_of(kind)
+
+
 def _seed_rank(obj: Any) -> int:
     """Order of seeds among unreached objects: instances of classes (whose attributes name
     what they hold) first, builtin containers next, tensors last."""
@@ -452,8 +531,14 @@ def _ours(frame: types.FrameType) -> bool:
     """Whether ``frame`` runs leakgate's own code (its recorder, plugin, callbacks and this
     search), whose locals are never holders: a callback's ``outputs`` is named by what keeps it
     after the callback returns. The self-check plays a user's part and is not ours."""
-    name = str(frame.f_globals.get("__name__"))
-    return (name == _PACKAGE or name.startswith(_PACKAGE + ".")) and name != _SELF_CHECK
+    return own_module(str(frame.f_globals.get("__name__")))
+
+
+def _running_ours(obj: Any) -> bool:
+    """Whether ``obj`` is a frame, generator or coroutine that runs leakgate's own code."""
+    if type(obj) in _GENERATORS:
+        obj = getattr(obj, "gi_frame", None) or getattr(obj, "cr_frame", None)
+    return type(obj) is types.FrameType and _ours(obj)
 
 
 def _module_level(frame: types.FrameType) -> bool:

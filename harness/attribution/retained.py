@@ -1,0 +1,335 @@
+"""Holders by retained size, as heap analysers find them: every object created since a snapshot
+and still alive is weighed, the dominator tree is computed over the part of the object graph
+that reaches those objects, and the objects that retain a large share of the new memory are
+named at their *accumulation point*, where the retained size stops sitting in one child and
+spreads over many (a list of 176 batches, a hook dict, a cache).
+
+Weights: a tensor's storage counts once per storage (a node that every tensor over it refers
+to), an autograd graph by its nodes and what they saved (as :mod:`~harness.attribution.graph`
+weighs them), a numpy array by its buffer, ``bytes``, ``str`` and every other object by
+``sys.getsizeof`` where its type measures itself in C. The graph's roots are those of a
+:class:`~harness.attribution.walk.Walk` (module globals, live frames, then what only C code or a
+cycle keeps); every reference the walk saw into an object created since the recorder's freeze
+is an edge, so an object two holders share is retained by neither. leakgate's own objects, and
+what only they keep, are neither weighed nor walked.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.attribution.dominators import UNREACHED, immediate_dominators, retained
+from harness.attribution.graph import NODE_BYTES, saved_tensors
+from harness.attribution.holder import Holder
+from harness.attribution.quiet import unobserved
+from harness.attribution.snapshot import Snapshot, module_collections, storage_id, storage_of
+from harness.attribution.walk import SKIP, UNROOTED, Walk, kind_of
+from harness.attribution.weights import is_ours, size_of
+
+SPREAD = 0.8
+"""A node whose largest child in the dominator tree retains less than this part of what the
+node retains is an accumulation point: its memory is spread over its children."""
+SUSPECT = 0.1
+"""A top of the dominator tree retaining less than this part of the new memory is not named."""
+_HOLDERS = 3
+_SIZED = (list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict)
+
+
+@dataclass
+class _Node:
+    """An object (``obj``), or a storage or an autograd node (``kind``, no ``obj``)."""
+
+    obj: Any
+    kind: str = ""
+    weight: int = 0
+    tensors: int = 0
+    graph: int = 0
+
+
+class _Graph:
+    """The nodes that reach new objects, as small integers (0 is the root), and their edges."""
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
+        self.nodes: list[_Node] = [_Node(None)]
+        self.successors: list[list[int]] = [[]]
+
+    def node(self, key: Any, obj: Any = None, kind: str = "") -> int:
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.nodes)
+            self.nodes.append(_Node(obj, kind))
+            self.successors.append([])
+        return found
+
+    def edge(self, a: int, b: int) -> None:
+        self.successors[a].append(b)
+
+
+@unobserved
+def retained_holders(
+    before: Snapshot | None, max_objects: int, limit: int = _HOLDERS
+) -> list[Holder]:
+    """The objects that retain most of what was created since ``before`` (since the last
+    ``gc.freeze()`` without it), each at its accumulation point and named by its path from a
+    root, with the new bytes it retains; at most ``limit``, none inside another."""
+    collecting = gc.isenabled()
+    gc.disable()
+    young = gc.get_objects()
+    walk = Walk(max_objects, watch={id(o) for o in young}, ours=True)
+    try:
+        new = _new(young, before)
+        walk.parent[id(new)] = walk.parent[id(young)] = SKIP
+        walk.run()
+        return _Search(walk, new, before).holders(young, limit)
+    finally:
+        walk.clear()
+        if collecting:
+            gc.enable()
+
+
+def _new(young: list[Any], before: Snapshot | None) -> dict[int, Any]:
+    """The objects among ``young`` (those ``gc`` lists now) that ``before`` did not list, less
+    leakgate's own and what only they reach."""
+    seen = before.objects if before is not None else frozenset()
+    new = {id(o): o for o in young if id(o) not in seen}
+    stack = [o for o in new.values() if is_ours(o)]
+    while stack:
+        obj = stack.pop()
+        if new.pop(id(obj), None) is not None:
+            stack += [r for r in gc.get_referents(obj) if id(r) in new]
+    return new
+
+
+class _Search:
+    def __init__(self, walk: Walk, new: dict[int, Any], before: Snapshot | None) -> None:
+        self.walk = walk
+        self.new = new
+        self.before = before
+        self.graph = _Graph()
+        self.old_storages = before.alive_storages() if before is not None else set()
+        self.weighed: set[int] = set()
+        self.functions: list[Any] = []
+
+    def holders(self, young: list[Any], limit: int) -> list[Holder]:
+        graph = self.graph
+        for obj in self.new.values():
+            self._place(obj)
+        self._untracked([*young, *module_collections()])
+        self._joins()
+        for key, obj in list(self.new.items()):
+            if key in graph.index:
+                self._weigh(graph.index[key], obj)
+        idom = immediate_dominators(graph.successors)
+        weights = [n.weight for n in graph.nodes]
+        kept = retained(idom, weights)
+        children: list[list[int]] = [[] for _ in idom]
+        for node, dominator in enumerate(idom):
+            if node and dominator != UNREACHED:
+                children[dominator].append(node)
+        total = kept[0]
+        found: list[Holder | None] = []
+        for top in sorted(children[0], key=lambda n: -kept[n]):
+            if kept[top] < SUSPECT * total or len(found) >= limit:
+                break
+            point = self._descend(top, kept, children)
+            found.append(self._holder(point, kept, children))
+        return [h for h in found if h is not None and h.bytes > 0]
+
+    # -- the graph ---------------------------------------------------------------------------
+
+    def _place(self, obj: Any) -> int | None:
+        """Add ``obj`` and the objects it was first reached from, up to a root; its node (0
+        for a root itself: a module, its globals, a running frame, none of which is a holder:
+        what they name is). None for what the walk did not reach, or leakgate's own."""
+        parent, graph = self.walk.parent, self.graph
+        chain = []
+        while id(obj) not in graph.index and not self._root(obj):
+            up = parent.get(id(obj), SKIP)
+            if up is SKIP:
+                return None
+            chain.append(obj)
+            if up is UNROOTED:
+                break
+            obj = up
+        above = graph.index.get(id(obj), 0)  # 0: a root, or the top of a chain C code keeps
+        for obj in reversed(chain):
+            node = graph.node(id(obj), obj)
+            graph.edge(above, node)
+            above = node
+        return above
+
+    def _root(self, obj: Any) -> bool:
+        up = self.walk.parent.get(id(obj), SKIP)
+        return up is None or id(obj) in self.walk.module_dicts
+
+    def _joins(self) -> None:
+        """Add every other reference the walk saw into the graph's objects, with the paths of
+        their referrers (each of which reaches a new object too), until none is left out."""
+        pending = list(zip(self.walk.referrers, self.walk.joined, strict=True))
+        while pending:
+            left = []
+            for referrer, obj in pending:
+                if id(obj) not in self.graph.index:
+                    left.append((referrer, obj))
+                    continue
+                source = self._place(referrer)
+                if source is not None:
+                    self.graph.edge(source, self.graph.index[id(obj)])
+            if len(left) == len(pending):
+                break
+            pending = left
+
+    def _weigh(self, node: int, obj: Any) -> None:
+        """``obj``'s own weight, and its storage's and graph's for a tensor."""
+        entry = self.graph.nodes[node]
+        entry.weight += size_of(obj)
+        if kind_of(type(obj)) == "tensor":
+            entry.tensors += 1
+            self._tensor(node, obj)
+
+    def _untracked(self, holders: list[Any]) -> None:
+        """The untracked objects ``holders`` hold that ``before`` did not see (arrays, strings,
+        dicts of them, which ``gc`` does not list), each a node weighing itself and what it
+        holds in turn (an array view's owner too)."""
+        seen = self.before.objects if self.before is not None else frozenset()
+        weighed = self.weighed
+        for holder in holders:
+            for ref in gc.get_referents(holder):
+                if gc.is_tracked(ref) or id(ref) in seen or id(ref) in weighed:
+                    continue
+                above = self._place(holder)
+                if above is None:
+                    continue
+                at = self.graph.node(id(ref), ref)
+                self.graph.edge(above, at)
+                inner = [ref]
+                while inner:
+                    item = inner.pop()
+                    if id(item) in weighed:
+                        continue
+                    weighed.add(id(item))
+                    self.graph.nodes[at].weight += size_of(item)
+                    inner += [r for r in gc.get_referents(item) if not gc.is_tracked(r)]
+                    if type(item).__name__ == "ndarray" and getattr(item, "base", None) is not None:
+                        inner.append(item.base)  # a view: its owner's buffer
+
+    def _tensor(self, node: int, tensor: torch.Tensor) -> None:
+        if self.before is not None and tensor in self.before and not self.before.regraphed(tensor):
+            return
+        key, nbytes = storage_of(tensor)
+        if key is not None and storage_id(tensor) not in self.old_storages:
+            self._storage(node, key, nbytes)
+        try:
+            grad_fn = tensor.grad_fn
+        except Exception:
+            return
+        if grad_fn is not None:
+            self._graph(node, grad_fn)
+
+    def _storage(self, node: int, key: Any, nbytes: int) -> int:
+        graph = self.graph
+        fresh = ("storage", key) not in graph.index
+        storage = graph.node(("storage", key), kind="storage")
+        if fresh:
+            graph.nodes[storage].weight = nbytes
+        graph.edge(node, storage)
+        return storage
+
+    def _graph(self, node: int, grad_fn: Any) -> None:
+        """The autograd nodes below ``grad_fn`` and what they saved, as nodes of the graph."""
+        graph = self.graph
+        stack = [(node, grad_fn)]
+        while stack:
+            above, function = stack.pop()
+            key = ("graph", id(function))
+            fresh = key not in graph.index
+            at = graph.node(key, kind="autograd graph")
+            graph.edge(above, at)
+            if not fresh:
+                continue
+            self.functions.append(function)  # keeps its id unique while the search runs
+            if type(function).__name__ != "AccumulateGrad":
+                graph.nodes[at].weight = graph.nodes[at].graph = NODE_BYTES
+            for saved in saved_tensors(function):
+                place, nbytes = storage_of(saved)
+                if place is not None and storage_id(saved) not in self.old_storages:
+                    storage = self._storage(at, place, nbytes)
+                    graph.nodes[storage].graph = graph.nodes[storage].weight
+            stack += [(at, f) for f, _ in function.next_functions if f is not None]
+
+    # -- naming ------------------------------------------------------------------------------
+
+    def _descend(self, node: int, kept: list[int], children: list[list[int]]) -> int:
+        """From ``node`` down the dominator tree while one child retains most of it."""
+        while children[node]:
+            largest = max(children[node], key=lambda n: kept[n])
+            if kept[largest] < SPREAD * kept[node] or self.graph.nodes[largest].obj is None:
+                break
+            node = largest
+        return node
+
+    def _holder(self, node: int, kept: list[int], children: list[list[int]]) -> Holder | None:
+        obj = self.graph.nodes[node].obj
+        if obj is None:
+            return None
+        below = [node]
+        tensors = graph_bytes = 0
+        while below:
+            at = below.pop()
+            tensors += self.graph.nodes[at].tensors
+            graph_bytes += self.graph.nodes[at].graph
+            below += children[at]
+        path = self.walk.path_of(obj) or f"<unnamed {type(obj).__name__}>"
+        items = _length(obj)
+        if items is None:
+            items = len(children[node])
+        note = _items(self.graph, children[node], kept)
+        if not self.walk.rooted(obj):
+            note = "; ".join(filter(None, (note, "kept only by a reference cycle, or by C code")))
+        return Holder(
+            path,
+            _kind(obj),
+            items,
+            tensors,
+            kept[node],
+            graph_bytes=graph_bytes,
+            note=note,
+        )
+
+
+def _kind(obj: Any) -> str:
+    return "tensor" if kind_of(type(obj)) == "tensor" else type(obj).__name__
+
+
+def _length(obj: Any) -> int | None:
+    """``len(obj)`` for builtin containers (never a user's ``__len__``), else None."""
+    if type(obj) in _SIZED:
+        return len(obj)
+    return None
+
+
+def _items(graph: _Graph, children: list[int], kept: list[int]) -> str:
+    """What an accumulation point's items are: ``176 x list``, the most common kind among
+    the children that retain its memory."""
+    if len(children) < 2:
+        return ""
+    kinds: collections.Counter[str] = collections.Counter()
+    for child in children:
+        node = graph.nodes[child]
+        kinds[node.kind or _describe(node.obj)] += 1
+    kind, count = kinds.most_common(1)[0]
+    return f"items: {count} x {kind}"
+
+
+def _describe(obj: Any) -> str:
+    if type(obj) is types.MethodType:
+        owner = type(obj.__self__).__name__
+        return f"bound {owner}.{getattr(obj.__func__, '__name__', '?')}"
+    return _kind(obj)
