@@ -14,8 +14,8 @@ import torch
 
 from harness import Recorder
 from harness.attribution import PhaseAttribution, attribute, live_tensors, phase, walk
-from harness.attribution.retained import retained_holders
 from harness.attribution.quiet import memory_tracer, unobserved, watched
+from harness.attribution.retained import retained_holders
 
 
 @pytest.fixture(autouse=True)

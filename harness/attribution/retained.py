@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import collections
 import gc
+import itertools
 import types
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,7 +30,13 @@ from harness.attribution.dominators import UNREACHED, immediate_dominators, reta
 from harness.attribution.graph import NODE_BYTES, saved_tensors
 from harness.attribution.holder import Holder
 from harness.attribution.quiet import unobserved
-from harness.attribution.snapshot import Snapshot, module_collections, storage_id, storage_of
+from harness.attribution.snapshot import (
+    ORDERED,
+    Snapshot,
+    module_collections,
+    storage_id,
+    storage_of,
+)
 from harness.attribution.walk import SKIP, UNROOTED, Walk, kind_of
 from harness.attribution.weights import is_ours, size_of
 
@@ -38,6 +46,8 @@ node retains is an accumulation point: its memory is spread over its children.""
 SUSPECT = 0.1
 """A top of the dominator tree retaining less than this part of the new memory is not named."""
 _HOLDERS = 3
+_SMALL = 256
+"""Untracked objects lighter than this (names, keys, numbers) are not weighed."""
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict)
 
 
@@ -116,16 +126,26 @@ class _Search:
         self.old_storages = before.alive_storages() if before is not None else set()
         self.weighed: set[int] = set()
         self.functions: list[Any] = []
+        self.children: list[list[int]] = []
+        self.loose: dict[int, Any] = {}
 
     def holders(self, young: list[Any], limit: int) -> list[Holder]:
         graph = self.graph
         for obj in self.new.values():
-            self._place(obj)
-        self._untracked([*young, *module_collections()])
+            if kind_of(type(obj)) == "tensor" and self.walk.parent.get(id(obj)) is UNROOTED:
+                self.loose[id(obj)] = obj  # only C++ keeps it: a graph that saved it, maybe
+            else:
+                self._place(obj)
+        self._untracked(young)
         self._joins()
         for key, obj in list(self.new.items()):
             if key in graph.index:
                 self._weigh(graph.index[key], obj)
+        for obj in list(self.loose.values()):  # what no graph saved: only C++ keeps it
+            node = self._place(obj)
+            if node is not None and id(obj) in self.loose:
+                del self.loose[id(obj)]
+                self._weigh(node, obj)
         idom = immediate_dominators(graph.successors)
         weights = [n.weight for n in graph.nodes]
         kept = retained(idom, weights)
@@ -133,6 +153,7 @@ class _Search:
         for node, dominator in enumerate(idom):
             if node and dominator != UNREACHED:
                 children[dominator].append(node)
+        self.children = children
         total = kept[0]
         found: list[Holder | None] = []
         for top in sorted(children[0], key=lambda n: -kept[n]):
@@ -140,7 +161,35 @@ class _Search:
                 break
             point = self._descend(top, kept, children)
             found.append(self._holder(point, kept, children))
-        return [h for h in found if h is not None and h.bytes > 0]
+        if len(found) < limit:
+            found += self._alike(children[0], kept, total)[: limit - len(found)]
+        return [replace(h, growth=total) for h in found if h is not None and h.bytes > 0]
+
+    def _alike(self, tops: list[int], kept: list[int], total: int) -> list[Holder]:
+        """Objects of one type that only C code or a reference cycle keeps, each a slice too
+        small to name, that together retain a large share (a cycle made every batch while
+        ``gc`` is off): one holder for all of them."""
+        by_type: dict[type, list[int]] = {}
+        for top in tops:
+            obj = self.graph.nodes[top].obj
+            if obj is not None and kept[top] < SUSPECT * total and not self.walk.rooted(obj):
+                by_type.setdefault(type(obj), []).append(top)
+        found = []
+        for kind, group in by_type.items():
+            weight = sum(kept[n] for n in group)
+            if weight >= SUSPECT * total and len(group) > 1:
+                tensors = sum(self._below(n)[0] for n in group)
+                found.append(
+                    Holder(
+                        f"<unnamed {kind.__name__}>",
+                        f"{kind.__name__} objects",
+                        len(group),
+                        tensors,
+                        weight,
+                        note="kept only by a reference cycle, or by C code",
+                    )
+                )
+        return sorted(found, key=lambda h: -h.bytes)
 
     # -- the graph ---------------------------------------------------------------------------
 
@@ -194,31 +243,44 @@ class _Search:
             entry.tensors += 1
             self._tensor(node, obj)
 
-    def _untracked(self, holders: list[Any]) -> None:
-        """The untracked objects ``holders`` hold that ``before`` did not see (arrays, strings,
-        dicts of them, which ``gc`` does not list), each a node weighing itself and what it
-        holds in turn (an array view's owner too)."""
-        seen = self.before.objects if self.before is not None else frozenset()
-        weighed = self.weighed
-        for holder in holders:
-            for ref in gc.get_referents(holder):
-                if gc.is_tracked(ref) or id(ref) in seen or id(ref) in weighed:
+    def _untracked(self, young: list[Any]) -> None:
+        """The untracked objects (arrays, strings, dicts of them, which ``gc`` does not list)
+        added since ``before``: the items a list, dict or deque gained past its length then (all
+        of a new one's), and what new objects refer to; each a node weighing itself and what it
+        holds in turn (an array view's owner too). Small ones (names, keys) are left out."""
+        old = self.before.lengths if self.before is not None else {}
+        for holder in (*young, *module_collections()):
+            if type(holder) in ORDERED:
+                start = old.get(id(holder), 0 if id(holder) in self.new else len(holder))
+                if len(holder) > start:
+                    items = holder.values() if isinstance(holder, dict) else holder
+                    self._add(holder, itertools.islice(items, start, None))
+            elif id(holder) in self.new and kind_of(type(holder)) != "tensor":
+                self._add(holder, gc.get_referents(holder))
+
+    def _add(self, holder: Any, items: Iterable[Any]) -> None:
+        above: int | None = None
+        for item in items:
+            if gc.is_tracked(item) or id(item) in self.weighed:
+                continue
+            weight, inner = 0, [item]
+            while inner:
+                part = inner.pop()
+                if id(part) in self.weighed:
                     continue
-                above = self._place(holder)
-                if above is None:
-                    continue
-                at = self.graph.node(id(ref), ref)
-                self.graph.edge(above, at)
-                inner = [ref]
-                while inner:
-                    item = inner.pop()
-                    if id(item) in weighed:
-                        continue
-                    weighed.add(id(item))
-                    self.graph.nodes[at].weight += size_of(item)
-                    inner += [r for r in gc.get_referents(item) if not gc.is_tracked(r)]
-                    if type(item).__name__ == "ndarray" and getattr(item, "base", None) is not None:
-                        inner.append(item.base)  # a view: its owner's buffer
+                self.weighed.add(id(part))
+                weight += size_of(part)
+                inner += [r for r in gc.get_referents(part) if not gc.is_tracked(r)]
+                if type(part).__name__ == "ndarray" and getattr(part, "base", None) is not None:
+                    inner.append(part.base)  # a view: its owner's buffer
+            if weight < _SMALL:
+                continue
+            above = self._place(holder) if above is None else above
+            if above is None:
+                return
+            at = self.graph.node(id(item), item)
+            self.graph.nodes[at].weight = weight
+            self.graph.edge(above, at)
 
     def _tensor(self, node: int, tensor: torch.Tensor) -> None:
         if self.before is not None and tensor in self.before and not self.before.regraphed(tensor):
@@ -258,6 +320,10 @@ class _Search:
             if type(function).__name__ != "AccumulateGrad":
                 graph.nodes[at].weight = graph.nodes[at].graph = NODE_BYTES
             for saved in saved_tensors(function):
+                if self.loose.pop(id(saved), None) is not None:  # its Python object too
+                    tensor = graph.node(id(saved), saved)
+                    graph.edge(at, tensor)
+                    self._weigh(tensor, saved)
                 place, nbytes = storage_of(saved)
                 if place is not None and storage_id(saved) not in self.old_storages:
                     storage = self._storage(at, place, nbytes)
@@ -275,17 +341,21 @@ class _Search:
             node = largest
         return node
 
-    def _holder(self, node: int, kept: list[int], children: list[list[int]]) -> Holder | None:
-        obj = self.graph.nodes[node].obj
-        if obj is None:
-            return None
-        below = [node]
-        tensors = graph_bytes = 0
+    def _below(self, node: int) -> tuple[int, int]:
+        """The tensors, and the bytes autograd graphs keep, that ``node`` dominates."""
+        below, tensors, graph_bytes = [node], 0, 0
         while below:
             at = below.pop()
             tensors += self.graph.nodes[at].tensors
             graph_bytes += self.graph.nodes[at].graph
-            below += children[at]
+            below += self.children[at]
+        return tensors, graph_bytes
+
+    def _holder(self, node: int, kept: list[int], children: list[list[int]]) -> Holder | None:
+        obj = self.graph.nodes[node].obj
+        if obj is None:
+            return None
+        tensors, graph_bytes = self._below(node)
         path = self.walk.path_of(obj) or f"<unnamed {type(obj).__name__}>"
         items = _length(obj)
         if items is None:

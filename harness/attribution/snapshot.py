@@ -11,7 +11,7 @@ import sys
 import time
 import types
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -43,9 +43,9 @@ class Snapshot:
     storages: Mapping[int, StorageWeakRef] = field(default_factory=dict, repr=False)
     graphs: Mapping[int, int] = field(default_factory=dict, repr=False)
     objects: frozenset[int] = field(default=frozenset(), repr=False)
-    """The ids of the objects ``gc`` tracked then (those it hid after a freeze excepted), and
-    of the untracked ones (arrays, strings, dicts of them) that those objects and the
-    collections in module globals held."""
+    """The ids of the objects ``gc`` tracked then (those it hid after a freeze excepted)."""
+    lengths: Mapping[int, int] = field(default_factory=dict, repr=False)
+    """The lengths of the lists, dicts and deques among them and in module globals."""
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -63,7 +63,8 @@ class Snapshot:
 
     def nbytes(self) -> int:
         """What this snapshot keeps in memory (its ids of objects dominate)."""
-        return sys.getsizeof(self.objects) + 32 * len(self.objects)
+        ids = sys.getsizeof(self.objects) + 32 * len(self.objects)
+        return ids + sys.getsizeof(self.lengths) + 64 * len(self.lengths)
 
     def alive_storages(self) -> set[int]:
         """The storages (:func:`storage_id`) noted then that are still alive."""
@@ -79,7 +80,8 @@ def live_tensors() -> Snapshot:
     graphs: dict[int, int] = {}
     tensor_types: dict[type, bool] = {}
     everything = gc.get_objects()
-    objects = frozenset((*map(id, everything), *untracked_ids(everything)))
+    objects = frozenset(map(id, everything))
+    sizes = lengths(everything)
     for obj in everything:
         kind = type(obj)
         is_tensor = tensor_types.get(kind)
@@ -97,32 +99,28 @@ def live_tensors() -> Snapshot:
                 storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
     del everything
-    return Snapshot(tensors, blocks, time.time(), storages, graphs, objects)
+    return Snapshot(tensors, blocks, time.time(), storages, graphs, objects, sizes)
 
 
-def untracked_ids(young: list[object]) -> Iterator[int]:
-    """The ids of the untracked objects that ``young``'s objects and the collections in module
-    globals hold (what ``gc`` does not list, and a leak may still add to an old collection)."""
-    held = [*young, *module_collections()]
-    while held:
-        for ref in gc.get_referents(held.pop()):
-            if not gc.is_tracked(ref):
-                yield id(ref)
-                if type(ref) in COLLECTIONS:
-                    held.append(ref)
+def lengths(young: list[object]) -> dict[int, int]:
+    """The length of each list, dict and deque among ``young`` and in module globals: what a
+    later search counts as added to them (``gc`` does not list the arrays and strings a leak
+    appends to an old collection)."""
+    return {id(c): len(c) for c in (*young, *module_collections()) if type(c) in ORDERED}  # type: ignore[arg-type]
 
 
 def module_collections() -> list[object]:
-    """The lists, dicts, sets and deques that module globals name."""
+    """The lists, dicts and deques that module globals name."""
     found = []
     for module in list(sys.modules.values()):
         table = getattr(module, "__dict__", None) if type(module) is types.ModuleType else None
         if type(table) is dict:
-            found += [v for v in list(table.values()) if type(v) in COLLECTIONS]
+            found += [v for v in list(table.values()) if type(v) in ORDERED]
     return found
 
 
-COLLECTIONS = (list, dict, set, tuple, collections.deque)
+ORDERED = (list, dict, collections.deque, collections.defaultdict, collections.OrderedDict)
+"""Collections whose new items come last, and whose length is their own (never a user's)."""
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:
