@@ -1,5 +1,16 @@
 """What leakgate's holder searches cost, written as their own section of ``reports/bench.md``.
 
+At scale: a fresh process holds N live Python objects (frozen, as a recorder freezes what
+exists when it starts), then a leak of 24 tensors of 64 KiB in a list; the plain search
+(``attribute``: the new tensors' holders, which stops once it has reached them all) and the
+search by retained size (``retained_holders``: every new object weighed, the dominator tree,
+the accumulation point) each run once, timed, with the process's peak resident memory before
+and after (``VmHWM``).
+
+The leaky loop: ``tool_loops/test_loops.py``'s ``kept`` and ``held`` tests (see
+``bench_memray.py``) under no plugin, leakgate and pytest-memray, one process each per
+repetition; a test's time is its whole protocol.
+
 Beside a user's tools: ``observer_loops/test_observed.py`` (300 batches, ``max_growth="4MB"``)
 runs in one pytest process per variant and repetition, variants alternating: under a torch
 profiler left running (``with_stack=True``) and under a ``sys.settrace`` tracer, each without
@@ -54,6 +65,119 @@ def observed(tool: str, plugin: bool) -> dict[str, object]:
     }
 
 
+def one_scale(objects: int) -> dict[str, float]:
+    """In this process: ``objects`` live objects, a leak, each search once."""
+    import gc
+
+    import torch
+
+    from harness.attribution import attribute, live_tensors
+    from harness.attribution.retained import retained_holders
+
+    torch.set_num_threads(1)
+    heap = [{"i": [i]} for i in range(objects // 3)]  # a dict and a list each: 2 tracked objects
+    gc.collect()
+    gc.freeze()
+    before = live_tensors()
+    kept = [torch.ones(16384) for _ in range(24)]  # noqa: F841  (the leak)
+    found: dict[str, float] = {"objects": float(len(heap) * 3)}
+    for name, search in (
+        ("plain", lambda: attribute(before)),
+        ("retained", lambda: retained_holders(before, 2_000_000)),
+    ):
+        peak = _peak()
+        started = time.perf_counter()
+        holders = search()
+        found[f"{name}_s"] = time.perf_counter() - started
+        found[f"{name}_mib"] = max(_peak() - peak, 0) / 2**20
+        found[f"{name}_named"] = float(bool(holders) and holders[0].path.endswith("kept"))
+    return found
+
+
+def _peak() -> int:
+    """The process's resident high-water mark, in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def scale() -> str:
+    """The table of search costs at 100k, 500k and 1M live objects, one process each."""
+    import json
+
+    rows = []
+    for objects in (100_000, 500_000, 1_000_000):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", str(objects)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(
+            f"| {objects:,} | {r['plain_s'] * 1000:.0f} ms, +{r['plain_mib']:.0f} MiB | "
+            f"{r['retained_s'] * 1000:.0f} ms, +{r['retained_mib']:.0f} MiB | "
+            f"{'yes' if r['plain_named'] and r['retained_named'] else 'no'} |"
+        )
+    return "\n".join(
+        [
+            "| live objects | plain search | by retained size | both name the leak |",
+            "|---:|---:|---:|---|",
+            *rows,
+        ]
+    )
+
+
+def loops(reps: int) -> str:
+    """The leaky loops under each tool: median time of each test, and whether it failed."""
+    import json
+    import tempfile
+
+    tools = {
+        "plain": ["-p", "no:leakgate", "-p", "no:memray"],
+        "leakgate": ["-p", "no:memray"],
+        "memray": ["-p", "no:leakgate", "--memray"],
+    }
+    seen: dict[str, dict[str, list[float]]] = {t: {} for t in tools}
+    failed: dict[str, dict[str, int]] = {t: {} for t in tools}
+    for _ in range(reps):
+        for tool, flags in tools.items():
+            with tempfile.TemporaryDirectory() as folder:
+                results = Path(folder) / "results.json"
+                env = {**os.environ, "LOOP_TOOL": tool, "LOOP_RESULTS": str(results)}
+                env["PYTHONPATH"] = str(ROOT)
+                subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", *flags, "test_loops.py"],
+                    cwd=HERE / "tool_loops",
+                    env=env,
+                    capture_output=True,
+                    check=False,
+                )
+                for kind, result in json.loads(results.read_text()).items():
+                    seen[tool].setdefault(kind, []).append(result["seconds"] * 1000)
+                    failed[tool][kind] = failed[tool].get(kind, 0) + bool(result["failed"])
+    rows = []
+    for kind in ("kept", "held"):
+        cells = [
+            f"{statistics.median(seen[t][kind]):.0f} ms ({failed[t][kind]}/{reps} failed)"
+            for t in tools
+        ]
+        plain = statistics.median(seen["plain"][kind])
+        costs = [statistics.median(seen[t][kind]) - plain for t in ("leakgate", "memray")]
+        rows.append(f"| {kind} | {' | '.join(cells)} | +{costs[0]:.0f} ms | +{costs[1]:.0f} ms |")
+    return "\n".join(
+        [
+            "| loop | plain | leakgate | pytest-memray | leakgate cost | memray cost |",
+            "|---|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+
+
 def observers(reps: int) -> str:
     """The section's table beside a profiler and a tracer."""
     rows = []
@@ -93,6 +217,8 @@ def _median(runs: list[dict[str, object]], key: str) -> float:
 def section(reps: int) -> str:
     load = os.getloadavg()[0]
     table = observers(reps)
+    sizes = scale()
+    leaky = loops(reps)
     return "\n\n".join(
         [
             HEADING,
@@ -106,6 +232,17 @@ def section(reps: int) -> str:
             "its growth stays the loop's own. Time and peak resident memory are the whole pytest "
             "process's.",
             table,
+            "### The search at scale",
+            "One process per size: N live objects frozen, then a leak of 24 tensors in a list; "
+            "each search once, its time and the rise of the process's peak resident memory "
+            "(`VmHWM`). The plain search stops once it has reached every new tensor; the search "
+            "by retained size walks every object, as it runs only where the tensors' holders hold "
+            "under half of a growth of 512 KiB or more.",
+            sizes,
+            "### The leaky loops against pytest-memray",
+            "`tool_loops/test_loops.py` (see section 3), the loops that leak; each test's whole "
+            "protocol, median.",
+            leaky,
         ]
     )
 
@@ -128,7 +265,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="update reports/bench.md")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        import json
+
+        print(json.dumps(one_scale(args.one)))
+        return
     text = section(args.reps)
     print(text)
     if args.write:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 torch.manual_seed(0)
-SEARCH = ("walk.py", "holders.py", "retained.py", "graph.py", "snapshot.py")
+SEARCH = ("walk.py", "names.py", "holders.py", "retained.py", "graph.py", "dominators.py")
 STEP = 2**20  # a batch of these loops adds about 16 KiB; a recorded search adds tens of MiB
 
 

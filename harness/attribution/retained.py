@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from harness.attribution.dominators import UNREACHED, immediate_dominators, retained
@@ -107,8 +108,9 @@ def retained_holders(
 def _new(young: list[Any], before: Snapshot | None) -> dict[int, Any]:
     """The objects among ``young`` (those ``gc`` lists now) that ``before`` did not list, less
     leakgate's own and what only they reach."""
-    seen = before.objects if before is not None else frozenset()
-    new = {id(o): o for o in young if id(o) not in seen}
+    ids = np.fromiter(map(id, young), np.int64, len(young))
+    old = before.listed(ids) if before is not None else np.zeros(len(young), bool)
+    new = {id(o): o for o, listed in zip(young, old.tolist(), strict=True) if not listed}
     stack = [o for o in new.values() if is_ours(o)]
     while stack:
         obj = stack.pop()
@@ -249,7 +251,10 @@ class _Search:
         of a new one's), and what new objects refer to; each a node weighing itself and what it
         holds in turn (an array view's owner too). Small ones (names, keys) are left out."""
         old = self.before.lengths if self.before is not None else {}
-        for holder in (*young, *module_collections()):
+        globals_ = module_collections()
+        for holder, table in globals_:
+            self.walk.parent.setdefault(id(holder), table)  # untracked: no walk reached it
+        for holder in (*young, *(c for c, _ in globals_)):
             if type(holder) in ORDERED:
                 start = old.get(id(holder), 0 if id(holder) in self.new else len(holder))
                 if len(holder) > start:

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -42,8 +43,10 @@ class Snapshot:
     time: float = 0.0
     storages: Mapping[int, StorageWeakRef] = field(default_factory=dict, repr=False)
     graphs: Mapping[int, int] = field(default_factory=dict, repr=False)
-    objects: frozenset[int] = field(default=frozenset(), repr=False)
-    """The ids of the objects ``gc`` tracked then (those it hid after a freeze excepted)."""
+    objects: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    """The ids of the objects ``gc`` tracked then (those it hid after a freeze excepted),
+    sorted: an array, whose bytes are all malloc's, so that a recorder can leave them out of
+    its readings exactly."""
     lengths: Mapping[int, int] = field(default_factory=dict, repr=False)
     """The lengths of the lists, dicts and deques among them and in module globals."""
 
@@ -62,9 +65,15 @@ class Snapshot:
         return ref is not None and ref() is tensor
 
     def nbytes(self) -> int:
-        """What this snapshot keeps in memory (its ids of objects dominate)."""
-        ids = sys.getsizeof(self.objects) + 32 * len(self.objects)
-        return ids + sys.getsizeof(self.lengths) + 64 * len(self.lengths)
+        """What malloc holds for this snapshot (its ids of objects dominate)."""
+        return int(self.objects.nbytes) + sys.getsizeof(self.lengths)
+
+    def listed(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` (int64) were among :attr:`objects`."""
+        if not len(self.objects):
+            return np.zeros(len(ids), bool)
+        at = np.minimum(np.searchsorted(self.objects, ids), len(self.objects) - 1)
+        return np.asarray(self.objects[at] == ids)
 
     def alive_storages(self) -> set[int]:
         """The storages (:func:`storage_id`) noted then that are still alive."""
@@ -80,7 +89,7 @@ def live_tensors() -> Snapshot:
     graphs: dict[int, int] = {}
     tensor_types: dict[type, bool] = {}
     everything = gc.get_objects()
-    objects = frozenset(map(id, everything))
+    objects = np.sort(np.fromiter(map(id, everything), np.int64, len(everything)))
     sizes = lengths(everything)
     for obj in everything:
         kind = type(obj)
@@ -106,16 +115,18 @@ def lengths(young: list[object]) -> dict[int, int]:
     """The length of each list, dict and deque among ``young`` and in module globals: what a
     later search counts as added to them (``gc`` does not list the arrays and strings a leak
     appends to an old collection)."""
-    return {id(c): len(c) for c in (*young, *module_collections()) if type(c) in ORDERED}  # type: ignore[arg-type]
+    held = [*young, *(c for c, _ in module_collections())]
+    return {id(c): len(c) for c in held if type(c) in ORDERED}  # type: ignore[arg-type]
 
 
-def module_collections() -> list[object]:
-    """The lists, dicts and deques that module globals name."""
-    found = []
+def module_collections() -> list[tuple[object, dict[str, object]]]:
+    """The lists, dicts and deques that module globals name, each with those globals (an
+    empty dict, or one of arrays and numbers, is one ``gc`` does not track)."""
+    found: list[tuple[object, dict[str, object]]] = []
     for module in list(sys.modules.values()):
         table = getattr(module, "__dict__", None) if type(module) is types.ModuleType else None
         if type(table) is dict:
-            found += [v for v in list(table.values()) if type(v) in ORDERED]
+            found += [(v, table) for v in list(table.values()) if type(v) in ORDERED]
     return found
 
 
