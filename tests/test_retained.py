@@ -20,10 +20,13 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness import Recorder
 from harness.attribution import PhaseAttribution, live_tensors
-from harness.attribution.retained import retained_holders
+from harness.attribution.retained import retained_holders, retained_of
+from harness.attribution.weights import size_of
 
 BATCHES = 24
 SHARE = 0.5
@@ -348,3 +351,58 @@ def test_during_a_run_the_accumulation_point_replaces_the_slices():
     assert last[-1].path.endswith("._forward_hooks"), last
     assert last[-1].bytes >= SHARE * last[-1].growth
     assert sum(h.bytes for h in last if h.growth == last[-1].growth) <= 2 * last[-1].growth
+
+
+class Vertex:
+    """A node of a random object graph: a payload of its own and the blobs it refers to."""
+
+    __slots__ = ("__weakref__", "payload", "refs")
+
+    def __init__(self, size: int) -> None:
+        self.payload = bytearray(size)
+        self.refs: list = []
+
+
+@st.composite
+def object_graphs(draw):
+    size = draw(st.integers(1, 7))
+    nodes = st.integers(0, size - 1)
+    edges = draw(st.lists(st.tuples(nodes, nodes), max_size=3 * size))
+    roots = draw(st.lists(nodes, min_size=1, max_size=3, unique=True))
+    payloads = draw(st.lists(st.integers(300, 5000), min_size=size, max_size=size))
+    return edges, roots, payloads
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(object_graphs())
+def test_retained_sizes_of_a_random_object_graph_are_what_removing_an_object_frees(graph):
+    edges, roots, payloads = graph
+    before = live_tensors()
+    blobs = [Vertex(size) for size in payloads]
+    for a, b in edges:
+        blobs[a].refs.append(blobs[b])
+    held = [blobs[i] for i in roots]  # the root: this frame's local
+    refs = [weakref.ref(b) for b in blobs]
+    del blobs  # only ``held`` keeps them: the search is asked about them by weak reference
+    gc.collect()  # cycles that nothing keeps
+    found = retained_of(before, [ref() for ref in refs], 1_000_000)
+    blobs = [ref() for ref in refs]
+
+    def weight(blob: Vertex) -> int:
+        return size_of(blob) + size_of(blob.refs) + size_of(blob.payload)
+
+    def reached(removed=None) -> set[int]:
+        seen, stack = set(), [b for b in held if b is not removed]
+        while stack:
+            blob = stack.pop()
+            if id(blob) not in seen:
+                seen.add(id(blob))
+                stack += [r for r in blob.refs if r is not removed]
+        return seen
+
+    alive = reached()
+    for blob, kept in zip(blobs, found, strict=True):
+        if id(blob) not in alive:
+            continue  # garbage: nothing keeps it
+        freed = alive - reached(removed=blob)
+        assert kept == sum(weight(b) for b in blobs if id(b) in freed), (edges, roots)

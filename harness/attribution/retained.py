@@ -20,9 +20,9 @@ import collections
 import gc
 import itertools
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ node retains is an accumulation point: its memory is spread over its children.""
 SUSPECT = 0.1
 """A top of the dominator tree retaining less than this part of the new memory is not named."""
 _HOLDERS = 3
+R = TypeVar("R")
 _SMALL = 256
 """Untracked objects lighter than this (names, keys, numbers) are not weighed."""
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict)
@@ -90,15 +91,39 @@ def retained_holders(
     """The objects that retain most of what was created since ``before`` (since the last
     ``gc.freeze()`` without it), each at its accumulation point and named by its path from a
     root, with the new bytes it retains; at most ``limit``, none inside another."""
+    return _searched(before, max_objects, lambda search, kept: search.holders(kept, limit))
+
+
+@unobserved
+def retained_of(before: Snapshot | None, objects: list[Any], max_objects: int) -> list[int]:
+    """The new bytes each of ``objects`` retains (0 for one the search did not reach): what
+    :func:`retained_holders` names its holders by."""
+
+    def each(search: _Search, kept: list[int]) -> list[int]:
+        index = search.graph.index
+        return [kept[index[id(o)]] if id(o) in index else 0 for o in objects]
+
+    return _searched(before, max_objects, each, objects)
+
+
+def _searched(
+    before: Snapshot | None,
+    max_objects: int,
+    read: Callable[[_Search, list[int]], R],
+    asked: Any = None,
+) -> R:
+    """Walk, weigh what is new since ``before`` and compute the dominator tree; ``read`` it.
+    ``asked`` (the caller's list of objects) is never walked: it holds nothing."""
     collecting = gc.isenabled()
     gc.disable()
     young = gc.get_objects()
     walk = Walk(max_objects, watch={id(o) for o in young}, ours=True)
     try:
         new = _new(young, before)
-        walk.parent[id(new)] = walk.parent[id(young)] = SKIP
+        walk.parent[id(new)] = walk.parent[id(young)] = walk.parent[id(asked)] = SKIP
         walk.run()
-        return _Search(walk, new, before).holders(young, limit)
+        search = _Search(walk, new, before)
+        return read(search, search.retained(young))
     finally:
         walk.clear()
         if collecting:
@@ -131,7 +156,9 @@ class _Search:
         self.children: list[list[int]] = []
         self.loose: dict[int, Any] = {}
 
-    def holders(self, young: list[Any], limit: int) -> list[Holder]:
+    def retained(self, young: list[Any]) -> list[int]:
+        """The graph built and weighed; each node's retained weight (the dominator tree in
+        :attr:`children`)."""
         graph = self.graph
         for obj in self.new.values():
             if kind_of(type(obj)) == "tensor" and self.walk.parent.get(id(obj)) is UNROOTED:
@@ -151,11 +178,15 @@ class _Search:
         idom = immediate_dominators(graph.successors)
         weights = [n.weight for n in graph.nodes]
         kept = retained(idom, weights)
-        children: list[list[int]] = [[] for _ in idom]
+        self.children = [[] for _ in idom]
         for node, dominator in enumerate(idom):
             if node and dominator != UNREACHED:
-                children[dominator].append(node)
-        self.children = children
+                self.children[dominator].append(node)
+        return kept
+
+    def holders(self, kept: list[int], limit: int) -> list[Holder]:
+        """At most ``limit`` holders, each at its accumulation point, none inside another."""
+        children = self.children
         total = kept[0]
         found: list[Holder | None] = []
         for top in sorted(children[0], key=lambda n: -kept[n]):
