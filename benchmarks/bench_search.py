@@ -78,7 +78,7 @@ def one_scale(objects: int) -> dict[str, float]:
     heap = [{"i": [i]} for i in range(objects // 3)]  # a dict and a list each: 2 tracked objects
     gc.collect()
     gc.freeze()
-    before = live_tensors()
+    before = live_tensors(objects=True)
     kept = [torch.ones(16384) for _ in range(24)]  # noqa: F841  (the leak)
     found: dict[str, float] = {"objects": float(len(heap) * 3)}
     for name, search in (

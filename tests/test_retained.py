@@ -315,7 +315,7 @@ def search(shape, leak: bool):
     _PREDICTIONS.clear()
     Registry.items.clear()
     gc.collect()
-    before = live_tensors()
+    before = live_tensors(objects=True)
     held = shape(leak)
     found = retained_holders(before, 1_000_000)
     del held
@@ -377,7 +377,7 @@ def object_graphs(draw):
 @given(object_graphs())
 def test_retained_sizes_of_a_random_object_graph_are_what_removing_an_object_frees(graph):
     edges, roots, payloads = graph
-    before = live_tensors()
+    before = live_tensors(objects=True)
     blobs = [Vertex(size) for size in payloads]
     for a, b in edges:
         blobs[a].refs.append(blobs[b])

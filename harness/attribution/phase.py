@@ -159,7 +159,8 @@ class PhaseAttribution:
         if opened.base is None:
             if not opened.warm(sample, self.warmup):
                 return False
-            opened.base, opened.base_snapshot = sample, self._snapshot()
+            opened.base = sample
+            opened.base_snapshot = self._snapshot(objects=self.growth is not None)
             return True
         if self.growth is None or opened.attributions >= ATTRIBUTIONS - 1:
             return False
@@ -293,12 +294,12 @@ class PhaseAttribution:
         epochs.named_at, epochs.attributions = drift, epochs.attributions + 1
         self.attribute(sample, epochs.reference[0], drift)
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, objects: bool = False) -> Snapshot:
         """The live tensors, with the dearer search's own bookkeeping paused."""
         if self.lines is not None and self.lines.open_now:
             with self.lines.paused():
-                return live_tensors()
-        return live_tensors()
+                return live_tensors(objects)
+        return live_tensors(objects)
 
     def _growth(self, start: Sample, now: Sample) -> int | None:
         for metric in (self.metric,) if self.metric else ("allocated", "rss"):

@@ -81,16 +81,21 @@ class Snapshot:
 
 
 @unobserved
-def live_tensors() -> Snapshot:
+def live_tensors(objects: bool = False) -> Snapshot:
     """Note every tensor alive now (those ``gc.freeze()`` hid excepted) and the CUDA blocks in
-    use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it."""
+    use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it. With
+    ``objects``, note every object ``gc`` lists and the lengths of collections too (what a
+    search by retained size counts from: tens of milliseconds, for the module globals)."""
     tensors: dict[int, weakref.ref[torch.Tensor]] = {}
     storages: dict[int, StorageWeakRef] = {}
     graphs: dict[int, int] = {}
     tensor_types: dict[type, bool] = {}
     everything = gc.get_objects()
-    objects = np.sort(np.fromiter(map(id, everything), np.int64, len(everything)))
-    sizes = lengths(everything)
+    ids = np.zeros(0, np.int64)
+    sizes: dict[int, int] = {}
+    if objects:
+        ids = np.sort(np.fromiter(map(id, everything), np.int64, len(everything)))
+        sizes = lengths(everything)
     for obj in everything:
         kind = type(obj)
         is_tensor = tensor_types.get(kind)
@@ -108,7 +113,7 @@ def live_tensors() -> Snapshot:
                 storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
     del everything
-    return Snapshot(tensors, blocks, time.time(), storages, graphs, objects, sizes)
+    return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes)
 
 
 def lengths(young: list[object]) -> dict[int, int]:
