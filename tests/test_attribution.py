@@ -14,8 +14,8 @@ from harness.attribution import (
     attribute,
     explain,
     live_tensors,
+    names,
     record_sites,
-    walk,
 )
 from harness.attribution.graph import NODE_BYTES
 from harness.units import format_size
@@ -501,5 +501,5 @@ class _Proxy:
 def test_attributes_are_read_without_running_getattr():
     proxy = _Proxy()
     proxy.payload = torch.ones(4)
-    assert list(walk._attributes(proxy)) == [("payload", proxy.payload)]
-    assert walk.namespace(proxy) is None and _Proxy.asked == []
+    assert list(names._attributes(proxy)) == [("payload", proxy.payload)]
+    assert names.namespace(proxy) is None and _Proxy.asked == []

@@ -2,12 +2,16 @@
 :class:`Snapshot` (:func:`live_tensors`) notes what was alive before; :func:`attribute` names
 what keeps each newer tensor by a bounded walk of the object graph from named roots
 (:mod:`~harness.attribution.walk`), grouped into :class:`Holder` s
-(:mod:`~harness.attribution.holders`); :class:`PhaseAttribution` does this at a recorder's
+(:mod:`~harness.attribution.holders`), or, where those hold under half of a growth, by the
+retained size of every new object at its accumulation point
+(:mod:`~harness.attribution.retained`); :class:`PhaseAttribution` does this at a recorder's
 checkpoints (:mod:`~harness.attribution.phase`) and :func:`explain` picks the holders for a
 verdict's findings, :func:`shares` how much of each they hold
 (:mod:`~harness.attribution.findings`); on CUDA, allocation sites come from torch's allocation
 history (:mod:`~harness.attribution.sites`), and with the dearer search (``explain``) the lines
 that allocated each storage and Python object, on any device (:mod:`~harness.attribution.lines`).
+A search runs where no tracer or profiler records it, and steps aside under another memory
+tracer (:mod:`~harness.attribution.quiet`).
 """
 
 from harness.attribution.findings import Share, explain, hint, named, shares

@@ -9,18 +9,19 @@ import collections
 import gc
 import types
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from harness.attribution.graph import Graphs
+from harness.attribution.holder import Holder
 from harness.attribution.lines import Lines
+from harness.attribution.quiet import unobserved
 from harness.attribution.sites import Block, cuda_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
 from harness.attribution.walk import Walk, kind_of, namespace
 from harness.units import format_size
-from harness.wording import plural
 
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque)
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")
@@ -37,50 +38,7 @@ MAX_OBJECTS = 1_000_000
 200,000, walked in about 0.6 s on one core."""
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Tensors kept alive by one reference: ``path`` names it (``Trainer._attn_cache``),
-    ``container`` is the type of what it holds (``list``, ``dict``, ``tensor``), ``items`` that
-    container's length (the number of tensors for other objects), ``tensors`` the tensors under
-    it, ``bytes`` their new storage, each counted once, ``graph_bytes`` the part of ``bytes``
-    saved by their autograd graphs, ``sites`` the CUDA allocation sites, largest first.
-    ``phase``, ``epoch`` and ``label`` say which checkpoint the attribution ran at, ``growth``
-    how much its phase had grown by then (when a recorder's attribution knows it); ``note``
-    what a person should know about the answer (a cycle only ``gc`` frees, a library holding
-    the memory, a search cut short)."""
-
-    path: str
-    container: str
-    items: int
-    tensors: int
-    bytes: int
-    graph_bytes: int = 0
-    sites: tuple[str, ...] = ()
-    phase: str | None = None
-    epoch: int | None = None
-    label: str | None = None
-    note: str = ""
-    growth: int | None = None
-
-    def __str__(self) -> str:
-        note = f"; {self.note}" if self.note else ""
-        items = plural(self.items, "item")
-        return f"{self.path} ({self.container}, {items}, {format_size(self.bytes)}{note})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        data = asdict(self)
-        data["sites"] = list(self.sites)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Holder:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        known["sites"] = tuple(known.get("sites", ()))
-        return cls(**known)
-
-
+@unobserved
 def attribute(
     before: Snapshot | None = None,
     *,
@@ -162,7 +120,9 @@ def _targets(before: Snapshot | None) -> set[int] | None:
     alone lists) and not in ``before``. None, walk everything, without both."""
     if before is None or not gc.get_freeze_count():
         return None
-    return {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor) and o not in before}
+    return {
+        id(o) for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o not in before
+    }
 
 
 # -- grouping and naming -------------------------------------------------------------------------
@@ -395,9 +355,14 @@ class _Grouping:
         """What a person should know about ``group``'s answer, or nothing."""
         notes = []
         if group.why == "not searched":
+            budget = (
+                f"{format_size(self.walk.max_bytes)} of its own memory"
+                if self.walk.full
+                else f"{self.walk.budget:,} objects (max_objects)"
+            )
             notes.append(
                 f"{len(group.chains)} tensors the search did not reach within its budget of "
-                f"{self.walk.budget:,} objects (max_objects)"
+                + budget
             )
         elif group.why not in _LOOSE and not self.walk.rooted(group.chains[0][0]):
             notes.append(

@@ -143,6 +143,11 @@ class Lines:
     def open_now(self) -> bool:
         return self._mode is not None
 
+    @property
+    def traced(self) -> bool:
+        """Whether tracemalloc runs because this object started it."""
+        return self._traced
+
     def note(self, tensor: torch.Tensor) -> None:
         key, nbytes = storage_of(tensor)
         if key is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.attribution.lines import HARNESS, SKIPPED, short_site
+from harness.attribution.quiet import own_memray
 from harness.units import format_size
 
 NATIVE_FLOOR = 64 * 1024
@@ -90,6 +91,7 @@ class Native:
         try:
             self._tracker = memray.Tracker(self.capture, file_format=aggregated)
             self._tracker.__enter__()
+            own_memray(self, True)
         except (RuntimeError, OSError) as error:
             self._tracker = None
             self.skipped = f"memray could not track: {error}"
@@ -102,6 +104,7 @@ class Native:
         try:
             gc.collect()  # what only a cycle kept was not leaked
             tracker, self._tracker = self._tracker, None
+            own_memray(self, False)
             tracker.__exit__(None, None, None)
             self.found = self._read()
         finally:

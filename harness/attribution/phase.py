@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 import harness.labels as labels
-from harness.attribution.census import FLOOR, Census, census, grown
 from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS, Lines
+from harness.attribution.quiet import memory_tracer
+from harness.attribution.retained import retained_holders
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.sample import Sample
@@ -89,6 +90,9 @@ class PhaseAttribution:
         self._first: Snapshot | None = None
         self._sites = sites or explain
         self._stop_sites = False
+        self.searches = 0
+        """Searches run so far (at most :data:`SEARCHES`)."""
+        self._aside: set[str] = set()
 
     def start(self) -> None:
         """Begin recording CUDA allocation stacks when ``sites`` is set and CUDA is in use."""
@@ -109,9 +113,12 @@ class PhaseAttribution:
 
     def own_bytes(self) -> int:
         """Host memory this attribution keeps for itself now (the dearer search's bookkeeping,
-        the censuses of open phases): a recorder leaves it out of its readings, so explaining a
-        run never changes its verdict."""
-        kept = sum(o.census.nbytes() for o in self._open.values() if o.census is not None)
+        the snapshots it holds): a recorder leaves it out of its readings, so explaining a run
+        never changes its verdict."""
+        held = [*self._starts.values(), self._first]
+        held += [s for o in self._open.values() for s in (o.snapshot, o.base_snapshot)]
+        held += [e.reference[0] for e in self._epochs.values() if e.reference is not None]
+        kept = sum(s.nbytes() for s in {id(s): s for s in held if s is not None}.values())
         return kept + (self.lines.own_bytes() if self.lines is not None else 0)
 
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
@@ -152,7 +159,8 @@ class PhaseAttribution:
         if opened.base is None:
             if not opened.warm(sample, self.warmup):
                 return False
-            opened.base, opened.base_snapshot = sample, self._snapshot()
+            opened.base = sample
+            opened.base_snapshot = self._snapshot(objects=self.growth is not None)
             return True
         if self.growth is None or opened.attributions >= ATTRIBUTIONS - 1:
             return False
@@ -166,31 +174,30 @@ class PhaseAttribution:
         return True
 
     def _name(self, sample: Sample, opened: _Open, growth: int | None) -> None:
-        """Name what holds the phase's growth since its base; when tensors hold under half of
-        a growth of :data:`CENSUS_FROM` or more, take a census of what collections keep too,
-        and name the ones that grew since the phase's last census, against the growth since
-        then."""
+        """Name what holds the phase's growth since its base. When the tensors' holders hold
+        under half of a growth of :data:`RETAINED_FROM` or more, weigh every object made since
+        the base instead (:func:`~harness.attribution.retained.retained_holders`): what
+        retains the most, at its accumulation point, replaces them where it holds more."""
         found = self.attribute(sample, opened.base_snapshot, growth)
         held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
-        if growth is None or growth < CENSUS_FROM or 2 * held >= growth:
+        if growth is None or growth < RETAINED_FROM or 2 * held >= growth:
             return
+        if self._stepped_aside():
+            return
+        self.searches += 1
         if self.lines is not None and self.lines.open_now:
             with self.lines.paused():
-                now = census(self.max_objects)
+                better = retained_holders(opened.base_snapshot, self.max_objects)
         else:
-            now = census(self.max_objects)
-        try:
-            if opened.census is not None and growth > opened.census_growth:
-                since = growth - opened.census_growth
-                self.holders += [
-                    replace(
-                        h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=since
-                    )
-                    for h in grown(opened.census, now, floor=max(FLOOR, since // 20))
-                ]
-        finally:
-            now.forget()
-        opened.census, opened.census_growth = now, growth
+            better = retained_holders(opened.base_snapshot, self.max_objects)
+        if sum(h.bytes for h in better) > held:
+            del self.holders[len(self.holders) - len(found) :]
+            self.holders += [
+                replace(
+                    h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=growth
+                )
+                for h in better
+            ]
 
     def attribute(
         self, sample: Sample, before: Snapshot | None, growth: int | None = None
@@ -208,7 +215,17 @@ class PhaseAttribution:
     def search(self, before: Snapshot | None, python: Any = None) -> list[Holder]:
         """Who holds what is new since ``before``, with this attribution's settings; with
         ``explain``, Python objects allocated since ``python`` (a tracemalloc snapshot, else
-        since tracing began) are named by line too."""
+        since tracing began) are named by line too. Where another memory tracer watches the
+        process, or this attribution has searched :data:`SEARCHES` times, it searches nothing
+        and says why, once, as a holder of nothing (``<not searched: memray tracks this
+        process>``)."""
+        why = self._stepped_aside()
+        if why is not None:
+            if why in self._aside:
+                return []
+            self._aside.add(why)
+            return [Holder(f"<not searched: {why}>", "search stepped aside", 0, 0, 0)]
+        self.searches += 1
         if self.lines is None:
             found = attribute(
                 before, limit=None, max_depth=self.max_depth, max_objects=self.max_objects
@@ -237,6 +254,12 @@ class PhaseAttribution:
             ]
         found.sort(key=lambda h: (-h.bytes, -h.tensors, h.path))
         return found[: self.limit] if self.limit is not None else found
+
+    def _stepped_aside(self) -> str | None:
+        """Why no search may run now: another memory tracer, or the cap on searches."""
+        if self.searches >= SEARCHES:
+            return f"{SEARCHES} searches already (their cap)"
+        return memory_tracer(own_tracemalloc=self.lines is not None and self.lines.traced)
 
     def _open_phase(self, sample: Sample) -> None:
         if self.lines is not None and self.lines.open_now:
@@ -271,12 +294,12 @@ class PhaseAttribution:
         epochs.named_at, epochs.attributions = drift, epochs.attributions + 1
         self.attribute(sample, epochs.reference[0], drift)
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, objects: bool = False) -> Snapshot:
         """The live tensors, with the dearer search's own bookkeeping paused."""
         if self.lines is not None and self.lines.open_now:
             with self.lines.paused():
-                return live_tensors()
-        return live_tensors()
+                return live_tensors(objects)
+        return live_tensors(objects)
 
     def _growth(self, start: Sample, now: Sample) -> int | None:
         for metric in (self.metric,) if self.metric else ("allocated", "rss"):
@@ -287,12 +310,15 @@ class PhaseAttribution:
 
 
 _UNNAMED = ("<", PYTHON_OBJECTS)
-CENSUS_FROM = 2**19
-"""Growth below which no census is taken: a walk of every object costs a second or two and
+RETAINED_FROM = 2**19
+"""Growth below which no object is weighed: a walk of every object costs a second or two and
 leaves the interpreter's small-object arenas larger (tens of MiB of resident memory on a
 training process), a price worth paying for a leak of half a MiB or more, not for noise."""
 ATTRIBUTIONS = 6
 """Searches a phase may take: where its growth passes the budget, each doubling, and its end."""
+SEARCHES = 24
+"""Searches a run may take, over all its phases and epochs: a run of many epochs pays for a few
+searches, not for a few per epoch."""
 
 
 @dataclass
@@ -317,8 +343,6 @@ class _Open:
     base_snapshot: Snapshot | None = None
     named_at: int | None = None
     attributions: int = 0
-    census: Census | None = None
-    census_growth: int = 0
     oom: bool = False
     first_batch: int | None = None
     seen: int = 0

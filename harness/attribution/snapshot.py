@@ -5,23 +5,29 @@ compare, so that views of one storage count once."""
 
 from __future__ import annotations
 
+import collections
 import gc
+import sys
 import time
+import types
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from harness.attribution.quiet import unobserved
 from harness.attribution.sites import cuda_blocks
 
 StorageKey = tuple[str, int | None, int]
 
 
-NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
-"""What torch raises asking a tensor without memory of its own (sparse, meta, a wrapper
-subclass) for its storage."""
+NO_STORAGE = (Exception,)
+"""What asking a tensor about itself may raise: one without memory of its own (sparse, meta, a
+wrapper subclass) has no storage, an uninitialized parameter (a lazy module's) refuses every
+question, and a subclass's ``__torch_function__`` may raise anything. Such a tensor is skipped."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +43,12 @@ class Snapshot:
     time: float = 0.0
     storages: Mapping[int, StorageWeakRef] = field(default_factory=dict, repr=False)
     graphs: Mapping[int, int] = field(default_factory=dict, repr=False)
+    objects: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    """The ids of the objects ``gc`` tracked then (those it hid after a freeze excepted),
+    sorted: an array, whose bytes are all malloc's, so that a recorder can leave them out of
+    its readings exactly."""
+    lengths: Mapping[int, int] = field(default_factory=dict, repr=False)
+    """The lengths of the lists, dicts and deques among them and in module globals."""
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -52,19 +64,39 @@ class Snapshot:
         ref = self.tensors.get(id(tensor))
         return ref is not None and ref() is tensor
 
+    def nbytes(self) -> int:
+        """What malloc holds for this snapshot (its ids of objects dominate)."""
+        return int(self.objects.nbytes) + sys.getsizeof(self.lengths)
+
+    def listed(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` (int64) were among :attr:`objects`."""
+        if not len(self.objects):
+            return np.zeros(len(ids), bool)
+        at = np.minimum(np.searchsorted(self.objects, ids), len(self.objects) - 1)
+        return np.asarray(self.objects[at] == ids)
+
     def alive_storages(self) -> set[int]:
         """The storages (:func:`storage_id`) noted then that are still alive."""
         return {key for key, ref in self.storages.items() if not ref.expired()}
 
 
-def live_tensors() -> Snapshot:
+@unobserved
+def live_tensors(objects: bool = False) -> Snapshot:
     """Note every tensor alive now (those ``gc.freeze()`` hid excepted) and the CUDA blocks in
-    use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it."""
+    use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it. With
+    ``objects``, note every object ``gc`` lists and the lengths of collections too (what a
+    search by retained size counts from: tens of milliseconds, for the module globals)."""
     tensors: dict[int, weakref.ref[torch.Tensor]] = {}
     storages: dict[int, StorageWeakRef] = {}
     graphs: dict[int, int] = {}
     tensor_types: dict[type, bool] = {}
-    for obj in gc.get_objects():
+    everything = gc.get_objects()
+    ids = np.zeros(0, np.int64)
+    sizes: dict[int, int] = {}
+    if objects:
+        ids = np.sort(np.fromiter(map(id, everything), np.int64, len(everything)))
+        sizes = lengths(everything)
+    for obj in everything:
         kind = type(obj)
         is_tensor = tensor_types.get(kind)
         if is_tensor is None:
@@ -80,7 +112,31 @@ def live_tensors() -> Snapshot:
             if storage._cdata not in storages:
                 storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
-    return Snapshot(tensors, blocks, time.time(), storages, graphs)
+    del everything
+    return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes)
+
+
+def lengths(young: list[object]) -> dict[int, int]:
+    """The length of each list, dict and deque among ``young`` and in module globals: what a
+    later search counts as added to them (``gc`` does not list the arrays and strings a leak
+    appends to an old collection)."""
+    held = [*young, *(c for c, _ in module_collections())]
+    return {id(c): len(c) for c in held if type(c) in ORDERED}  # type: ignore[arg-type]
+
+
+def module_collections() -> list[tuple[object, dict[str, object]]]:
+    """The lists, dicts and deques that module globals name, each with those globals (an
+    empty dict, or one of arrays and numbers, is one ``gc`` does not track)."""
+    found: list[tuple[object, dict[str, object]]] = []
+    for module in list(sys.modules.values()):
+        table = getattr(module, "__dict__", None) if type(module) is types.ModuleType else None
+        if type(table) is dict:
+            found += [(v, table) for v in list(table.values()) if type(v) in ORDERED]
+    return found
+
+
+ORDERED = (list, dict, collections.deque, collections.defaultdict, collections.OrderedDict)
+"""Collections whose new items come last, and whose length is their own (never a user's)."""
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[StorageKey | None, int]:

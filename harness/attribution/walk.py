@@ -6,10 +6,8 @@ next (``Cache.items``, ``module.NAME``, ``function:variable``, ``[3]``)."""
 
 from __future__ import annotations
 
-import collections
 import gc
 import inspect
-import itertools
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -17,27 +15,39 @@ from typing import Any
 
 import torch
 
-_MODULE_STORES = ("_parameters", "_buffers", "_modules")
-_GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
-_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
-_PACKAGE = __name__.partition(".")[0]
-_SELF_CHECK = f"{_PACKAGE}.selfcheck"
-_TOP_DEPTH = 8
-_CLIMB = 10_000
+from harness.attribution.names import (
+    _GENERATORS,
+    SKIP,
+    UNROOTED,
+    Names,
+    _frame_locals,
+    namespace,
+)
+from harness.attribution.weights import own_module
+
 TRACED_INPUTS = "torch.jit keeps each trace's example inputs"
 
-SKIP = object()
-UNROOTED = object()
-"""The parent recorded for an object that no named root reaches (kept by C code or a cycle)."""
+MAX_BYTES = 192 * 2**20
+"""The most a walk may hold for itself (its map of parents, the largest part, and its frontier):
+a walk that would need more stops there, as when its budget of objects runs out."""
+_ENTRY = 32 + 8
+"""What one more reached object costs the walk beyond its map's table: the id as an int, and
+its slot in a frontier."""
+_CHECK = 1 << 15
+"""Objects walked between two looks at the walk's own size."""
 
 
-class Walk:
+class Walk(Names):
     """One breadth-first walk of the object graph: ``parent`` maps ``id(obj)`` to the object
     it was first reached from (``None`` for roots, :data:`UNROOTED` for objects that no root
     reaches, which only C code or a reference cycle keeps). ``visit(obj, parent)``, when given,
     is called for each object the walk reaches (untracked ones, such as arrays and strings,
     each time they are reached; they get no ``parent``); a tracked object it returns False for
-    is not walked further.
+    is not walked further. With ``ours``, leakgate's own objects (their types' and modules')
+    are not walked, nor what only they reach. With ``watch`` (ids), every reference to a
+    watched object other than the one it was first reached by is kept, as its referrer in
+    :attr:`referrers` and itself in :attr:`joined`: with ``parent``, every reference the walk
+    saw to those objects.
 
     The walk, not ``gc.get_referrers``, finds referrers because ``gc.freeze()`` (which the
     :class:`~harness.Recorder` calls) hides frozen objects from ``gc.get_referrers`` and
@@ -52,11 +62,20 @@ class Walk:
         budget: int,
         targets: set[int] | None = None,
         visit: Callable[[Any, Any], bool] | None = None,
+        watch: set[int] | None = None,
+        ours: bool = False,
     ) -> None:
         self.budget = budget
+        self.watch = watch
+        self.referrers: list[Any] = []
+        self.joined: list[Any] = []
+        self.classify = own_or_kind if ours else kind_of
+        self.skipped: list[Any] = []
         self.visit = visit
         self.visited = 0
         self.complete = False
+        self.max_bytes = MAX_BYTES
+        self.full = False
         self.targets = targets
         self.missing = len(targets) if targets is not None else -1
         self.parent: dict[int, Any] = {}
@@ -88,6 +107,7 @@ class Walk:
         if not self.missing or rooted:
             self.complete = True
             return
+        self._leave_ours()
         # What the named roots do not reach is referenced from C only (or is garbage): walk
         # it too, from the objects nothing else unreached refers to first, then from what is
         # left (cycles), one object at a time: instances of classes first, whose attributes
@@ -103,6 +123,9 @@ class Walk:
         self.parent[id(tops)] = SKIP
         for obj in tops:
             self._see(obj, UNROOTED)
+        self._leave_ours()
+        tops = [o for o in tops if self.parent[id(o)] is not SKIP]
+        self.parent[id(tops)] = SKIP
         if not self._spread(tops):
             return
         rest = sorted((o for o in unreached if id(o) not in self.parent), key=_seed_rank)
@@ -110,9 +133,20 @@ class Walk:
         for obj in rest:
             if id(obj) not in self.parent:
                 self._see(obj, UNROOTED)
-                if not self._spread([obj]):
+                if self.parent[id(obj)] is SKIP:
+                    self._leave_ours()
+                elif not self._spread([obj]):
                     return
         self.complete = True
+
+    def _leave_ours(self) -> None:
+        """Mark what only leakgate's own objects reach as not to be walked."""
+        stack = self.skipped
+        while stack:
+            for ref in gc.get_referents(stack.pop()):
+                if id(ref) not in self.parent and gc.is_tracked(ref):
+                    self.parent[id(ref)] = SKIP
+                    stack.append(ref)
 
     def clear(self) -> None:
         """Drop every reference the walk took (frames among them, which would otherwise close
@@ -127,6 +161,8 @@ class Walk:
             while frame is not None:
                 if not _ours(frame):
                     yield frame
+                elif self.classify is own_or_kind:
+                    self.parent.setdefault(id(frame), SKIP)
                 frame = frame.f_back
 
     def _seed_frames(self, frontier: list[Any]) -> None:
@@ -147,6 +183,9 @@ class Walk:
             table = namespace(module)
             if type(table) is not dict or id(table) in self.parent:
                 continue
+            if self.classify is own_or_kind and own_module(name):
+                self.parent[id(table)] = SKIP
+                continue
             self.parent.setdefault(id(module), None)
             self.parent[id(table)] = module
             self.module_dicts[id(table)] = name
@@ -158,20 +197,27 @@ class Walk:
     def _seed(self, value: Any, root: Any, frontier: list[Any]) -> None:
         """Start the walk at ``value``, which ``root`` (a namespace, a frame) refers to."""
         if id(value) in self.parent:
+            if self.watch is not None and id(value) in self.watch:
+                self.referrers.append(root)
+                self.joined.append(value)
             return
         if self.visit is not None and not self.visit(value, root):
             self.parent[id(value)] = SKIP
         elif gc.is_tracked(value):
             self._see(value, root)
-            frontier.append(value)
+            if self.parent[id(value)] is not SKIP:
+                frontier.append(value)
 
     def _see(self, obj: Any, parent: Any) -> None:
         self.parent[id(obj)] = parent
         kind = type(obj)
         if kind not in self.kinds:
-            self.kinds[kind] = kind_of(kind)
+            self.kinds[kind] = self.classify(kind)
         named = self.kinds[kind]
-        if named is not None:
+        if named == OURS or (self.classify is own_or_kind and _running_ours(obj)):
+            self.parent[id(obj)] = SKIP
+            self.skipped.append(obj)
+        elif named is not None:
             self._keep(obj, named)
 
     def _keep(self, obj: Any, kind: str) -> None:
@@ -199,25 +245,38 @@ class Walk:
                 self.tensors[id(tensor)] = tensor
                 self.library[id(tensor)] = TRACED_INPUTS
 
+    def own_bytes(self) -> int:
+        """What this walk holds for itself now, in bytes (about :attr:`max_bytes` at most)."""
+        return sys.getsizeof(self.parent) + len(self.parent) * _ENTRY
+
     def _spread(self, frontier: list[Any]) -> bool:
-        """Breadth-first from ``frontier``; False when the budget ran out first (the objects
-        visited until then still have their referents recorded)."""
+        """Breadth-first from ``frontier``; False when the budget (of objects, or of the walk's
+        own memory) ran out first (the objects visited until then still have their referents
+        recorded)."""
         parent, kinds, tracked, referents = self.parent, self.kinds, gc.is_tracked, gc.get_referents
-        code, visit = types.CodeType, self.visit
+        code, visit, watch = types.CodeType, self.visit, self.watch
+        referrers, joined = self.referrers, self.joined
         while frontier:
             room = self.budget - self.visited
             cut = len(frontier) > room
             if cut:
                 frontier = frontier[: max(room, 0)]
                 parent[id(frontier)] = SKIP
-            self.visited += len(frontier)
             following: list[Any] = []
             parent[id(following)] = SKIP
-            for obj in frontier:
+            for done, obj in enumerate(frontier):
                 if not self.missing:  # every target has its parent: the rest names nothing
+                    self.visited += done
                     return True
+                if not done % _CHECK and self.own_bytes() > self.max_bytes:
+                    self.visited += done
+                    self.full = True
+                    return False
                 for ref in referents(obj):
                     if id(ref) in parent:
+                        if watch is not None and id(ref) in watch:
+                            referrers.append(obj)
+                            joined.append(ref)
                         continue
                     if not tracked(ref):
                         if visit is not None:
@@ -230,181 +289,22 @@ class Walk:
                     kind = type(ref)
                     if kind is code:
                         continue
-                    following.append(ref)
                     if kind not in kinds:
-                        kinds[kind] = kind_of(kind)
+                        kinds[kind] = self.classify(kind)
                     named = kinds[kind]
-                    if named is not None:
+                    if named is None:
+                        following.append(ref)
+                    elif named == OURS:
+                        parent[id(ref)] = SKIP
+                        self.skipped.append(ref)
+                    else:
+                        following.append(ref)
                         self._keep(ref, named)
+            self.visited += len(frontier)
             if cut:
                 return False
             frontier = following
         return True
-
-    # -- names ------------------------------------------------------------------------------------
-
-    def up(self, tensor: Any, max_depth: int) -> tuple[list[Any], str | None, str]:
-        """The objects from the holder down to ``tensor``, the holder's name (``None`` when
-        unnamed) and, when unnamed, why: ``outside Python``, ``unnamed`` or ``not searched``."""
-        chain = [tensor]
-        obj: Any = tensor
-        for _ in range(max_depth):
-            parent = self.parent.get(id(obj), SKIP)
-            if parent is SKIP:
-                return chain[::-1], None, "not searched"
-            if parent is None or parent is UNROOTED:
-                return chain[::-1], None, "outside Python" if obj is tensor else "unnamed"
-            text, named = self.edge(parent, obj)
-            if named:
-                return chain[::-1], text, ""
-            chain.append(parent)
-            obj = parent
-        return chain[::-1], None, "unnamed"
-
-    def rooted(self, obj: Any) -> bool:
-        """Whether a named root reaches ``obj`` (False: only C code or a cycle keeps it)."""
-        for _ in range(_CLIMB):
-            parent = self.parent.get(id(obj), SKIP)
-            if parent is UNROOTED:
-                return False
-            if parent is None or parent is SKIP:
-                return True
-            obj = parent
-        return True
-
-    def module_name(self, module: torch.nn.Module) -> str:
-        """How to name ``module`` as the owner of an attribute: by its class for a top-level
-        module (``Tracked``), else by the path from its top module's named reference through
-        ``_modules`` (``train:model.0``), so that sibling layers of one class stay apart."""
-        if not self._parents_known:
-            self._parents_known = True
-            for owner in self.modules:
-                children = owner.__dict__.get("_modules")
-                if isinstance(children, dict):
-                    for name, child in children.items():
-                        if child is not None:
-                            self.module_parents.setdefault(id(child), (owner, name))
-        names: list[str] = []
-        node, seen = module, {id(module)}
-        while id(node) in self.module_parents:
-            node, name = self.module_parents[id(node)]
-            if id(node) in seen:
-                break
-            seen.add(id(node))
-            names.append(name)
-        if not names:
-            return type(module).__name__
-        return ".".join([self._top_name(node), *reversed(names)])
-
-    def module_path(self, module: torch.nn.Module) -> str:
-        """``module``'s path from a named reference: a submodule's as :meth:`module_name`
-        gives it, a top-level module's from what refers to it (``train:kept[3]``)."""
-        name = self.module_name(module)
-        return self._top_name(module) if id(module) not in self.module_parents else name
-
-    def _top_name(self, top: torch.nn.Module) -> str:
-        """The named reference to a top-level module (its class name when it has none)."""
-        name = self.top_names.get(id(top))
-        if name is None:
-            self.top_names[id(top)] = type(top).__name__  # stands in while the climb runs
-            name = self.top_names[id(top)] = self.path_of(top) or type(top).__name__
-        return name
-
-    def path_of(self, obj: Any) -> str | None:
-        """The path to ``obj`` from its nearest named reference (``Trainer.log[3]``), or None
-        when no named reference reaches it within a few steps."""
-        chain, root, _ = self.up(obj, _TOP_DEPTH)
-        if root is None:
-            return None
-        return root + "".join(self.edge(a, b)[0] for a, b in itertools.pairwise(chain))
-
-    def edge(self, parent: Any, child: Any) -> tuple[str, bool]:
-        """How ``parent`` refers to ``child``, and whether that reference is a named root."""
-        try:
-            return self._edge(parent, child)
-        except Exception:
-            return f"<{type(parent).__name__}>", False
-
-    def _edge(self, parent: Any, child: Any) -> tuple[str, bool]:
-        if id(child) in self.library and self.parent.get(id(child)) is parent:
-            return "<traced inputs>", False
-        module = self.module_dicts.get(id(parent))
-        if module is not None:
-            return f"{module}.{self.slot(parent, child)}", True
-        if isinstance(parent, types.FrameType):
-            return f"{_qualname(parent.f_code)}:{self.slot(self.locals(parent), child)}", True
-        if isinstance(parent, _GENERATORS):
-            frame = getattr(parent, "gi_frame", None) or getattr(parent, "cr_frame", None)
-            frame = frame or getattr(parent, "ag_frame", None)
-            if frame is not None:
-                return f"{parent.__qualname__}:{self.slot(self.locals(frame), child)}", True
-        if isinstance(parent, types.CellType):
-            return self._cell(parent)
-        if isinstance(parent, dict):
-            return self._entry(parent, child)
-        if isinstance(parent, (list, tuple, collections.deque)):
-            return f"[{self.slot(parent, child)}]", False
-        if isinstance(parent, (set, frozenset)):
-            return "{*}", False
-        for name, value in _attributes(parent):
-            if value is child:
-                return f"{self._owner(parent)}.{name}", True
-        return f"<{type(parent).__name__}>", False
-
-    def _owner(self, obj: Any) -> str:
-        """An attribute owner's name: its class, or a submodule's path."""
-        if isinstance(obj, torch.nn.Module):
-            return self.module_name(obj)
-        return type(obj).__name__
-
-    def locals(self, frame: types.FrameType) -> dict[str, Any]:
-        """``frame``'s locals, read once per walk."""
-        local = self.frame_locals.get(id(frame))
-        if local is None:
-            local = self.frame_locals[id(frame)] = _frame_locals(frame)
-        return local
-
-    def slot(self, container: Any, child: Any) -> Any:
-        """The key or index under which ``container`` (a dict, list, tuple or deque) holds
-        ``child`` (``?`` when it does not); each container is indexed once per walk, so that
-        naming the n tensors of one container stays linear."""
-        index = self.slots.get(id(container))
-        if index is None:
-            pairs = container.items() if isinstance(container, dict) else enumerate(container)
-            index = self.slots[id(container)] = {}
-            for key, value in pairs:
-                index.setdefault(id(value), key)
-        return index.get(id(child), "?")
-
-    def _cell(self, cell: types.CellType) -> tuple[str, bool]:
-        """A closure cell, named as a variable of the function that defines it, through the
-        closure that holds it or the (suspended or finished) frame it belongs to."""
-        owner = self.parent.get(id(cell))
-        if isinstance(owner, (types.FrameType, *_GENERATORS)):
-            return self._edge(owner, cell.cell_contents)
-        function = self.parent.get(id(owner)) if isinstance(owner, tuple) else None
-        if isinstance(function, types.FunctionType) and function.__closure__ is owner:
-            name = function.__code__.co_freevars[self.slot(owner, cell)]
-            scope = function.__qualname__.rpartition(".<locals>.")[0] or function.__qualname__
-            return f"{scope}:{name}", True
-        return "<cell>", False
-
-    def _entry(self, mapping: dict[Any, Any], child: Any) -> tuple[str, bool]:
-        key = self.slot(mapping, child)
-        owner = self.parent.get(id(mapping))
-        if owner is None or owner is SKIP or owner is UNROOTED:
-            return f"[{key!r}]", False
-        if isinstance(owner, type):
-            if owner.__dict__.get(key) is child:
-                return f"{owner.__name__}.{key}", True
-        elif namespace(owner) is mapping:
-            return f"{self._owner(owner)}.{key}", True
-        module = owner if isinstance(owner, torch.nn.Module) else self.parent.get(id(owner))
-        if isinstance(module, torch.nn.Module) and any(
-            module.__dict__.get(store) is mapping for store in _MODULE_STORES
-        ):
-            return f"{self.module_name(module)}.{key}", True
-        return f"[{key!r}]", False
 
 
 def kind_of(kind: type) -> str | None:
@@ -415,6 +315,17 @@ def kind_of(kind: type) -> str | None:
     if issubclass(kind, torch.optim.Optimizer):
         return "optimizer"
     return None
+
+
+OURS = "ours"
+
+
+def own_or_kind(kind: type) -> str | None:
+    """:func:`kind_of`, or :data:`OURS` for a type of leakgate's own."""
+    module = kind.__dict__.get("__module__")
+    if isinstance(module, str) and own_module(module):
+        return OURS
+    return kind_of(kind)
 
 
 def _seed_rank(obj: Any) -> int:
@@ -438,52 +349,20 @@ def _tensors_in(values: list[Any]) -> Iterator[torch.Tensor]:
             values.extend(value.values())
 
 
-def _frame_locals(frame: types.FrameType) -> dict[str, Any]:
-    """A copy of ``frame``'s locals; the snapshot older Pythons keep on a function's frame is
-    emptied so that it does not outlive the values the function drops."""
-    namespace = frame.f_locals
-    local = dict(namespace)
-    if _SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
-        namespace.clear()
-    return local
-
-
 def _ours(frame: types.FrameType) -> bool:
     """Whether ``frame`` runs leakgate's own code (its recorder, plugin, callbacks and this
     search), whose locals are never holders: a callback's ``outputs`` is named by what keeps it
     after the callback returns. The self-check plays a user's part and is not ours."""
-    name = str(frame.f_globals.get("__name__"))
-    return (name == _PACKAGE or name.startswith(_PACKAGE + ".")) and name != _SELF_CHECK
+    return own_module(str(frame.f_globals.get("__name__")))
+
+
+def _running_ours(obj: Any) -> bool:
+    """Whether ``obj`` is a frame, generator or coroutine that runs leakgate's own code."""
+    if type(obj) in _GENERATORS:
+        obj = getattr(obj, "gi_frame", None) or getattr(obj, "cr_frame", None)
+    return type(obj) is types.FrameType and _ours(obj)
 
 
 def _module_level(frame: types.FrameType) -> bool:
     """Whether ``frame`` runs a module's body, whose locals are its globals."""
     return not frame.f_code.co_flags & inspect.CO_OPTIMIZED and frame.f_locals is frame.f_globals
-
-
-def _qualname(code: types.CodeType) -> str:
-    return getattr(code, "co_qualname", code.co_name)
-
-
-def namespace(obj: Any) -> Any:
-    """``obj.__dict__`` without running a class's ``__getattr__``, or None."""
-    try:
-        return object.__getattribute__(obj, "__dict__")
-    except Exception:
-        return None
-
-
-def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
-    """An object's instance attributes and slots, read without running its ``__getattr__``."""
-    found = namespace(obj)
-    if isinstance(found, dict):
-        yield from found.items()
-    for klass in type(obj).__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            descriptor = klass.__dict__.get(slot)
-            if isinstance(descriptor, types.MemberDescriptorType):
-                try:
-                    yield slot, descriptor.__get__(obj, klass)
-                except AttributeError:
-                    continue

@@ -1,0 +1,441 @@
+"""Holders by retained size, as heap analysers find them: every object created since a snapshot
+and still alive is weighed, the dominator tree is computed over the part of the object graph
+that reaches those objects, and the objects that retain a large share of the new memory are
+named at their *accumulation point*, where the retained size stops sitting in one child and
+spreads over many (a list of 176 batches, a hook dict, a cache).
+
+Weights: a tensor's storage counts once per storage (a node that every tensor over it refers
+to), an autograd graph by its nodes and what they saved (as :mod:`~harness.attribution.graph`
+weighs them), a numpy array by its buffer, ``bytes``, ``str`` and every other object by
+``sys.getsizeof`` where its type measures itself in C. The graph's roots are those of a
+:class:`~harness.attribution.walk.Walk` (module globals, live frames, then what only C code or a
+cycle keeps); every reference the walk saw into an object created since the recorder's freeze
+is an edge, so an object two holders share is retained by neither. leakgate's own objects, and
+what only they keep, are neither weighed nor walked.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import itertools
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from harness.attribution.dominators import UNREACHED, immediate_dominators, retained
+from harness.attribution.graph import NODE_BYTES, saved_tensors
+from harness.attribution.holder import Holder
+from harness.attribution.quiet import unobserved
+from harness.attribution.snapshot import (
+    ORDERED,
+    Snapshot,
+    module_collections,
+    storage_id,
+    storage_of,
+)
+from harness.attribution.walk import SKIP, UNROOTED, Walk, kind_of
+from harness.attribution.weights import is_ours, size_of
+
+SPREAD = 0.8
+"""A node whose largest child in the dominator tree retains less than this part of what the
+node retains is an accumulation point: its memory is spread over its children."""
+SUSPECT = 0.1
+"""A top of the dominator tree retaining less than this part of the new memory is not named."""
+_HOLDERS = 3
+R = TypeVar("R")
+_SMALL = 256
+"""Untracked objects lighter than this (names, keys, numbers) are not weighed."""
+_SIZED = (list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict)
+
+
+@dataclass
+class _Node:
+    """An object (``obj``), or a storage or an autograd node (``kind``, no ``obj``)."""
+
+    obj: Any
+    kind: str = ""
+    weight: int = 0
+    tensors: int = 0
+    graph: int = 0
+
+
+class _Graph:
+    """The nodes that reach new objects, as small integers (0 is the root), and their edges."""
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
+        self.nodes: list[_Node] = [_Node(None)]
+        self.successors: list[list[int]] = [[]]
+
+    def node(self, key: Any, obj: Any = None, kind: str = "") -> int:
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.nodes)
+            self.nodes.append(_Node(obj, kind))
+            self.successors.append([])
+        return found
+
+    def edge(self, a: int, b: int) -> None:
+        self.successors[a].append(b)
+
+
+@unobserved
+def retained_holders(
+    before: Snapshot | None, max_objects: int, limit: int = _HOLDERS
+) -> list[Holder]:
+    """The objects that retain most of what was created since ``before`` (since the last
+    ``gc.freeze()`` without it), each at its accumulation point and named by its path from a
+    root, with the new bytes it retains; at most ``limit``, none inside another."""
+    return _searched(before, max_objects, lambda search, kept: search.holders(kept, limit))
+
+
+@unobserved
+def retained_of(before: Snapshot | None, objects: list[Any], max_objects: int) -> list[int]:
+    """The new bytes each of ``objects`` retains (0 for one the search did not reach): what
+    :func:`retained_holders` names its holders by."""
+
+    def each(search: _Search, kept: list[int]) -> list[int]:
+        index = search.graph.index
+        return [kept[index[id(o)]] if id(o) in index else 0 for o in objects]
+
+    return _searched(before, max_objects, each, objects)
+
+
+def _searched(
+    before: Snapshot | None,
+    max_objects: int,
+    read: Callable[[_Search, list[int]], R],
+    asked: Any = None,
+) -> R:
+    """Walk, weigh what is new since ``before`` and compute the dominator tree; ``read`` it.
+    ``asked`` (the caller's list of objects) is never walked: it holds nothing."""
+    collecting = gc.isenabled()
+    gc.disable()
+    young = gc.get_objects()
+    walk = Walk(max_objects, watch={id(o) for o in young}, ours=True)
+    try:
+        new = _new(young, before)
+        walk.parent[id(new)] = walk.parent[id(young)] = walk.parent[id(asked)] = SKIP
+        walk.run()
+        search = _Search(walk, new, before)
+        return read(search, search.retained(young))
+    finally:
+        walk.clear()
+        if collecting:
+            gc.enable()
+
+
+def _new(young: list[Any], before: Snapshot | None) -> dict[int, Any]:
+    """The objects among ``young`` (those ``gc`` lists now) that ``before`` did not list, less
+    leakgate's own and what only they reach."""
+    ids = np.fromiter(map(id, young), np.int64, len(young))
+    old = before.listed(ids) if before is not None else np.zeros(len(young), bool)
+    new = {id(o): o for o, listed in zip(young, old.tolist(), strict=True) if not listed}
+    stack = [o for o in new.values() if is_ours(o)]
+    while stack:
+        obj = stack.pop()
+        if new.pop(id(obj), None) is not None:
+            stack += [r for r in gc.get_referents(obj) if id(r) in new]
+    return new
+
+
+class _Search:
+    def __init__(self, walk: Walk, new: dict[int, Any], before: Snapshot | None) -> None:
+        self.walk = walk
+        self.new = new
+        self.before = before
+        self.graph = _Graph()
+        self.old_storages = before.alive_storages() if before is not None else set()
+        self.weighed: set[int] = set()
+        self.functions: list[Any] = []
+        self.children: list[list[int]] = []
+        self.loose: dict[int, Any] = {}
+
+    def retained(self, young: list[Any]) -> list[int]:
+        """The graph built and weighed; each node's retained weight (the dominator tree in
+        :attr:`children`)."""
+        graph = self.graph
+        for obj in self.new.values():
+            if kind_of(type(obj)) == "tensor" and self.walk.parent.get(id(obj)) is UNROOTED:
+                self.loose[id(obj)] = obj  # only C++ keeps it: a graph that saved it, maybe
+            else:
+                self._place(obj)
+        self._untracked(young)
+        self._joins()
+        for key, obj in list(self.new.items()):
+            if key in graph.index:
+                self._weigh(graph.index[key], obj)
+        for obj in list(self.loose.values()):  # what no graph saved: only C++ keeps it
+            node = self._place(obj)
+            if node is not None and id(obj) in self.loose:
+                del self.loose[id(obj)]
+                self._weigh(node, obj)
+        idom = immediate_dominators(graph.successors)
+        weights = [n.weight for n in graph.nodes]
+        kept = retained(idom, weights)
+        self.children = [[] for _ in idom]
+        for node, dominator in enumerate(idom):
+            if node and dominator != UNREACHED:
+                self.children[dominator].append(node)
+        return kept
+
+    def holders(self, kept: list[int], limit: int) -> list[Holder]:
+        """At most ``limit`` holders, each at its accumulation point, none inside another."""
+        children = self.children
+        total = kept[0]
+        found: list[Holder | None] = []
+        for top in sorted(children[0], key=lambda n: -kept[n]):
+            if kept[top] < SUSPECT * total or len(found) >= limit:
+                break
+            point = self._descend(top, kept, children)
+            found.append(self._holder(point, kept, children))
+        if len(found) < limit:
+            found += self._alike(children[0], kept, total)[: limit - len(found)]
+        return [replace(h, growth=total) for h in found if h is not None and h.bytes > 0]
+
+    def _alike(self, tops: list[int], kept: list[int], total: int) -> list[Holder]:
+        """Objects of one type that only C code or a reference cycle keeps, each a slice too
+        small to name, that together retain a large share (a cycle made every batch while
+        ``gc`` is off): one holder for all of them."""
+        by_type: dict[type, list[int]] = {}
+        for top in tops:
+            obj = self.graph.nodes[top].obj
+            if obj is not None and kept[top] < SUSPECT * total and not self.walk.rooted(obj):
+                by_type.setdefault(type(obj), []).append(top)
+        found = []
+        for kind, group in by_type.items():
+            weight = sum(kept[n] for n in group)
+            if weight >= SUSPECT * total and len(group) > 1:
+                tensors = sum(self._below(n)[0] for n in group)
+                found.append(
+                    Holder(
+                        f"<unnamed {kind.__name__}>",
+                        f"{kind.__name__} objects",
+                        len(group),
+                        tensors,
+                        weight,
+                        note="kept only by a reference cycle, or by C code",
+                    )
+                )
+        return sorted(found, key=lambda h: -h.bytes)
+
+    # -- the graph ---------------------------------------------------------------------------
+
+    def _place(self, obj: Any) -> int | None:
+        """Add ``obj`` and the objects it was first reached from, up to a root; its node (0
+        for a root itself: a module, its globals, a running frame, none of which is a holder:
+        what they name is). None for what the walk did not reach, or leakgate's own."""
+        parent, graph = self.walk.parent, self.graph
+        chain = []
+        while id(obj) not in graph.index and not self._root(obj):
+            up = parent.get(id(obj), SKIP)
+            if up is SKIP:
+                return None
+            chain.append(obj)
+            if up is UNROOTED:
+                break
+            obj = up
+        above = graph.index.get(id(obj), 0)  # 0: a root, or the top of a chain C code keeps
+        for obj in reversed(chain):
+            node = graph.node(id(obj), obj)
+            graph.edge(above, node)
+            above = node
+        return above
+
+    def _root(self, obj: Any) -> bool:
+        up = self.walk.parent.get(id(obj), SKIP)
+        return up is None or id(obj) in self.walk.module_dicts
+
+    def _joins(self) -> None:
+        """Add every other reference the walk saw into the graph's objects, with the paths of
+        their referrers (each of which reaches a new object too), until none is left out."""
+        pending = list(zip(self.walk.referrers, self.walk.joined, strict=True))
+        while pending:
+            left = []
+            for referrer, obj in pending:
+                if id(obj) not in self.graph.index:
+                    left.append((referrer, obj))
+                    continue
+                source = self._place(referrer)
+                if source is not None:
+                    self.graph.edge(source, self.graph.index[id(obj)])
+            if len(left) == len(pending):
+                break
+            pending = left
+
+    def _weigh(self, node: int, obj: Any) -> None:
+        """``obj``'s own weight, and its storage's and graph's for a tensor."""
+        entry = self.graph.nodes[node]
+        entry.weight += size_of(obj)
+        if kind_of(type(obj)) == "tensor":
+            entry.tensors += 1
+            self._tensor(node, obj)
+
+    def _untracked(self, young: list[Any]) -> None:
+        """The untracked objects (arrays, strings, dicts of them, which ``gc`` does not list)
+        added since ``before``: the items a list, dict or deque gained past its length then (all
+        of a new one's), and what new objects refer to; each a node weighing itself and what it
+        holds in turn (an array view's owner too). Small ones (names, keys) are left out."""
+        old = self.before.lengths if self.before is not None else {}
+        globals_ = module_collections()
+        for holder, table in globals_:
+            self.walk.parent.setdefault(id(holder), table)  # untracked: no walk reached it
+        for holder in (*young, *(c for c, _ in globals_)):
+            if type(holder) in ORDERED:
+                start = old.get(id(holder), 0 if id(holder) in self.new else len(holder))
+                if len(holder) > start:
+                    items = holder.values() if isinstance(holder, dict) else holder
+                    self._add(holder, itertools.islice(items, start, None))
+            elif id(holder) in self.new and kind_of(type(holder)) != "tensor":
+                self._add(holder, gc.get_referents(holder))
+
+    def _add(self, holder: Any, items: Iterable[Any]) -> None:
+        above: int | None = None
+        for item in items:
+            if gc.is_tracked(item) or id(item) in self.weighed:
+                continue
+            weight, inner = 0, [item]
+            while inner:
+                part = inner.pop()
+                if id(part) in self.weighed:
+                    continue
+                self.weighed.add(id(part))
+                weight += size_of(part)
+                inner += [r for r in gc.get_referents(part) if not gc.is_tracked(r)]
+                if type(part).__name__ == "ndarray" and getattr(part, "base", None) is not None:
+                    inner.append(part.base)  # a view: its owner's buffer
+            if weight < _SMALL:
+                continue
+            above = self._place(holder) if above is None else above
+            if above is None:
+                return
+            at = self.graph.node(id(item), item)
+            self.graph.nodes[at].weight = weight
+            self.graph.edge(above, at)
+
+    def _tensor(self, node: int, tensor: torch.Tensor) -> None:
+        if self.before is not None and tensor in self.before and not self.before.regraphed(tensor):
+            return
+        key, nbytes = storage_of(tensor)
+        if key is not None and storage_id(tensor) not in self.old_storages:
+            self._storage(node, key, nbytes)
+        try:
+            grad_fn = tensor.grad_fn
+        except Exception:
+            return
+        if grad_fn is not None:
+            self._graph(node, grad_fn)
+
+    def _storage(self, node: int, key: Any, nbytes: int) -> int:
+        graph = self.graph
+        fresh = ("storage", key) not in graph.index
+        storage = graph.node(("storage", key), kind="storage")
+        if fresh:
+            graph.nodes[storage].weight = nbytes
+        graph.edge(node, storage)
+        return storage
+
+    def _graph(self, node: int, grad_fn: Any) -> None:
+        """The autograd nodes below ``grad_fn`` and what they saved, as nodes of the graph."""
+        graph = self.graph
+        stack = [(node, grad_fn)]
+        while stack:
+            above, function = stack.pop()
+            key = ("graph", id(function))
+            fresh = key not in graph.index
+            at = graph.node(key, kind="autograd graph")
+            graph.edge(above, at)
+            if not fresh:
+                continue
+            self.functions.append(function)  # keeps its id unique while the search runs
+            if type(function).__name__ != "AccumulateGrad":
+                graph.nodes[at].weight = graph.nodes[at].graph = NODE_BYTES
+            for saved in saved_tensors(function):
+                if self.loose.pop(id(saved), None) is not None:  # its Python object too
+                    tensor = graph.node(id(saved), saved)
+                    graph.edge(at, tensor)
+                    self._weigh(tensor, saved)
+                place, nbytes = storage_of(saved)
+                if place is not None and storage_id(saved) not in self.old_storages:
+                    storage = self._storage(at, place, nbytes)
+                    graph.nodes[storage].graph = graph.nodes[storage].weight
+            stack += [(at, f) for f, _ in function.next_functions if f is not None]
+
+    # -- naming ------------------------------------------------------------------------------
+
+    def _descend(self, node: int, kept: list[int], children: list[list[int]]) -> int:
+        """From ``node`` down the dominator tree while one child retains most of it."""
+        while children[node]:
+            largest = max(children[node], key=lambda n: kept[n])
+            if kept[largest] < SPREAD * kept[node] or self.graph.nodes[largest].obj is None:
+                break
+            node = largest
+        return node
+
+    def _below(self, node: int) -> tuple[int, int]:
+        """The tensors, and the bytes autograd graphs keep, that ``node`` dominates."""
+        below, tensors, graph_bytes = [node], 0, 0
+        while below:
+            at = below.pop()
+            tensors += self.graph.nodes[at].tensors
+            graph_bytes += self.graph.nodes[at].graph
+            below += self.children[at]
+        return tensors, graph_bytes
+
+    def _holder(self, node: int, kept: list[int], children: list[list[int]]) -> Holder | None:
+        obj = self.graph.nodes[node].obj
+        if obj is None:
+            return None
+        tensors, graph_bytes = self._below(node)
+        path = self.walk.path_of(obj) or f"<unnamed {type(obj).__name__}>"
+        items = _length(obj)
+        if items is None:
+            items = len(children[node])
+        note = _items(self.graph, children[node], kept)
+        if not self.walk.rooted(obj):
+            note = "; ".join(filter(None, (note, "kept only by a reference cycle, or by C code")))
+        return Holder(
+            path,
+            _kind(obj),
+            items,
+            tensors,
+            kept[node],
+            graph_bytes=graph_bytes,
+            note=note,
+        )
+
+
+def _kind(obj: Any) -> str:
+    return "tensor" if kind_of(type(obj)) == "tensor" else type(obj).__name__
+
+
+def _length(obj: Any) -> int | None:
+    """``len(obj)`` for builtin containers (never a user's ``__len__``), else None."""
+    if type(obj) in _SIZED:
+        return len(obj)
+    return None
+
+
+def _items(graph: _Graph, children: list[int], kept: list[int]) -> str:
+    """What an accumulation point's items are: ``176 x list``, the most common kind among
+    the children that retain its memory."""
+    if len(children) < 2:
+        return ""
+    kinds: collections.Counter[str] = collections.Counter()
+    for child in children:
+        node = graph.nodes[child]
+        kinds[node.kind or _describe(node.obj)] += 1
+    kind, count = kinds.most_common(1)[0]
+    return f"items: {count} x {kind}"
+
+
+def _describe(obj: Any) -> str:
+    if type(obj) is types.MethodType:
+        owner = type(obj.__self__).__name__
+        return f"bound {owner}.{getattr(obj.__func__, '__name__', '?')}"
+    return _kind(obj)
