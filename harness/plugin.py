@@ -179,16 +179,7 @@ class LeakGate:
         files = self.files_for(item)
         # Always ready to name holders while they live: at the checkpoint where a phase's growth
         # first crosses its budget, or an OOM. attribute=True also names them at every END.
-        attribution = PhaseAttribution(
-            growth=rules.size("max_growth"),
-            metric=rules.metric,
-            at_end=rules.attribute,
-            sites=rules.attribute,
-            explain=explain,
-            warmup=rules.warmup,
-            drift=rules.size("max_drift"),
-            warmup_epochs=rules.warmup_epochs,
-        )
+        attribution = PhaseAttribution.for_rules(rules, explain=explain)
         meta = {"test": item.nodeid}
         try:
             recorder = Recorder(

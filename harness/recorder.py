@@ -113,7 +113,12 @@ class Recorder:
             raise TypeError(f"children: expected a bool or None, got {children!r}")
         self._children = ChildSampler() if children else None
         if attribute is True:
-            attribute = PhaseAttribution()
+            every_end = (
+                Rules(attribute=True)
+                if rules is None
+                else dataclasses.replace(rules, attribute=True)
+            )
+            attribute = PhaseAttribution.for_rules(every_end)
         self.attribution: PhaseAttribution | None = attribute or None
         self.rank = rank_info()
         self.probe = make_probe(probe)

@@ -100,6 +100,14 @@ class LeakyTraining(Forecaster):
         return loss
 
 
+class KeptUntilEpochEnd(LeakyTraining):
+    """pytorch-forecasting 1.4.0's shape: each step's output kept in a list that only the
+    epoch's end clears, so nothing holds the memory once the fit is over."""
+
+    def on_train_epoch_end(self) -> None:
+        self.losses.clear()
+
+
 class LogsGraphs(Forecaster):
     """``self.log`` of tensors that carry their graph, in training and in validation."""
 
@@ -229,6 +237,16 @@ def test_losses_accumulated_by_training_step_fail_in_training():
     assert "LeakyTraining.losses" in [h.path for h in finished.holders]
     clean = judged(Forecaster(), TRAINING, train=64, val=8).finished.verdict
     assert clean.status == "PASS", [f.message for f in clean.findings]
+
+
+def test_what_a_leak_holds_is_named_while_it_lives_not_only_at_the_end():
+    """The callback names holders where a phase's growth crosses its budget, as the plugin
+    does: the list is named though the epoch's end emptied it long before the fit ended."""
+    finished = judged(KeptUntilEpochEnd(), TRAINING, epochs=1, train=64, val=8).finished
+    assert [f.phase for f in finished.verdict.of_kind("leak")] == ["training"]
+    (holder, *_) = finished.holders
+    assert holder.path == "KeptUntilEpochEnd.losses" and holder.phase == "training"
+    assert holder.growth is not None and holder.bytes >= 0.8 * holder.growth
 
 
 def test_self_log_of_tensors_with_their_graph_does_not_leak():

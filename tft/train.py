@@ -268,6 +268,7 @@ def traced(
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    judged = Rules(**rules)
     warm_up(faults.trainer_class(args.inject_fault), config, model_config, split)
     if capacity is not None:
         held = held_at_start(str(resolve_device(config.device)), capacity)
@@ -290,10 +291,8 @@ def traced(
             timeline=None if args.memreport is None else args.memreport / f"{name}.jsonl",
             config=config,
             meta=meta,
-            attribute=PhaseAttribution(
-                growth=rules["max_growth"], at_end=False, warmup=rules["warmup"]
-            ),
-            rules=Rules(**rules),
+            attribute=PhaseAttribution.for_rules(judged),
+            rules=judged,
         )
     except OSError as exc:  # the timeline cannot be created: a link in the way, no such place
         print(f"error: {exc.filename or args.memreport}: {exc.strerror or exc}", file=sys.stderr)

@@ -18,6 +18,7 @@ from harness.attribution.quiet import memory_tracer
 from harness.attribution.retained import retained_holders
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
+from harness.options import Rules
 from harness.sample import Sample
 from harness.units import parse_size
 
@@ -93,6 +94,23 @@ class PhaseAttribution:
         self.searches = 0
         """Searches run so far (at most :data:`SEARCHES`)."""
         self._aside: set[str] = set()
+
+    @classmethod
+    def for_rules(cls, rules: Rules, *, explain: bool = False) -> PhaseAttribution:
+        """Ready to name holders as ``rules`` judge the run, for every front end alike: where a
+        phase's growth first crosses ``max_growth`` (and each doubling), at an OOM, at a later
+        epoch's drift past ``max_drift``, and at every phase's END with ``rules.attribute``;
+        the dearer search with ``explain`` or ``rules.explain``."""
+        return cls(
+            growth=rules.size("max_growth"),
+            metric=rules.metric,
+            at_end=rules.attribute,
+            sites=rules.attribute,
+            explain=explain or rules.explain,
+            warmup=rules.warmup,
+            drift=rules.size("max_drift"),
+            warmup_epochs=rules.warmup_epochs,
+        )
 
     def start(self) -> None:
         """Begin recording CUDA allocation stacks when ``sites`` is set and CUDA is in use."""

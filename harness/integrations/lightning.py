@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 import harness.labels as labels
+from harness.attribution import PhaseAttribution
 from harness.errors import BadInput, MemoryCheckFailed, as_unwritable
 from harness.finish import Finished, finish_run
 from harness.naming import check_file_name
@@ -243,6 +245,9 @@ class LeakGateCallback(Callback):
         elif timeline is None and self.directory is not None:
             timeline = self.directory / f"{self._session}.jsonl"
         hparams = getattr(pl_module, "hparams", None)
+        rules = self._rules(stage)
+        if self.attribute:
+            rules = replace(rules, attribute=True)
         try:
             return Recorder(
                 _probe_for(device),
@@ -258,8 +263,8 @@ class LeakGateCallback(Callback):
                     "rank": trainer.global_rank,
                     "world_size": trainer.world_size,
                 },
-                attribute=self.attribute or self._rules(stage).attribute,
-                rules=self._rules(stage),
+                attribute=PhaseAttribution.for_rules(rules),
+                rules=rules,
             )
         except OSError as exc:  # the timeline cannot be created: the fit stops before it starts
             raise as_unwritable(exc, timeline) from None
