@@ -81,7 +81,17 @@ class SampleStore(Sequence[Sample]):
         self._size = 0
         self._noted = -1
         self._notes_size = 0
+        self._frozen = False
         self._resized()
+
+    def freeze(self) -> None:
+        """Take no more samples (a timeline read back): the columns are cut to their length,
+        and :meth:`codes`, :meth:`numbers` and :meth:`metric` return them in place, read-only,
+        instead of a copy each."""
+        for column in self._all:
+            del column[self._n :]
+        self._resized()
+        self._frozen = True
 
     def _intern(self, text: str | None) -> int:
         found = self._index.get(text)
@@ -101,6 +111,8 @@ class SampleStore(Sequence[Sample]):
         its length and :data:`_ROOM` bytes, as ``array`` over-allocates by a 16th."""
         if count <= self._room:
             return
+        if self._frozen:
+            raise TypeError("a frozen SampleStore takes no more samples")
         for column in self._all:
             if len(column) < count:
                 column.extend(_column(column.typecode, max(len(column) // 16, count - len(column))))
@@ -231,16 +243,25 @@ class SampleStore(Sequence[Sample]):
         return self._index.get(text)
 
     def codes(self, field: str) -> np.ndarray:
-        """A ``text`` field of every sample as indices into :attr:`strings` (a copy)."""
-        return np.frombuffer(self._columns[field], dtype=np.uint32, count=self._n).copy()
+        """A ``text`` field of every sample as indices into :attr:`strings` (a copy, or the
+        column itself once frozen)."""
+        return self._read(self._columns[field], np.uint32)
 
     def numbers(self, field: str) -> np.ndarray:
         """An ``int`` (int64, :data:`NONE` for None), ``float`` (float64) or ``bool`` field of
-        every sample, a copy."""
+        every sample (a copy, or the column itself once frozen)."""
         column = self._columns[field]
         if column.typecode == "b":
-            return np.frombuffer(column, dtype=np.int8, count=self._n).astype(bool)
-        return np.frombuffer(column, dtype=_DTYPES[column.typecode], count=self._n).copy()
+            return self._read(column, np.int8).view(bool)
+        return self._read(column, _DTYPES[column.typecode])
+
+    def _read(self, column: array, dtype: type) -> np.ndarray:
+        """``column`` as numpy: a copy, or in place and read-only when frozen."""
+        found: np.ndarray = np.frombuffer(column, dtype=dtype, count=self._n)
+        if not self._frozen:
+            return found.copy()
+        found.flags.writeable = False
+        return found
 
     def sparse(self, field: str) -> Mapping[int, str]:
         """A ``note`` field's values, by position (most samples have none)."""
@@ -256,12 +277,10 @@ class SampleStore(Sequence[Sample]):
         return list(self._metrics)
 
     def metric(self, name: str) -> np.ndarray | None:
-        """Readings of ``name`` (int64, :data:`NONE` where absent), a copy; None when no
-        sample has the metric."""
+        """Readings of ``name`` (int64, :data:`NONE` where absent; a copy, or the column
+        itself once frozen); None when no sample has the metric."""
         column = self._metrics.get(name)
-        if column is None:
-            return None
-        return np.frombuffer(column, dtype=np.int64, count=self._n).copy()
+        return None if column is None else self._read(column, np.int64)
 
     def extend_columns(
         self,
