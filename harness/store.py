@@ -64,8 +64,12 @@ class SampleStore(Sequence[Sample]):
         self._sparse: dict[str, dict[int, str]] = {
             f.name: {} for f in self._fields if f.kind == "note"
         }
-        self._texts = [f.name for f in self._fields if f.kind == "text"]
-        self._numbers = [f.name for f in self._fields if f.kind in ("int", "float", "bool")]
+        columns = self._columns
+        self._texts = [(f.name, columns[f.name]) for f in self._fields if f.kind == "text"]
+        self._numbers = [
+            (f.name, columns[f.name]) for f in self._fields if f.kind in ("int", "float", "bool")
+        ]
+        self._notes = list(self._sparse.items())
         self._order = line_order(self._fields)
         strings = self._strings
         kinds: dict[str, Callable[[Any], Any]] = {
@@ -129,15 +133,15 @@ class SampleStore(Sequence[Sample]):
         if n == self._room:
             self._reserve(n + 1)
         values = sample.__dict__
-        columns, index = self._columns, self._index
-        for name in self._texts:
+        index = self._index
+        for name, column in self._texts:  # (name, column) pairs: no lookup of the column
             text = values[name]
             code = index.get(text)
-            columns[name][n] = self._intern(text) if code is None else code
-        for name in self._numbers:
+            column[n] = self._intern(text) if code is None else code
+        for name, column in self._numbers:
             value = values[name]
-            columns[name][n] = _NONE if value is None else value
-        for name, notes in self._sparse.items():
+            column[n] = _NONE if value is None else value
+        for name, notes in self._notes:
             if values[name] is not None:
                 notes[n] = values[name]
         metrics = self._metrics
