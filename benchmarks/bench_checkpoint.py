@@ -49,6 +49,17 @@ def test_checkpoint(benchmark, probe, timeline, tmp_path):
         benchmark.pedantic(rec.checkpoint, ("TRAIN_BATCH",), rounds=20_000)
 
 
+def test_checkpoint_between(benchmark, tmp_path):
+    """A loop's batch checkpoint with a timeline, past a label's first batches: seven in eight
+    read no memory (the stride, :data:`harness.sample.STRIDE`), so the median is one of those;
+    the eighth costs what ``test_checkpoint[cpu-timeline]`` does."""
+    batches = itertools.count()
+    with Recorder("cpu", timeline=tmp_path / "t.jsonl") as rec:
+        benchmark.pedantic(
+            lambda: rec.checkpoint("TRAIN_BATCH", batch=next(batches)), rounds=20_000
+        )
+
+
 def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
     """Exactly the system reads a CPU checkpoint makes while ``rss`` is at its high-water mark
     (as on an idle heap), by name, through ``probe``'s own libc functions and file descriptors,
