@@ -415,7 +415,7 @@ def checkpoint_section(
     }
     rows = []
     for b in sorted(benches, key=lambda b: b["name"]):
-        probe = b["params"].get("probe", "cpu")
+        probe = (b["params"] or {}).get("probe", "cpu")
         if b["name"].startswith("test_checkpoint_collect"):
             what = "collect=True, timeline"
         elif b["name"].startswith("test_checkpoint_between"):

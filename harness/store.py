@@ -89,12 +89,10 @@ class SampleStore(Sequence[Sample]):
         self._resized()
 
     def freeze(self) -> None:
-        """Take no more samples (a timeline read back): the columns are cut to their length,
-        and :meth:`codes`, :meth:`numbers` and :meth:`metric` return them in place, read-only,
-        instead of a copy each."""
-        for column in self._all:
-            del column[self._n :]
-        self._resized()
+        """Take no more samples (a timeline read back): :meth:`codes`, :meth:`numbers` and
+        :meth:`metric` return the columns in place, read-only, instead of a copy each. (The
+        columns are not cut to their length: ``array`` would over-allocate a 16th again.)"""
+        self._room = self._n  # the next sample would grow the columns, which a frozen store refuses
         self._frozen = True
 
     def _intern(self, text: str | None) -> int:
