@@ -49,6 +49,17 @@ def test_checkpoint(benchmark, probe, timeline, tmp_path):
         benchmark.pedantic(rec.checkpoint, ("TRAIN_BATCH",), rounds=20_000)
 
 
+def test_checkpoint_between(benchmark, tmp_path):
+    """A loop's batch checkpoint with a timeline, past a label's first batches: seven in eight
+    read no memory (the stride, :data:`harness.sample.STRIDE`), so the median is one of those;
+    the eighth costs what ``test_checkpoint[cpu-timeline]`` does."""
+    batches = itertools.count()
+    with Recorder("cpu", timeline=tmp_path / "t.jsonl") as rec:
+        benchmark.pedantic(
+            lambda: rec.checkpoint("TRAIN_BATCH", batch=next(batches)), rounds=20_000
+        )
+
+
 def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
     """Exactly the system reads a CPU checkpoint makes while ``rss`` is at its high-water mark
     (as on an idle heap), by name, through ``probe``'s own libc functions and file descriptors,
@@ -134,17 +145,18 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None
 def noise_floor(checkpoints: int = 176, warmup: int = 20) -> list[dict[str, object]]:
     """The spread of the CPU metrics over checkpoints after a warm-up: idle, and with a small
     training step (a 256x256 linear layer, Adam) between checkpoints; one row per case and
-    metric, in bytes."""
+    metric, in bytes. The checkpoints carry no batch number, so each reads memory (a loop's
+    batches are read on a stride)."""
     model = torch.nn.Linear(256, 256)
     optimizer = torch.optim.Adam(model.parameters())
     rows = []
     for work in (False, True):
         for collect in (False, True):
             with Recorder("cpu") as rec:
-                for batch in range(warmup + checkpoints):
+                for _ in range(warmup + checkpoints):
                     if work:
                         train_step(model, optimizer)
-                    rec.checkpoint("batch", batch=batch, collect=collect)
+                    rec.checkpoint("batch", collect=collect)
                 samples = rec.samples[warmup:]
             for metric in ("rss", "allocated"):
                 values = [s.get(metric) for s in samples]

@@ -1,21 +1,29 @@
-"""Reading and judging long timelines: 10k, 100k and two 1M-checkpoint files.
+"""Reading and judging long timelines of two shapes: the trainer's and one long phase.
 
 A timeline of the trainer's shape (per epoch: 704 ``TRAIN_BATCH`` and 176 ``VALIDATION_BATCH``
-with their phase events, three CPU metrics with a little noise) is written line by line as the
-recorder writes it, from a seeded random generator (the same bytes on every run), then judged
-in a child process each way, its wall time and peak resident memory (the child's ``VmHWM``)
-kept. The second 1M file differs from the first only in its readings and start time, chosen
-so that a line ends 16 bytes before a 2 MiB block boundary: the layout that sent a whole file
-to the line-by-line reader before the columnar reader took every layout (issue 26: 38.7 s and
-2.2 GB there, against 5.6 s and 342 MiB on the other).
+with their phase events) or of one phase (``VALIDATION_BATCH`` after ``VALIDATION_START``: a
+long pre-training epoch with a checkpoint per step), three CPU metrics with a little noise, is
+written line by line as the recorder writes it, from a seeded random generator (the same bytes
+on every run), as rank 0 of a world of one, then judged in a child process each way, its wall
+time and peak resident memory (the child's ``VmHWM``) kept. Each shape is written at 100k and
+twice at 1M, with the default seed and seed 2, which differ in their readings and start time:
+in the trainer's shape seed 2 puts a line end 16 bytes before a 2 MiB block boundary, the
+layout that sent a whole file to the line-by-line reader before the columnar reader took every
+layout (issue 26: 38.7 s and 2.2 GB there, against 5.6 s and 342 MiB on the other).
 
 - ``report``: ``python -m harness report TIMELINE`` as a user runs it (read, judge, render the
   markdown report and the JSON verdict);
-- ``judge``: ``read_timeline`` then the statistics pass and every rule
-  (``harness.judge``), the part this package's store and context serve;
+- ``gate``: ``python -m harness gate`` on the timeline's folder, which holds its merged verdict
+  (made untimed first);
+- ``merge``: ``python -m harness merge TIMELINE`` into a folder of its own (the rank judged,
+  then the ranks compared, one report);
+- ``judge``: ``read_timeline`` then the statistics pass and every rule (``harness.judge``),
+  the part this package's store and context serve;
 - ``columns``: ``read_timeline`` then ``Context`` alone: the statistics pass over columns.
 
-``judge`` and ``columns`` also print which reader read the file (``Timeline.reader``).
+``judge`` and ``columns`` also print which reader read the file (``Timeline.reader``). The
+one-phase shape runs ``report``, ``gate`` and ``merge``; the trainer's runs ``report``,
+``judge`` and ``columns``, and a 10k file too.
 
 The store's bytes per checkpoint (``SampleStore.nbytes() / len``) are kept for each size read
 in columns (files under ``harness.timeline_columns.COLUMNS_FROM``, 4 MiB, are read line by
@@ -40,13 +48,28 @@ from common import ROOT
 
 from harness.timeline_columns import SCAN_BLOCK
 
-FILES = ((10_000, None), (100_000, None), (1_000_000, None), (1_000_000, 2))
-"""Each timeline judged: its checkpoints and the seed of :func:`write_timeline`."""
+TRAINER, PHASE = "trainer", "phase"
+FILES = (
+    (TRAINER, 10_000, None),
+    (TRAINER, 100_000, None),
+    (TRAINER, 1_000_000, None),
+    (TRAINER, 1_000_000, 2),
+    (PHASE, 100_000, None),
+    (PHASE, 1_000_000, None),
+    (PHASE, 1_000_000, 2),
+)
+"""Each timeline judged: its shape, its checkpoints and the seed of :func:`write_timeline`."""
 TRAIN, VALIDATION = 704, 176
 
 STEPS = {
     "report": "import runpy; "
-    "sys.argv = ['leakgate', 'report', sys.argv[1], '-o', sys.argv[1] + '.md']; "
+    "sys.argv = ['leakgate', 'report', sys.argv[1], '-o', sys.argv[2] + '/report.md']; "
+    "runpy.run_module('harness', run_name='__main__')",
+    "gate": "import os, runpy; "
+    "sys.argv = ['leakgate', 'gate', os.path.dirname(sys.argv[1])]; "
+    "runpy.run_module('harness', run_name='__main__')",
+    "merge": "import runpy; "
+    "sys.argv = ['leakgate', 'merge', sys.argv[1], '--directory', sys.argv[2]]; "
     "runpy.run_module('harness', run_name='__main__')",
     "judge": "from harness.timeline import read_timeline; "
     "from harness.finish import rules_of; from harness import judge; "
@@ -59,7 +82,10 @@ STEPS = {
     "print(len(c.groups), t.reader, "
     "getattr(t.samples, 'nbytes', lambda: float('nan'))() / len(t.samples))",
 }
-"""What the child runs for each step, on the timeline named by ``sys.argv[1]``."""
+"""What the child runs for each step, on the timeline named by ``sys.argv[1]``, with a folder
+of its own for what it writes in ``sys.argv[2]``."""
+SHAPE_STEPS = {TRAINER: ("report", "judge", "columns"), PHASE: ("report", "gate", "merge")}
+"""The steps each shape runs."""
 
 
 def child_code(step: str) -> str:
@@ -74,18 +100,27 @@ def child_code(step: str) -> str:
     )
 
 
-def write_timeline(path: Path, checkpoints: int, seed: int | None = None) -> int:
-    """A timeline of about ``checkpoints`` samples; returns how many were written. ``seed``
-    draws the readings (by default ``checkpoints``) and, when given, moves the start time by
-    a seventh of that many seconds: the times' text lengths, and so where lines end, change
-    with it (seed 2 at 1M puts a line end 16 bytes before a 2 MiB block boundary)."""
+def write_timeline(
+    path: Path, checkpoints: int, seed: int | None = None, shape: str = TRAINER
+) -> int:
+    """A timeline of about ``checkpoints`` samples of ``shape``; returns how many were written.
+    ``seed`` draws the readings (by default ``checkpoints``) and, when given, moves the start
+    time by a seventh of that many seconds: the times' text lengths, and so where lines end,
+    change with it (seed 2 at 1M in the trainer's shape puts a line end 16 bytes before a
+    2 MiB block boundary)."""
     rnd = random.Random(checkpoints if seed is None else seed)
     header = {
         "leakgate_timeline": 2,
         "probe": "cpu",
         "primary": "allocated",
         "metrics": ["allocated", "rss", "peak"],
-        "rules": {"phase": ["training", "validation"], "max_growth": "256KB", "warmup": 5},
+        "rules": {
+            "phase": ["validation"] if shape == PHASE else ["training", "validation"],
+            "max_growth": "256KB",
+            "warmup": 5,
+        },
+        "rank": 0,
+        "world_size": 1,
     }
     now, count = 1.7e9 + (seed or 0) / 7, 0
     with path.open("w") as out:
@@ -116,15 +151,28 @@ def write_timeline(path: Path, checkpoints: int, seed: int | None = None) -> int
             )
 
         line("SESSION_START", "session", None, None)
-        for epoch in range(max(1, (checkpoints - 2) // (TRAIN + VALIDATION + 4))):
-            line("EPOCH_START", "training", epoch, None)
-            for batch in range(TRAIN):
-                line("TRAIN_BATCH", "training", epoch, batch)
-            line("EPOCH_END", "training", epoch, None)
-            line("VALIDATION_START", "validation", epoch, None)
-            for batch in range(VALIDATION):
-                line("VALIDATION_BATCH", "validation", epoch, batch)
-            line("VALIDATION_END", "validation", epoch, None)
+        if shape == PHASE:
+            loops = [("validation", "VALIDATION", 0, checkpoints - 4)]
+        else:
+            epochs = range(max(1, (checkpoints - 2) // (TRAIN + VALIDATION + 4)))
+            loops = [
+                loop
+                for epoch in epochs
+                for loop in (
+                    ("training", "TRAIN", epoch, TRAIN),
+                    ("validation", "VALIDATION", epoch, VALIDATION),
+                )
+            ]
+        for phase, name, epoch, batches in loops:
+            start, end = (
+                ("EPOCH_START", "EPOCH_END")
+                if name == "TRAIN"
+                else (f"{name}_START", f"{name}_END")
+            )
+            line(start, phase, epoch, None)
+            for batch in range(batches):
+                line(f"{name}_BATCH", phase, epoch, batch)
+            line(end, phase, epoch, None)
         line("SESSION_END", "session", None, None)
         out.write(json.dumps({"leakgate_end": {"error": None}}) + "\n")
     return count
@@ -142,32 +190,38 @@ def block_edges(path: Path) -> int:
 
 @pytest.fixture(scope="module")
 def timelines(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, tuple[Path, int, int]]:
-    """Each of :data:`FILES` written: its path, checkpoints and :func:`block_edges`."""
+    """Each of :data:`FILES` written, each in a folder of its own as ``run.rank0.jsonl``: its
+    path, checkpoints and :func:`block_edges`."""
     folder = tmp_path_factory.mktemp("scale")
     made = {}
-    for size, seed in FILES:
-        path = folder / f"t{size}-{seed}.jsonl"
-        count = write_timeline(path, size, seed)
-        made[size, seed] = (path, count, block_edges(path))
+    for shape, size, seed in FILES:
+        path = folder / f"{shape}-{size}-{seed}" / "run.rank0.jsonl"
+        path.parent.mkdir()
+        count = write_timeline(path, size, seed, shape)
+        made[shape, size, seed] = (path, count, block_edges(path))
     return made
 
 
-@pytest.mark.parametrize("step", list(STEPS))
-@pytest.mark.parametrize(("size", "seed"), FILES)
-def test_scale(benchmark, timelines, size, seed, step):
-    path, count, edges = timelines[size, seed]
-    result = benchmark.pedantic(_measured, (child_code(step), path), rounds=1)
+@pytest.mark.parametrize(
+    ("shape", "size", "seed", "step"),
+    [(*file, step) for file in FILES for step in SHAPE_STEPS[file[0]]],
+)
+def test_scale(benchmark, timelines, shape, size, seed, step, tmp_path):
+    path, count, edges = timelines[shape, size, seed]
+    if step == "gate" and not path.with_name("run.json").exists():
+        _measured(child_code("merge"), path, path.parent)  # the merged verdict the gate reads
+    result = benchmark.pedantic(_measured, (child_code(step), path, tmp_path), rounds=1)
     benchmark.extra_info.update(result, checkpoints=count, block_edges=edges)
 
 
-def _measured(code: str, path: Path) -> dict[str, object]:
+def _measured(code: str, path: Path, folder: Path) -> dict[str, object]:
     """Seconds, peak resident bytes (the child's ``VmHWM``), exit code and last output line of
-    one child process."""
+    one child process on the timeline ``path``, writing into ``folder``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         child = subprocess.Popen(
-            [sys.executable, "-c", code, str(path)],
+            [sys.executable, "-c", code, str(path), str(folder)],
             cwd=ROOT,
             env=env,
             stdout=output,

@@ -35,6 +35,7 @@ from harness.timeline import Timeline, read_timeline
 from harness.verdict import RAISED, Check, CheckStatus, PhaseStats, Rules, Status, Verdict
 
 if TYPE_CHECKING:
+    from harness.attribution.holders import Holder
     from harness.recorder import Recorder
 
 
@@ -53,17 +54,26 @@ def rank_part(
     path = timeline if timeline is not None else getattr(record, "timeline_path", None)
     rank = header_rank(record.header, path or name)
     finished = finish_run(record, rules, name=name, error=error)
-    header = finished.run.header
+    header, samples = finished.run.header, finished.run.samples
     return RankRun(
         rank=rank,
         header=dict(header),
-        samples=list(finished.run.samples),
+        samples=samples if isinstance(record, Timeline) else list(samples),  # a recorder's grows
         verdict=finished.verdict,
         holders=list(finished.run.holders),
         shares=tuple(finished.shares),
         torn=finished.run.torn,
         timeline=str(path) if path is not None else None,
     )
+
+
+def _holders(named: Sequence[Mapping[str, Any]]) -> list[Holder]:
+    """The ranks' holders read back; torch is imported only where a rank named one."""
+    if not named:
+        return []
+    from harness.attribution.holders import Holder
+
+    return [Holder.from_dict(h) for h in named]
 
 
 def header_rank(header: Mapping[str, Any], where: object) -> int:
@@ -216,7 +226,7 @@ def finish_ranks(
     run = MergedRun(
         name=name,
         header=header,
-        samples=list(first.samples),
+        samples=first.samples,
         verdict=verdict,
         title=title or (test if isinstance(test, str) else None),
         holders=holders,
@@ -225,9 +235,7 @@ def finish_ranks(
         verdict_file=document.name if document is not None else None,
         ranks=tuple(parts),
     )
-    from harness.attribution.holders import Holder  # here: torch only where ranks are merged
-
-    found = sorted((Holder.from_dict(h) for h in holders), key=lambda h: -h.bytes)
+    found = sorted(_holders(holders), key=lambda h: -h.bytes)
     shares = [
         replace(
             share, holders=tuple(replace(h, path=f"rank {p.rank}: {h.path}") for h in share.holders)

@@ -27,7 +27,7 @@ from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
 from harness.rules import describe_error
-from harness.sample import Sample
+from harness.sample import STRIDE, Sample
 from harness.store import SampleStore, make_sample
 from harness.timeline import TimelineWriter
 from harness.units import format_mib, parse_size
@@ -144,6 +144,7 @@ class Recorder:
         self._phases: list[tuple[str, int | None]] = []
         self._phase: str | None = None
         self._epoch: int | None = None
+        self._runs: dict[str, int] = {}  # each label's batches since a checkpoint of none
         self._notes_said = len(self.probe.notes)
         self._over = False
         self._closed = False
@@ -177,6 +178,9 @@ class Recorder:
             "meta": dict(meta) if meta is not None else {},
             "notes": list(self.probe.notes) + (self._children.notes if self._children else []),
             "children": SCHEDULE if self._children is not None else None,
+            "stride": {"metrics": list(self.probe.strided), **dataclasses.asdict(STRIDE)}
+            if self.probe.strided
+            else None,
         }
 
     def checkpoint(
@@ -230,8 +234,9 @@ class Recorder:
             gc.collect()
             self.probe.release()
         probe = self.probe
-        metrics = probe.sample()
-        if self._host:
+        full = self._reads_all(label, batch, collect)
+        metrics = probe.sample() if full else probe.sample_between()
+        if self._host and full:
             # Less the recorder's own sample store, which grows with every checkpoint, and the
             # dearer search's bookkeeping: neither may be judged as the run's growth.
             own = self.samples.nbytes()
@@ -240,7 +245,8 @@ class Recorder:
             for name, value in metrics.items():
                 if value is not None:
                     metrics[name] = value - own
-        probe.reset_peak()
+        if full:  # else the peak window goes on to the next full reading
+            probe.reset_peak()
         processes = None
         if self._children is not None:
             found = self._children.read(rollup=rollup, latest=batch is None or collect)
@@ -274,11 +280,22 @@ class Recorder:
                 self._timeline.write(sample)
             except OSError as error:
                 self._lost(error)
-        if self.attribution is not None:
+        if self.attribution is not None and full:  # it judges growth: nothing to read between
             self._attribute(sample)
         if overflow:
             raise DeviceOutOfMemory(overflow, sample)
         return sample
+
+    def _reads_all(self, label: str, batch: int | None, collect: bool) -> bool:
+        """Whether this checkpoint reads the probe's strided metrics: every one that is not a
+        batch's, and a label's batches on :data:`~harness.sample.STRIDE`, counted from the
+        last of those (all of them under an emulated capacity, checked at each)."""
+        if batch is None or collect or not self.probe.strided or self._limit_at_checkpoints:
+            self._runs.clear()
+            return True
+        run = self._runs.get(label, 0)
+        self._runs[label] = run + 1
+        return STRIDE.reads(run)
 
     def _attribute(self, sample: Sample) -> None:
         """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,

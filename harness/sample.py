@@ -25,6 +25,24 @@ METRICS = "metrics"
 """The field that holds the probe's readings by metric name, in bytes."""
 
 
+@dataclass(frozen=True)
+class Stride:
+    """Where a probe's dear metrics (:attr:`harness.probes.Probe.strided`) are read inside a
+    long loop: at each of a label's first ``first`` batches since the last checkpoint that is
+    not a batch's (a phase's start), then at every ``every``-th, and at every other
+    checkpoint. The rules fit what was read."""
+
+    first: int = 32
+    every: int = 8
+
+    def reads(self, run: int) -> bool:
+        """Whether a label's ``run``-th batch (counted from 0) is read."""
+        return run < self.first or run % self.every == 0
+
+
+STRIDE = Stride()
+
+
 def column(kind: str, meaning: str) -> dict[str, str]:
     """A field's metadata: its ``kind`` (one of :data:`KINDS`) and what it means."""
     if kind not in KINDS:

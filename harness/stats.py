@@ -48,7 +48,7 @@ def theil_sen(x: Series, y: Series) -> tuple[float, float]:
 
     Returns ``(0.0, median(y))`` when no two points have distinct ``x``.
     """
-    xs, ys = _arrays(x, y)
+    xs, ys = (v.astype(np.float64) for v in _arrays(x, y))
     i, j = _pairs(len(xs))
     return _theil_sen(xs, ys, ys[j] - ys[i], i, j)
 
@@ -99,11 +99,12 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices ``(i, j)`` of every pair ``i < j`` of ``n`` points, in ``numpy.triu_indices``
     order, without its ``n x n`` mask. Not cached: a judge that runs inside a recorded run
     must not keep memory of its own between calls."""
-    counts = np.arange(n - 1, -1, -1)  # row r pairs with r + 1 .. n - 1
-    rows = np.arange(n)
+    kind = np.dtype(np.int32 if n * n < 2**31 else np.int64)  # half the memory when reduced
+    counts = np.arange(n - 1, -1, -1, dtype=kind)  # row r pairs with r + 1 .. n - 1
+    rows = np.arange(n, dtype=kind)
     i = np.repeat(rows, counts)
-    first = np.cumsum(counts) - counts  # where each row's pairs start
-    j = np.arange(len(i)) - np.repeat(first - rows - 1, counts)
+    first = np.cumsum(counts, dtype=kind) - counts  # where each row's pairs start
+    j = np.arange(len(i), dtype=kind) - np.repeat(first - rows - 1, counts)
     return i, j
 
 
@@ -135,8 +136,11 @@ def _mann_kendall(ys: np.ndarray, dy: np.ndarray) -> tuple[int, float, float]:
 
 
 def trend(x: Series, y: Series, *, max_points: int = MAX_POINTS) -> Trend:
-    """Theil-Sen line and Mann-Kendall test of ``y`` against ``x`` (points ordered by ``x``)."""
+    """Theil-Sen line and Mann-Kendall test of ``y`` against ``x`` (points ordered by ``x``).
+    A long series is reduced before its whole numbers are turned into floats (their block
+    medians are the same either way), so it is never copied whole."""
     xs, ys = reduce(*_arrays(x, y), max_points=max_points)
+    xs, ys = xs.astype(np.float64, copy=False), ys.astype(np.float64, copy=False)
     i, j = _pairs(len(xs))
     dy = ys[j] - ys[i]
     s, z, p = _mann_kendall(ys, dy)
@@ -179,7 +183,7 @@ def robust_delta(y: Series, *, fraction: float = 1 / 8, minimum: int = 5) -> flo
     Each end window holds ``fraction`` of the points (at least ``minimum``, at most half), so
     spikes making up less than ``fraction / 2`` of the points cannot carry either median.
     """
-    ys = np.asarray(y, dtype=np.float64)
+    ys = _numbers(y)
     if len(ys) < 2:
         return 0.0
     k = edge_window(len(ys), fraction=fraction, minimum=minimum)
@@ -187,8 +191,15 @@ def robust_delta(y: Series, *, fraction: float = 1 / 8, minimum: int = 5) -> flo
 
 
 def _arrays(x: Series, y: Series) -> tuple[np.ndarray, np.ndarray]:
-    xs = np.asarray(x, dtype=np.float64)
-    ys = np.asarray(y, dtype=np.float64)
+    """``x`` and ``y`` as numeric arrays of one length (see :func:`_numbers`)."""
+    xs, ys = _numbers(x), _numbers(y)
     if xs.shape != ys.shape or xs.ndim != 1:
         raise ValueError(f"x and y must be 1-D and of equal length, got {xs.shape} and {ys.shape}")
     return xs, ys
+
+
+def _numbers(values: Series) -> np.ndarray:
+    """``values`` as an array: itself if it holds whole or real numbers, else as floats. Medians
+    of whole numbers below 2**53 are the same as of their floats."""
+    found = np.asarray(values)
+    return found if found.dtype.kind in "iuf" else found.astype(np.float64)

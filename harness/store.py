@@ -64,8 +64,12 @@ class SampleStore(Sequence[Sample]):
         self._sparse: dict[str, dict[int, str]] = {
             f.name: {} for f in self._fields if f.kind == "note"
         }
-        self._texts = [f.name for f in self._fields if f.kind == "text"]
-        self._numbers = [f.name for f in self._fields if f.kind in ("int", "float", "bool")]
+        columns = self._columns
+        self._texts = [(f.name, columns[f.name]) for f in self._fields if f.kind == "text"]
+        self._numbers = [
+            (f.name, columns[f.name]) for f in self._fields if f.kind in ("int", "float", "bool")
+        ]
+        self._notes = list(self._sparse.items())
         self._order = line_order(self._fields)
         strings = self._strings
         kinds: dict[str, Callable[[Any], Any]] = {
@@ -81,7 +85,15 @@ class SampleStore(Sequence[Sample]):
         self._size = 0
         self._noted = -1
         self._notes_size = 0
+        self._frozen = False
         self._resized()
+
+    def freeze(self) -> None:
+        """Take no more samples (a timeline read back): :meth:`codes`, :meth:`numbers` and
+        :meth:`metric` return the columns in place, read-only, instead of a copy each. (The
+        columns are not cut to their length: ``array`` would over-allocate a 16th again.)"""
+        self._room = self._n  # the next sample would grow the columns, which a frozen store refuses
+        self._frozen = True
 
     def _intern(self, text: str | None) -> int:
         found = self._index.get(text)
@@ -101,6 +113,8 @@ class SampleStore(Sequence[Sample]):
         its length and :data:`_ROOM` bytes, as ``array`` over-allocates by a 16th."""
         if count <= self._room:
             return
+        if self._frozen:
+            raise TypeError("a frozen SampleStore takes no more samples")
         for column in self._all:
             if len(column) < count:
                 column.extend(_column(column.typecode, max(len(column) // 16, count - len(column))))
@@ -117,15 +131,15 @@ class SampleStore(Sequence[Sample]):
         if n == self._room:
             self._reserve(n + 1)
         values = sample.__dict__
-        columns, index = self._columns, self._index
-        for name in self._texts:
+        index = self._index
+        for name, column in self._texts:  # (name, column) pairs: no lookup of the column
             text = values[name]
             code = index.get(text)
-            columns[name][n] = self._intern(text) if code is None else code
-        for name in self._numbers:
+            column[n] = self._intern(text) if code is None else code
+        for name, column in self._numbers:
             value = values[name]
-            columns[name][n] = _NONE if value is None else value
-        for name, notes in self._sparse.items():
+            column[n] = _NONE if value is None else value
+        for name, notes in self._notes:
             if values[name] is not None:
                 notes[n] = values[name]
         metrics = self._metrics
@@ -231,16 +245,25 @@ class SampleStore(Sequence[Sample]):
         return self._index.get(text)
 
     def codes(self, field: str) -> np.ndarray:
-        """A ``text`` field of every sample as indices into :attr:`strings` (a copy)."""
-        return np.frombuffer(self._columns[field], dtype=np.uint32, count=self._n).copy()
+        """A ``text`` field of every sample as indices into :attr:`strings` (a copy, or the
+        column itself once frozen)."""
+        return self._read(self._columns[field], np.uint32)
 
     def numbers(self, field: str) -> np.ndarray:
         """An ``int`` (int64, :data:`NONE` for None), ``float`` (float64) or ``bool`` field of
-        every sample, a copy."""
+        every sample (a copy, or the column itself once frozen)."""
         column = self._columns[field]
         if column.typecode == "b":
-            return np.frombuffer(column, dtype=np.int8, count=self._n).astype(bool)
-        return np.frombuffer(column, dtype=_DTYPES[column.typecode], count=self._n).copy()
+            return self._read(column, np.int8).view(bool)
+        return self._read(column, _DTYPES[column.typecode])
+
+    def _read(self, column: array, dtype: type) -> np.ndarray:
+        """``column`` as numpy: a copy, or in place and read-only when frozen."""
+        found: np.ndarray = np.frombuffer(column, dtype=dtype, count=self._n)
+        if not self._frozen:
+            return found.copy()
+        found.flags.writeable = False
+        return found
 
     def sparse(self, field: str) -> Mapping[int, str]:
         """A ``note`` field's values, by position (most samples have none)."""
@@ -256,12 +279,10 @@ class SampleStore(Sequence[Sample]):
         return list(self._metrics)
 
     def metric(self, name: str) -> np.ndarray | None:
-        """Readings of ``name`` (int64, :data:`NONE` where absent), a copy; None when no
-        sample has the metric."""
+        """Readings of ``name`` (int64, :data:`NONE` where absent; a copy, or the column
+        itself once frozen); None when no sample has the metric."""
         column = self._metrics.get(name)
-        if column is None:
-            return None
-        return np.frombuffer(column, dtype=np.int64, count=self._n).copy()
+        return None if column is None else self._read(column, np.int64)
 
     def extend_columns(
         self,

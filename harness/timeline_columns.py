@@ -111,6 +111,7 @@ def read_columns(file: BinaryIO) -> Timeline | None:
                 known += met
             except _Refused:
                 return None
+    store.freeze()
     return Timeline(header, store, torn, end, reader="columns")
 
 

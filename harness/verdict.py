@@ -185,7 +185,7 @@ class PhaseStats:
     slope x span and the robust delta), ``slope`` (per batch), ``p_value`` (Mann-Kendall, for
     increase) and ``noise`` (robust residual spread) describe the series ``label``; ``peak`` is
     the highest reading and ``peak_rise`` its rise above ``start``, in ``peak_metric``.
-    ``batches`` counts the series' samples and ``judged`` those after warm-up; ``budget`` is
+    ``batches`` counts the series' batches and ``judged`` those read after warm-up; ``budget`` is
     ``max_growth``; ``baseline`` is the loop's fitted start level (the median of its first
     ``baseline_batches`` judged readings), what a leak's re-check compares against.
     """

@@ -454,19 +454,27 @@ def test_report_runs_without_importing_torch(tmp_path):
     assert done.stdout.split()[-2:] == ["1", "False"], done.stderr
 
 
-def test_report_reads_in_columns_without_importing_pandas(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", ["report", "gate", "merge"])
+def test_commands_read_in_columns_without_importing_pandas(tmp_path, monkeypatch, command):
     """pyarrow imports pandas, where it is installed, to turn a column into numpy: 25 MiB of a
     million-checkpoint report's peak (measured). Here an installed pandas that says when it is
-    imported."""
-    timeline = tmp_path / "run.jsonl"
+    imported; ``report`` reads a timeline, ``gate`` a folder of one and its verdict, ``merge``
+    a rank's timeline. None imports torch either (``merge`` did, for holders none had named)."""
+    if command == "merge":
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "1")
     with (
-        Recorder("cpu", timeline=timeline, children=False) as rec,
+        Recorder("cpu", timeline=tmp_path / "run.jsonl", children=False) as rec,
         rec.phase("validation", epoch=0),
     ):
         for batch in range(40):
             rec.checkpoint("VALIDATION_BATCH", batch=batch)
+    timeline = rec.timeline_path
     monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
     assert read_timeline(timeline).reader == "columns"
+    if command == "gate":
+        assert main(["report", str(timeline)]) == 0
+    given = str(tmp_path if command == "gate" else timeline)
     imported = tmp_path / "pandas-imported"
     (tmp_path / "site" / "pandas").mkdir(parents=True)
     (tmp_path / "site" / "pandas" / "__init__.py").write_text(
@@ -474,17 +482,17 @@ def test_report_reads_in_columns_without_importing_pandas(tmp_path, monkeypatch)
     )
     code = (
         "import sys; import harness.timeline_columns as c; c.COLUMNS_FROM = 0; "
-        "from harness.cli import main; print(main(['report', sys.argv[1]]))"
+        "from harness.cli import main; print(main(sys.argv[1:]), 'torch' in sys.modules)"
     )
     path = os.pathsep.join([str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", code, str(timeline)],
+        [sys.executable, "-c", code, command, given],
         capture_output=True,
         text=True,
         check=False,
         env={**os.environ, "PYTHONPATH": path},
     )
-    assert done.stdout.split()[-1:] == ["0"], done.stdout + done.stderr
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stdout + done.stderr
     assert not imported.exists()
 
 

@@ -258,7 +258,7 @@ def test_incident_replay_ooms_in_validation_and_the_clean_run_passes(bars, tmp_p
     assert meta["faults"] == [] and meta["val_samples"] == 36 and "--memreport" in meta["command"]
     assert timeline.header["config"]["validation_batch_size"] == 1
     start = timeline.samples[0].get("rss")
-    highest = max(max(s.get("rss"), s.get("peak") or 0) for s in timeline.samples)
+    highest = max(max(s.get("rss") or 0, s.get("peak") or 0) for s in timeline.samples)
     # Twice the clean run's measured rise, above wherever the process stands before each run
     # (it keeps some heap from run to run): room for the clean run, far less than the faults.
     room = 2 * (highest - start)

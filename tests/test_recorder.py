@@ -446,3 +446,47 @@ def test_cuda_recorder_collects_and_emulates_capacity_with_a_real_oom(tmp_path):
     assert header["capacity"] == capacity and header["capacity_emulated"]
     assert header["total_memory"] == torch.cuda.get_device_properties(0).total_memory
     assert torch.cuda.get_per_process_memory_fraction(0) == 1.0
+
+
+@pytest.mark.parametrize("leak", [0, 4096])
+def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(leak):
+    """mallinfo2 walks malloc's free lists (67 µs a checkpoint inside a TFT epoch), so a loop
+    reads the CPU's memory at each of a label's first 32 batches, then at every 8th, and at
+    every checkpoint that is not a batch's; the leak rule fits the batches read and says
+    which, and the peak between two readings is the next one's (its window is reset only
+    when read)."""
+    from harness import judge
+    from harness.rules import Rules
+
+    kept = []
+    with Recorder("cpu") as rec:
+        for epoch in range(2):
+            with rec.phase("validation", epoch=epoch):
+                for batch in range(200):
+                    kept.append(torch.ones(leak // 4 + 1))
+                    if batch == 101:
+                        filled(64 * MiB).sum()  # a spike between two readings, freed
+                    rec.checkpoint("VALIDATION_BATCH", batch=batch)
+                    if batch % 50 == 0:
+                        rec.checkpoint("AFTER_STEP", batch=batch)
+        verdict = judge(rec.samples, Rules(phase="validation", max_growth="128KiB"))
+    assert rec.header["stride"] == {
+        "metrics": ["allocated", "rss", "peak"],
+        "first": 32,
+        "every": 8,
+    }
+    batches = [s for s in rec.samples if s.label == "VALIDATION_BATCH"]
+    expected = [*range(32), *range(32, 200, 8)]
+    for metric in ("allocated", "rss", "peak"):
+        assert [s.batch for s in batches if s.get(metric)] == expected * 2
+    others = [s for s in rec.samples if s.label != "VALIDATION_BATCH"]
+    assert all(s.get("allocated") and s.get("rss") for s in others)
+    before, after = (next(s for s in batches if s.batch == b) for b in (96, 104))
+    assert after.get("peak") - before.get("rss") > 48 * MiB
+    stats = [p for p in verdict.phases if p.phase == "validation"]
+    assert [(p.metric, p.batches, p.judged) for p in stats] == [
+        ("allocated", 200, len(expected) - 5)
+    ] * 2
+    checks = [c for c in verdict.checks if c.rule == "max_growth"]
+    assert all(f"allocated read at {len(expected)} of 200 batches" in c.details for c in checks)
+    assert [f.kind for f in verdict.findings] == (["leak"] if leak else [])

@@ -148,3 +148,57 @@ def test_store_nbytes_is_every_columns_capacity_after_each_append(late_metric):
         if store.nbytes() != full:
             wrong.append(i)
     assert wrong == []
+
+
+def _one_phase(batches: int) -> SampleStore:
+    """One validation phase of ``batches`` batches between its start and end events."""
+    store = SampleStore()
+    readings = {"allocated": 1000, "rss": 4000, "peak": 4096}
+    store.append(Sample("VALIDATION_START", "validation", 0, None, 0.0, readings))
+    for i in range(batches):
+        level = 1000 + (i * 7919) % 50 + (30_000 if i == batches // 2 else 0)
+        readings = {"allocated": level, "rss": 4 * level, "peak": 4 * level + 96}
+        store.append(Sample("VALIDATION_BATCH", "validation", 0, i, 0.0, readings))
+    store.append(Sample("VALIDATION_END", "validation", 0, None, 0.0, readings))
+    return store
+
+
+def test_a_long_phase_is_judged_on_views_of_its_positions():
+    """A phase of one label is one series: its series and judged batches are views of the
+    loop's positions (a million batches cost one array of positions, not one per statistic),
+    and positions reach numpy as they are, never as a Python int each."""
+    group = Context(_one_phase(3000), Rules(phase=("validation",))).groups[0]
+    looped = np.asarray(group.looped)
+    assert looped is group.looped.array
+    assert np.shares_memory(np.asarray(group.series), looped)
+    assert np.shares_memory(np.asarray(group.judged), looped)
+    assert len(group.judged) == 3000 - 5 and group.judged[0] == 6
+
+
+def test_the_peak_is_the_same_whatever_block_it_falls_in(monkeypatch):
+    """The peak is found a block of samples at a time; blocks of 7 find the same one (the
+    first of the highest) as one block for the whole phase."""
+    store = _one_phase(300)
+    whole = Context(store, Rules()).groups[0].peak
+    monkeypatch.setattr(Context, "_PEAK_BLOCK", 7)
+    assert Context(store, Rules()).groups[0].peak == whole
+    assert whole is not None and whole.at == 151 and whole.metric == "peak"
+
+
+def test_a_timeline_read_in_columns_is_judged_on_its_own_columns(tmp_path):
+    """A timeline's store takes no more samples, so the statistics read its columns in place
+    (read-only) instead of copying each; a recorder's store still hands out copies."""
+    samples = _samples(2, 30)
+    path = tmp_path / "run.jsonl"
+    _write(path, samples)
+    store = timeline.read_timeline(path).samples
+    assert isinstance(store, SampleStore)
+    batch = store.numbers("batch")
+    assert not batch.flags.writeable and np.shares_memory(batch, store.numbers("batch"))
+    assert not store.metric("rss").flags.writeable and not store.codes("label").flags.writeable
+    with pytest.raises(TypeError, match="frozen"):
+        store.append(samples[0])
+    assert list(store) == samples
+    live = SampleStore.of(samples)
+    assert live.numbers("batch").flags.writeable
+    assert not np.shares_memory(live.numbers("batch"), live.numbers("batch"))

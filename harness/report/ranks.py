@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 import harness.report.memory as memory
-from harness.chart import memory_chart
+from harness.chart import as_floats, memory_chart
 from harness.markdown import Markdown, code, fenced, link_to, plain, strong, table, text
 from harness.report.memory import (
     NAME_CHARS,
@@ -139,18 +141,19 @@ def rank_profile(run: MergedRun) -> list[str]:
         return [*lines, "No checkpoint was recorded."]
     order: dict[tuple[Any, ...], tuple[int, int]] = {}
     notes: dict[tuple[Any, ...], list[str]] = {}
-    positions: list[dict[tuple[Any, ...], int]] = []
+    codes: dict[str | None, int] = {}
+    keys = [_keys(view, codes) for view in views]
     for column, view in enumerate(views):
-        keys = _keys(view.samples)
-        positions.append({k: i for i, k in enumerate(keys)})
         for _, i, found in profile_rows(view):
-            key = keys[i]
+            key = tuple(int(k[i]) for k in keys[column])
             order.setdefault(key, (i, column))
             for note in found:
                 tagged = note if len(views) == 1 else f"rank {shown[column].rank}: {note}"
                 if tagged not in notes.setdefault(key, []):
                     notes[key].append(tagged)
     rows = sorted(order, key=lambda k: order[k])
+    positions = [_find(own, rows) for own in keys]
+    del keys
     names = {k: plain(checkpoint_name(_sample_at(views, positions, k)), NAME_CHARS) for k in rows}
     width = max(len(n) for n in names.values()) + 1
     roles = [worker_roles(view) for view in views]
@@ -185,7 +188,7 @@ def rank_chart(run: MergedRun) -> list[str]:
     """The run's memory, one line per rank."""
     shown = run.ranks[:MAX_COLUMNS]
     series: dict[str, Any] = {
-        f"rank {r.rank}": [as_int(s.get(run.metric)) for s in r.samples] for r in shown
+        f"rank {r.rank}": r.view(run.name).readings(run.metric) for r in shown
     }
     for r in shown:
         children = children_total(r.view(run.name))
@@ -194,7 +197,7 @@ def rank_chart(run: MergedRun) -> list[str]:
     block = memory_chart(series)
     if not block:
         return []
-    drawn = [name for name, values in series.items() if any(v is not None for v in values)]
+    drawn = [name for name, values in series.items() if not np.isnan(as_floats(values)).all()]
     caption = (
         f"MiB of {code(run.metric)} per checkpoint, one line per rank and one per rank's "
         "DataLoader workers' total `anon` where it had any (in order: "
@@ -268,16 +271,44 @@ def rank_logs(run: Run) -> list[str]:
     return lines
 
 
-def _keys(samples: Sequence[Sample]) -> list[tuple[Any, ...]]:
-    """A key per sample that matches the same checkpoint on another rank: label, phase, epoch,
-    batch and how many times that combination came before."""
-    seen: dict[tuple[Any, ...], int] = {}
-    keys = []
-    for s in samples:
-        base = (s.label, s.phase, s.epoch, s.batch)
-        seen[base] = seen.get(base, -1) + 1
-        keys.append((*base, seen[base]))
-    return keys
+def _keys(view: Run, codes: dict[str | None, int]) -> tuple[np.ndarray, ...]:
+    """A key per sample that matches the same checkpoint on another rank, as columns: label
+    and phase (as ``codes``, one table for every rank), epoch, batch and how many samples with
+    those four came before."""
+    c = view.columns
+    table = np.array([codes.setdefault(t, len(codes)) for t in c.strings], dtype=np.int64)
+    four = (table[c.label], table[c.phase], c.epoch, c.batch)
+    order = np.lexsort(four[::-1])  # stable: positions ascending among equal keys
+    new = np.zeros(len(order), dtype=bool)
+    new[:1] = True
+    for column in four:
+        ordered = column[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
+    starts = np.flatnonzero(new)
+    before = np.empty(len(order), dtype=np.int64)
+    before[order] = np.arange(len(order)) - starts[np.cumsum(new) - 1]
+    return (*four, before)
+
+
+def _find(keys: tuple[np.ndarray, ...], wanted: Sequence[tuple[int, ...]]) -> dict[Any, int]:
+    """The position of each of ``wanted`` among the samples whose keys are ``keys`` (those
+    it has): both sorted together, a wanted key just after the sample with the same key."""
+    if not wanted:
+        return {}
+    n = len(keys[0])
+    asked = np.array(wanted, dtype=np.int64).reshape(len(wanted), len(keys))
+    both = [np.concatenate((k, asked[:, i])) for i, k in enumerate(keys)]
+    mark = np.concatenate((np.zeros(n, dtype=np.int8), np.ones(len(wanted), dtype=np.int8)))
+    order = np.lexsort((mark, *both[::-1]))
+    at = np.flatnonzero(order >= n)
+    before = order[at - 1]
+    same = (at > 0) & (before < n)
+    for column in both:
+        same &= column[before] == column[order[at]]
+    return {
+        wanted[order[a] - n]: int(b)
+        for a, b in zip(at[same].tolist(), before[same].tolist(), strict=True)
+    }
 
 
 def _sample_at(

@@ -221,7 +221,7 @@ def _judge_group(
         label=group.label,
         metric=metric,
         status=status,
-        batches=len(group.series) if metric else len(group.looped),
+        batches=group.batches if metric else len(group.looped),
         judged=len(group.judged),
         start=ctx.samples[group.start].get(metric) if metric and group.start is not None else None,
         end=ctx.samples[group.end].get(metric) if metric and group.end is not None else None,

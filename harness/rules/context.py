@@ -22,7 +22,7 @@ import numpy as np
 
 import harness.labels as labels
 import harness.sample as schema
-from harness.sample import Sample
+from harness.sample import STRIDE, Sample
 from harness.stats import Trend, edge_window, robust_delta, trend
 from harness.store import NONE, SampleStore
 from harness.units import format_size
@@ -58,10 +58,9 @@ class Fit:
     def of(cls, x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> Fit | None:
         if len(x) < 2:
             return None
-        xs = np.asarray(x, dtype=np.float64)
-        ys = np.asarray(y, dtype=np.float64)
+        xs, ys = np.asarray(x), np.asarray(y)  # whole numbers stay so: trend reduces first
         t = trend(xs, ys)
-        span = float(xs[-1] - xs[0])
+        span = float(xs[-1]) - float(xs[0])
         baseline = float(np.median(ys[: edge_window(len(ys))]))
         return cls(t, max(t.slope * span, robust_delta(ys)), span, baseline)
 
@@ -78,6 +77,13 @@ class Positions(Sequence[int]):
     def __len__(self) -> int:
         return len(self.array)
 
+    def __array__(
+        self, dtype: np.typing.DTypeLike | None = None, copy: bool | None = None
+    ) -> np.ndarray:
+        """The positions to numpy as they are (never a Python int per position)."""
+        found = self.array if dtype is None else self.array.astype(dtype, copy=False)
+        return found.copy() if copy and found is self.array else found
+
     @overload
     def __getitem__(self, index: int) -> int: ...
     @overload
@@ -88,7 +94,8 @@ class Positions(Sequence[int]):
         return int(self.array[index])
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.array.tolist())
+        for at in range(0, len(self.array), 4096):  # a block of Python ints at a time
+            yield from self.array[at : at + 4096].tolist()
 
     def __contains__(self, value: object) -> bool:
         return isinstance(value, int) and bool((self.array == value).any())
@@ -114,8 +121,9 @@ class Positions(Sequence[int]):
 
 @dataclass
 class Group:
-    """One ``(phase, epoch)`` with per-batch samples: positions of all its samples, its series,
-    the judged part of it (after warm-up), the metric, the fit and the peak."""
+    """One ``(phase, epoch)`` with per-batch samples: positions of all its samples, its series
+    (the batches of its label where the metric was read, of ``batches``), the judged part of
+    it (after warm-up), the metric, the fit and the peak."""
 
     key: Key
     indices: Sequence[int]
@@ -124,6 +132,7 @@ class Group:
     metric: str | None
     series: Sequence[int]
     judged: Sequence[int] = field(default_factory=Positions)
+    batches: int = 0
     start: int | None = None
     end: int | None = None
     fit: Fit | None = None
@@ -203,83 +212,85 @@ class Context(CheckLog):
         return groups
 
     def _group(self, key: Key, indices: np.ndarray, looped: np.ndarray) -> Group:
+        """One group's statistics. ``indices`` ascend; every array taken from them is a view
+        where it can be (a whole phase of one label is one series), so a phase of a million
+        batches costs a few arrays of its length, not a dozen."""
         columns = self.columns
         codes = columns.label[looped]
-        found, first, counts = np.unique(codes, return_index=True, return_counts=True)
-        most = counts == counts.max()
-        code = int(found[most][np.argmin(first[most])])  # the first seen among the most frequent
+        counts = np.bincount(codes)
+        most = np.flatnonzero(counts == counts.max())
+        # the first seen among the most frequent labels
+        code = int(most[0]) if len(most) == 1 else int(codes[np.argmax(np.isin(codes, most))])
         label = columns.strings[code]
         assert label is not None
-        series = looped[codes == code]
+        series = looped if counts[code] == len(looped) else looped[codes == code]
+        del codes
         metric = self._choose_metric(series)
         group = Group(key, Positions(indices), label, Positions(looped), metric, Positions())
         if metric is None:
             return group
+        group.batches = len(series)
         present = columns.present(metric)
-        series = series[present[series]]
-        batches = np.where(columns.batch[series] == NONE, 0, columns.batch[series])
-        ordered = np.argsort(batches, kind="stable")
-        series, batches = series[ordered], batches[ordered]
+        if not present[series].all():
+            series = series[present[series]]
+        batches = columns.batch[series]
+        batches[batches == NONE] = 0
+        if len(batches) > 1 and bool((batches[1:] < batches[:-1]).any()):
+            ordered = np.argsort(batches, kind="stable")
+            series, batches = series[ordered], batches[ordered]
         group.series = Positions(series)
         if not len(series):
             return group
-        judged = series[batches >= batches[0] + self.rules.warmup]
+        cut = int(np.searchsorted(batches, batches[0] + self.rules.warmup))
+        judged = series[cut:]  # batches ascend: those after warm-up are a suffix
         group.judged = Positions(judged)
-        readings = indices[present[indices]]
-        group.start, group.end = int(readings[0]), int(readings[-1])
-        group.fit = Fit.of(*self._floats(judged, metric))
+        read = present[indices]
+        group.start = int(indices[np.argmax(read)])
+        group.end = int(indices[len(read) - 1 - np.argmax(read[::-1])])
+        del read
+        group.fit = Fit.of(batches[cut:], columns.values(metric)[judged])
+        del batches
         group.peak = self._peak(indices, group.start, metric)
         return group
 
-    def _floats(self, positions: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """Batch indices (None as 0) and readings (absent as 0) at ``positions``, as floats."""
-        batch = self.columns.batch[positions]
-        values = self.columns.values(metric)[positions]
-        return np.where(batch == NONE, 0, batch).astype(np.float64), values
-
     def _choose_metric(self, series: np.ndarray) -> str | None:
-        """The rule's metric if every sample has it, else rss if every sample has it, else the
-        one read most often (samples without it are then left out)."""
-        candidates = list(dict.fromkeys((self.rules.metric, FALLBACK_METRIC)))
-        counts = {m: int(self.columns.present(m)[series].sum()) for m in candidates}
-        for m in candidates:
-            if len(series) and counts[m] == len(series):
+        """The rule's metric if every sample has it or it was read on a stride (see
+        :func:`strided`), else rss if every sample has it, else the one read most often
+        (samples without it are then left out: the fit is of what was read)."""
+        counts: dict[str, int] = {}
+        for m in dict.fromkeys((self.rules.metric, FALLBACK_METRIC)):
+            read = self.columns.present(m)[series]
+            counts[m] = int(np.count_nonzero(read))
+            if len(series) and (
+                counts[m] == len(series) or (m == self.rules.metric and strided(read))
+            ):
                 return m
-        best = max(candidates, key=lambda m: counts[m])
+        best = max(counts, key=lambda m: counts[m])
         return best if counts[best] else None
+
+    _PEAK_BLOCK = 1 << 16
+    """Samples whose rises :meth:`_peak` compares at a time."""
 
     def _peak(self, indices: np.ndarray, start: int, metric: str) -> Peak:
         """The group's highest reading and its rise above the reading at ``start``. A sample's
         ``peak`` (high-water mark since the previous checkpoint) is read against the metric it
         is the mark of: allocated on CUDA, rss on CPU. The first sample's own ``peak`` covers
-        time before the phase and is not used. The rises are compared as floats over the
-        whole group at once; the winner's is then computed exactly from its sample."""
-        columns = self.columns
+        time before the phase and is not used. The rises are compared as floats, a block of
+        samples at a time (the first highest wins); the winner's is then computed exactly from
+        its sample."""
         first = self.samples[start]
         first_value = first.get(metric) or 0
         best = Peak(start, metric, start, metric, first_value, 0)
-        after = indices[indices > start]
-        if not len(after):
-            return best
-        rises = np.full(len(after), -np.inf)
-        high = columns.present("peak")[after]
-        peaks = columns.values("peak")[after]
-        # the base each sample's peak is read against (see peak_base), and its level at start
-        has_reserved = columns.present("reserved")[after]
-        has_rss = columns.present(FALLBACK_METRIC)[after]
-        for base, where_base in (
-            ("allocated", has_reserved),
-            (FALLBACK_METRIC, ~has_reserved & has_rss),
-            (metric, ~has_reserved & ~has_rss),
-        ):
-            level = first.get(base)
-            if level is not None:
-                chosen = where_base & high
-                rises[chosen] = peaks[chosen] - float(level)
-        unset = np.isneginf(rises) & columns.present(metric)[after]
-        rises[unset] = columns.values(metric)[after][unset] - float(first_value)
-        top = int(np.argmax(rises))
-        if not rises[top] > 0:
+        after = indices[np.searchsorted(indices, start, side="right") :]
+        levels = [first.get(base) for base in ("allocated", FALLBACK_METRIC, metric)]
+        top, highest = -1, -np.inf
+        for at in range(0, len(after), self._PEAK_BLOCK):
+            block = after[at : at + self._PEAK_BLOCK]
+            rises = self._rises(block, metric, levels, float(first_value))
+            found = int(np.argmax(rises))
+            if rises[found] > highest:
+                top, highest = at + found, float(rises[found])
+        if not highest > 0:
             return best
         i = int(after[top])
         s = self.samples[i]
@@ -290,14 +301,40 @@ class Context(CheckLog):
         value = s.get(metric) or 0
         return Peak(i, metric, start, metric, value, value - first_value)
 
+    def _rises(
+        self, at: np.ndarray, metric: str, levels: list[int | None], first_value: float
+    ) -> np.ndarray:
+        """The rise of each sample at ``at`` (as floats; -inf where it has no reading): its
+        ``peak`` above the level at the start of the base it is the mark of (``levels``: of
+        allocated, rss and ``metric``, see :func:`peak_base`), else ``metric`` above
+        ``first_value``."""
+        columns = self.columns
+        rises = np.full(len(at), -np.inf)
+        high = columns.present("peak")[at]
+        peaks = columns.values("peak")[at]
+        has_reserved = columns.present("reserved")[at]
+        has_rss = columns.present(FALLBACK_METRIC)[at]
+        for level, where_base in zip(
+            levels,
+            (has_reserved, ~has_reserved & has_rss, ~has_reserved & ~has_rss),
+            strict=True,
+        ):
+            if level is not None:
+                chosen = where_base & high
+                rises[chosen] = peaks[chosen] - float(level)
+        unset = np.isneginf(rises) & columns.present(metric)[at]
+        rises[unset] = columns.values(metric)[at][unset] - first_value
+        return rises
+
     # -- helpers for rules --------------------------------------------------------------------
 
-    def values(self, positions: Sequence[int], metric: str) -> tuple[list[int], list[int]]:
+    def values(self, positions: Sequence[int], metric: str) -> tuple[np.ndarray, np.ndarray]:
         """Batch indices (None as 0) and readings of ``metric`` (absent as 0) at ``positions``,
-        read from the columns."""
+        as floats (exact: memory sizes are far below 2**53)."""
         at = np.asarray(positions, dtype=np.intp)
         batch = self.columns.batch[at]
-        return np.where(batch == NONE, 0, batch).tolist(), self.columns.exact(at, metric)
+        batch[batch == NONE] = 0
+        return batch.astype(np.float64), self.columns.values(metric)[at]
 
     def value(self, i: int, metric: str) -> int:
         """The reading of ``metric`` at position ``i`` (0 when absent: callers check first)."""
@@ -314,6 +351,13 @@ class Context(CheckLog):
         s = self.samples[i]
         value = s.get(metric) if metric else None
         return Evidence(i, s.label, s.phase, s.epoch, s.batch, metric, value, s.collected)
+
+
+def strided(read: np.ndarray) -> bool:
+    """Whether a series read where ``read`` holds was read on a stride: fewer than
+    :data:`~harness.sample.STRIDE`'s ``every`` samples in a row unread, anywhere."""
+    gaps = np.diff(np.concatenate(([-1], np.flatnonzero(read), [len(read)])))
+    return len(gaps) > 1 and int(gaps.max()) <= STRIDE.every
 
 
 def peak_base(s: Sample, metric: str) -> str:
@@ -355,7 +399,8 @@ class Columns:
     def __init__(self, samples: Sequence[Sample]) -> None:
         self._samples = samples
         self._store = samples if isinstance(samples, SampleStore) else None
-        self._metrics: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._present: dict[str, np.ndarray] = {}
+        self._values: dict[str, np.ndarray] = {}
         fields = schema.FIELDS if self._store is None else self._store.fields
         self._fields = {f.name: f for f in fields}
         self._arrays: dict[str, np.ndarray] = {}
@@ -445,43 +490,36 @@ class Columns:
     def distinct_labels(self) -> set[str | None]:
         return {self.strings[code] for code in np.unique(self.label).tolist()}
 
-    def _column(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        found = self._metrics.get(metric)
+    def present(self, metric: str) -> np.ndarray:
+        """Where ``metric`` was read."""
+        found = self._present.get(metric)
+        if found is None:
+            if self._store is not None:
+                stored = self._store.metric(metric)
+                found = np.zeros(len(self.batch), bool) if stored is None else stored != NONE
+            else:
+                read = [s.get(metric) is not None for s in self._samples]
+                found = np.array(read, dtype=bool).reshape(-1)
+            self._present[metric] = found
+        return found
+
+    def values(self, metric: str) -> np.ndarray:
+        """Readings of ``metric`` as floats, 0 where absent."""
+        found = self._values.get(metric)
         if found is None:
             if self._store is not None:
                 stored = self._store.metric(metric)
                 if stored is None:  # zeroed pages: no memory until written
-                    present = np.zeros(len(self.batch), dtype=bool)
-                    values = np.zeros(len(self.batch), dtype=np.float64)
+                    found = np.zeros(len(self.batch), dtype=np.float64)
                 else:
-                    present = stored != NONE
-                    stored[~present] = 0
-                    values = stored.astype(np.float64)
+                    found = stored.astype(np.float64)
+                    found[stored == NONE] = 0
                     del stored
             else:
-                read = [s.get(metric) for s in self._samples]
-                present = np.array([v is not None for v in read], dtype=bool).reshape(-1)
-                values = np.array([v or 0 for v in read], dtype=np.float64).reshape(-1)
-            found = self._metrics[metric] = (values, present)
+                read = [s.get(metric) or 0 for s in self._samples]
+                found = np.array(read, dtype=np.float64).reshape(-1)
+            self._values[metric] = found
         return found
-
-    def exact(self, positions: np.ndarray, metric: str) -> list[int]:
-        """Readings of ``metric`` at ``positions`` as they were taken (0 where absent)."""
-        if self._store is None:
-            return [self._samples[i].get(metric) or 0 for i in positions.tolist()]
-        stored = self._store.metric(metric)
-        if stored is None:
-            return [0] * len(positions)
-        found = stored[positions]
-        return np.where(found == NONE, 0, found).tolist()
-
-    def values(self, metric: str) -> np.ndarray:
-        """Readings of ``metric`` as floats, 0 where absent."""
-        return self._column(metric)[0]
-
-    def present(self, metric: str) -> np.ndarray:
-        """Where ``metric`` was read."""
-        return self._column(metric)[1]
 
 
 class _Labelled(NamedTuple):

@@ -45,6 +45,8 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         f"{format_size(fit.growth, signed=True)} over {fit.span:g} batches after warm-up, "
         f"{rate(t.slope)}, trend p={t.p:.2g}"
     )
+    if len(group.series) < group.batches:
+        summary += f" ({metric} read at {len(group.series)} of {group.batches} batches)"
     if not (t.p < ALPHA and fit.growth > limit):
         ctx.check("max_growth", group.scope, "PASS", summary, fit.growth, limit)
         return []
@@ -118,16 +120,15 @@ def fragmentation(ctx: Context, group: Group, _: None) -> list[Finding]:
     """On CUDA, ``reserved - allocated`` grows with a trend by more than
     ``max(FRAGMENTATION_FLOOR, max_growth)`` while ``allocated`` grows by under a quarter of
     that: a warning that does not fail the verdict."""
-    judged = group.judged
-    if len(judged) < MIN_TREND_POINTS or any(
-        ctx.samples[i].get("reserved") is None or ctx.samples[i].get("allocated") is None
-        for i in judged
+    judged, cols = group.judged, ctx.columns
+    if len(judged) < MIN_TREND_POINTS or not all(
+        cols.present(m)[judged].all() for m in ("reserved", "allocated")
     ):
         return []
     x, reserved = ctx.values(judged, "reserved")
     x, used = ctx.values(judged, "allocated")
     allocated = Fit.of(x, used)
-    gap = Fit.of(x, [r - a for r, a in zip(reserved, used, strict=True)])
+    gap = Fit.of(x, reserved - used)
     assert gap is not None and allocated is not None
     limit = max(FRAGMENTATION_FLOOR, ctx.rules.size("max_growth") or 0)
     details = (
