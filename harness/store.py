@@ -120,7 +120,7 @@ class SampleStore(Sequence[Sample]):
                 column.extend(_column(column.typecode, max(len(column) // 16, count - len(column))))
         self._resized()
 
-    def _new_metric(self, name: str, count: int) -> array:
+    def _new_metric(self, name: str, count: int) -> array[int]:
         """A metric column for ``name``, None for the ``count`` samples before it."""
         column = self._metrics[name] = _column("q", count)
         self._resized()
@@ -144,9 +144,8 @@ class SampleStore(Sequence[Sample]):
                 notes[n] = values[name]
         metrics = self._metrics
         for name, value in sample.metrics.items():
-            column = metrics.get(name)
-            if column is None:
-                column = self._new_metric(name, n + 1)
+            found = metrics.get(name)
+            column = self._new_metric(name, n + 1) if found is None else found
             column[n] = _NONE if value is None else value
         self._n = n + 1
 
