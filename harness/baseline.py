@@ -180,7 +180,7 @@ def session_summary(
     }
 
 
-class Outcome(Protocol):
+class GatedTest(Protocol):
     """What the session knows of one traced test (the plugin's outcomes)."""
 
     nodeid: str
@@ -200,7 +200,7 @@ class Closed:
 
 
 def close_session(
-    outcomes: Iterable[Outcome],
+    outcomes: Iterable[GatedTest],
     directory: Path | None,
     compare: Path | None,
     save: Path | None,

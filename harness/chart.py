@@ -1,6 +1,6 @@
 """Memory over a run as a Mermaid ``xychart-beta`` block, which GitHub renders without tooling:
 the x axis is the checkpoint number (the sample's position in the timeline), runs longer than
-:data:`MAX_POINTS` are cut into that many equal spans each drawn at its highest reading (so
+:data:`CHART_POINTS` are cut into that many equal spans each drawn at its highest reading (so
 short spikes stay visible), each metric is one line in the order given, and a last, flat line
 marks the device's capacity when the readings come within a quarter of it.
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from harness.markdown import mermaid
 
-MAX_POINTS = 120
+CHART_POINTS = 120
 MIB = 2**20
 Readings = Sequence[int | None] | np.ndarray
 """Bytes per checkpoint: None, or NaN in an array, where not measured."""
@@ -69,7 +69,7 @@ def _downsample(readings: Readings) -> list[float]:
     n = len(values)
     if not n or np.isnan(values).all():
         return []
-    spans = min(n, MAX_POINTS)
+    spans = min(n, CHART_POINTS)
     bounds = np.arange(spans) * n // spans
     highest = np.fmax.reduceat(values, bounds)  # NaN (not read) only where a whole span is
     known = np.flatnonzero(~np.isnan(highest))

@@ -41,7 +41,7 @@ from harness.merge import merge_timelines
 from harness.naming import check_file_name, rebuilt
 from harness.options import Rules, judged_options
 from harness.report import render_report
-from harness.timeline import MAX_BYTES, Timeline, read_timeline
+from harness.timeline import INT64_BOUND, Timeline, read_timeline
 from harness.units import parse_size
 
 BAD_INPUT = 2
@@ -354,13 +354,12 @@ def _percent(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    """``--min-bytes``: a size in bytes, at most 2**63."""
+    """``--min-bytes``: a size in bytes."""
     return _parse_size(text, "--min-bytes")
 
 
 def _size_text(flag: str) -> Callable[[str], str]:
-    """A size rule's option: the text as given (``50MB``), once it reads as a size of at most
-    2**63 bytes."""
+    """A size rule's option: the text as given (``50MB``), once it reads as a size."""
 
     def check(text: str) -> str:
         _parse_size(text, flag)
@@ -371,14 +370,9 @@ def _size_text(flag: str) -> Callable[[str], str]:
 
 def _parse_size(text: str, what: str) -> int:
     try:
-        size = parse_size(text, what=what)
+        return parse_size(text, what=what)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    except ArithmeticError:
-        size = MAX_BYTES + 1
-    if size > MAX_BYTES:
-        raise argparse.ArgumentTypeError(f"{_clip(text)} is more than 2**63 bytes")
-    return size
 
 
 def _count(text: str) -> int:
@@ -387,7 +381,7 @@ def _count(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {_clip(text)}") from None
-    if abs(value) > MAX_BYTES:
+    if abs(value) > INT64_BOUND:
         raise argparse.ArgumentTypeError(f"{_clip(text)} is too large")
     return value
 

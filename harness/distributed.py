@@ -33,7 +33,7 @@ __all__ = [
     "finish_distributed",
     "finish_ranks",
     "gate_problems",
-    "main",
+    "merge_main",
     "merge_timelines",
     "merge_verdicts",
     "quiet_flight_recorder",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def merge_main(argv: Sequence[str] | None = None) -> int:
     """``python -m harness.distributed TIMELINE...``: ``leakgate merge`` under its old name."""
     from harness.cli import main as leakgate
 
@@ -53,4 +53,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(merge_main())

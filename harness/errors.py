@@ -7,6 +7,7 @@ front ends map the classes to exit codes in one place (``harness.cli``).
 - :class:`LeakgateError`: the root of every error leakgate raises on purpose.
 - :class:`BadInput`: a file, an argument or a field that cannot be used (also a ``ValueError``,
   so code that caught the built-in still does).
+  :class:`BadArgument` is bad input given as an argument (also a ``TypeError``).
 - :class:`UnwritableReport`: a report, verdict or timeline that could not be written (also an
   ``OSError``); what was written before is left as it was.
 - :class:`MemoryCheckFailed`: a run whose memory verdict is not PASS, raised where a caller
@@ -57,6 +58,11 @@ def _rebuild(
     cls: type[BadInput], problem: str, path: str | None, line: int | None, field: str | None
 ) -> BadInput:
     return cls(problem, path=path, line=line, field=field)
+
+
+class BadArgument(BadInput, TypeError):
+    """An argument a caller gave that a function cannot take (a count that is not a whole
+    number, a phase that is not a name): bad input, and API misuse (also a ``TypeError``)."""
 
 
 class UnwritableReport(LeakgateError, OSError):

@@ -94,10 +94,7 @@ def rules_of(header: Mapping[str, Any], end: Mapping[str, Any] | None = None) ->
         return Rules()
     if not isinstance(stored, Mapping):
         raise BadInput("not an object", field="the header's rules")
-    values = dict(stored)
-    if isinstance(values.get("phase"), list):
-        values["phase"] = tuple(values["phase"])
-    return Rules.from_dict(values)
+    return Rules.from_dict(stored)
 
 
 def finish_run(

@@ -85,11 +85,11 @@ class Gated:
 def gate_folder(
     directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int
 ) -> int:
-    """Decide on DIR (:func:`decide`), write its ``index.md`` with the decision, then print one
+    """Decide on DIR (:func:`decide_gate`), write its ``index.md`` with the decision, then print one
     line per verdict, one per problem, and the total. Input the gate refuses writes nothing but
     an ``index.md`` that says so (:func:`write_refusal`)."""
     try:
-        gated = decide(directory, baseline_dir, tolerance=tolerance, min_bytes=min_bytes)
+        gated = decide_gate(directory, baseline_dir, tolerance=tolerance, min_bytes=min_bytes)
     except BadInput as exc:
         write_refusal(directory, exc)
         raise
@@ -99,7 +99,7 @@ def gate_folder(
     return PASS if gated.decision.passed else FAIL
 
 
-def decide(
+def decide_gate(
     directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int
 ) -> Gated:
     """Check every verdict and timeline in DIR, and DIR against the baseline, writing nothing.

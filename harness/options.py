@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.errors import BadInput
+from harness.errors import BadArgument, BadInput
 from harness.json_values import check_tree
 from harness.units import parse_size
 
@@ -18,6 +18,11 @@ CHILD_METRICS = ("heap", "anon")
 or every child's anon, read from outside."""
 _OUTSIDE = ("uss", "pss")
 """``child_metric`` values of older timelines: RSS-side readings from outside, now ``anon``."""
+
+
+Size = int | str
+"""A size as a caller gives it: bytes, or text such as ``"50MB"``
+(:func:`~harness.units.parse_size`)."""
 
 
 def _option(
@@ -38,28 +43,28 @@ class Rules:
     that has per-batch samples. ``custom`` holds the options of registered rules, by name.
     """
 
-    phase: str | tuple[str, ...] | None = field(
+    phase: tuple[str, ...] | None = field(
         default=None,
         metadata=_option(
             "phase(s) judged, comma-separated (default: every phase with batches)", "phases"
         ),
     )
-    max_growth: int | str | None = field(
+    max_growth: int | None = field(
         default=None, metadata=_option("growth allowed in a phase after warm-up, e.g. 50MB", "size")
     )
     warmup: int = field(
         default=5, metadata=_option("batches left out at the start of each phase", "count")
     )
-    max_peak: int | str | None = field(
+    max_peak: int | None = field(
         default=None, metadata=_option("peak allowed above a phase's start", "size")
     )
-    max_drift: int | str | None = field(
+    max_drift: int | None = field(
         default=None, metadata=_option("drift allowed for a checkpoint across epochs", "size")
     )
     warmup_epochs: int = field(
         default=1, metadata=_option("epochs left out of the drift comparison", "count")
     )
-    teardown: int | str | None = field(
+    teardown: int | None = field(
         default=None, metadata=_option("memory allowed to remain after the run ends", "size")
     )
     metric: str = field(default="allocated", metadata=_option("metric judged", "name"))
@@ -77,7 +82,7 @@ class Rules:
             "count",
         ),
     )
-    max_projected: int | str | None = field(
+    max_projected: int | None = field(
         default=None,
         metadata=_option("growth allowed in a phase projected over project_to batches", "size"),
     )
@@ -133,7 +138,7 @@ class Rules:
             "name",
         ),
     )
-    max_child_growth: int | str | None = field(
+    max_child_growth: int | None = field(
         default=None,
         metadata=_option(
             "growth a child process (each role, and all together) may gain in a phase after "
@@ -142,7 +147,7 @@ class Rules:
             fallback="max_growth",
         ),
     )
-    max_copy_on_read: int | str | None = field(
+    max_copy_on_read: int | None = field(
         default=None,
         metadata=_option(
             "pages a worker may copy from its parent in a phase by reading Python objects "
@@ -157,18 +162,35 @@ class Rules:
         default_factory=dict, compare=False, repr=False, metadata={"kind": "internal"}
     )
 
+    if TYPE_CHECKING:  # the forms a caller may give; the fields hold them parsed
+
+        def __init__(
+            self,
+            phase: str | Sequence[str] | None = None,
+            max_growth: Size | None = None,
+            warmup: int = 5,
+            max_peak: Size | None = None,
+            max_drift: Size | None = None,
+            warmup_epochs: int = 1,
+            teardown: Size | None = None,
+            metric: str = "allocated",
+            allow_unjudged: bool = False,
+            project_to: int | None = None,
+            max_projected: Size | None = None,
+            cache_is_leak: bool = False,
+            attribute: bool = False,
+            explain: bool = False,
+            snapshot: bool = False,
+            children: bool = True,
+            child_metric: str = "heap",
+            max_child_growth: Size | None = None,
+            max_copy_on_read: Size | None = None,
+            custom: Mapping[str, Any] = ...,
+            written: Mapping[str, str] = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
-        if self.phase is not None:
-            phases = (self.phase,) if isinstance(self.phase, str) else self.phase
-            if not isinstance(phases, Sequence) or not phases:
-                raise BadInput(
-                    f"expected a phase name or names, got {phases!r}", field="Rules.phase"
-                )
-            if not all(isinstance(p, str) and p for p in phases):
-                raise BadInput(
-                    f"phase names must be non-empty strings: {phases!r}", field="Rules.phase"
-                )
-            object.__setattr__(self, "phase", tuple(phases))
+        object.__setattr__(self, "phase", check_phases(self.phase, where="Rules.phase"))
         written = dict(self.written)
         for name in size_fields():
             value = getattr(self, name)
@@ -180,19 +202,9 @@ class Rules:
                 written.pop(name, None)
         object.__setattr__(self, "written", written)
         for name in ("warmup", "warmup_epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise BadInput(
-                    f"expected a whole number >= 0, got {value!r}", field=f"Rules.{name}"
-                )
-        if self.project_to is not None and (
-            isinstance(self.project_to, bool)
-            or not isinstance(self.project_to, int)
-            or self.project_to < 1
-        ):
-            raise BadInput(
-                f"expected a whole number >= 1, got {self.project_to!r}", field="Rules.project_to"
-            )
+            check_count(getattr(self, name), where=f"Rules.{name}")
+        if self.project_to is not None:
+            check_count(self.project_to, where="Rules.project_to", least=1)
         for name in flag_fields():
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -218,9 +230,8 @@ class Rules:
         return self.phase is None or phase in self.phase
 
     def size(self, name: str) -> int | None:
-        """A size rule in bytes (``None`` when off)."""
-        value = getattr(self, name)
-        assert value is None or isinstance(value, int)
+        """The size rule named ``name`` (one of :func:`size_fields`) in bytes; ``None`` when off."""
+        value: int | None = getattr(self, name)
         return value
 
     def shown(self, name: str) -> str:
@@ -249,10 +260,29 @@ class Rules:
                 f"unknown rule{'s' * (len(unknown) != 1)} {sorted(map(str, unknown))}; known "
                 "rules: " + ", ".join(option_names())
             )
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise BadInput(str(exc), field="rules") from None
+        return cls(**data)
+
+
+def check_phases(value: object, *, where: str) -> tuple[str, ...] | None:
+    """A phase name or names (a string, or a sequence of them as a list or tuple) as a tuple;
+    ``None`` stays ``None``. Raises :class:`~harness.errors.BadInput` naming ``where``."""
+    if value is None:
+        return None
+    phases = (value,) if isinstance(value, str) else value
+    if not isinstance(phases, Sequence) or not phases:
+        raise BadInput(f"expected a phase name or names, got {phases!r}", field=where)
+    if not all(isinstance(p, str) and p for p in phases):
+        raise BadInput(f"phase names must be non-empty strings: {phases!r}", field=where)
+    return tuple(phases)
+
+
+def check_count(value: object, *, where: str, least: int = 0) -> int:
+    """``value`` when it is a whole number of at least ``least`` (batches, epochs); else
+    :class:`~harness.errors.BadArgument` naming ``where``, with the same message from every
+    front end."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise BadArgument(f"expected a whole number >= {least}, got {value!r}", field=where)
+    return value
 
 
 def options() -> Iterator[Field[Any]]:

@@ -118,7 +118,7 @@ class Trace:
 
 
 @dataclass
-class Outcome:
+class TestOutcome:
     """What the terminal summary lists for one traced test."""
 
     nodeid: str
@@ -137,7 +137,7 @@ class LeakGate:
         self.directory = self.session.directory
         self.traces: dict[str, Trace] = {}
         self.started = time.time()
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[TestOutcome] = []
         self.write_error: str | None = None
         self.environ = os.environ.get(MEMREPORT_ENV)
         if self.directory is not None:  # where run_ranks inside a test writes (harness.spawn)
@@ -194,9 +194,9 @@ class LeakGate:
             recorder = Recorder(meta=meta, rules=rules, attribute=attribution)
         self.traces[item.nodeid] = trace = Trace(recorder, rules, files)
         trace.snapshot = rules.snapshot or bool(self.config.getoption("memreport_snapshot", False))
-        from harness.snapshot import available
+        from harness.snapshot import can_record
 
-        if trace.snapshot and self.snapshot_note is None and not available():
+        if trace.snapshot and self.snapshot_note is None and not can_record():
             self.snapshot_note = "no CUDA device: snapshots asked for were not recorded"
         return trace
 
@@ -352,7 +352,7 @@ class LeakGate:
             if name == PROPERTY and report.when == "call" and isinstance(value, str):
                 data = json.loads(value)
                 self.outcomes.append(
-                    Outcome(
+                    TestOutcome(
                         report.nodeid,
                         data["status"],
                         data["worst_growth"],

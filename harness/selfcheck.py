@@ -48,12 +48,12 @@ class CheckFailed(AssertionError):
 
 
 @dataclass(frozen=True)
-class Check:
+class DeviceCheck:
     name: str
     run: Callable[[], str]
 
 
-def expect(condition: bool, message: str) -> None:
+def require(condition: bool, message: str) -> None:
     if not condition:
         raise CheckFailed(message)
 
@@ -66,7 +66,7 @@ def cpu_probe_reads_a_known_allocation() -> str:
         seen = (after.get("allocated") or 0) - (before.get("allocated") or 0)
         del held
     # other threads and the collector may free or take a few KiB between the two reads
-    expect(abs(seen - KNOWN) <= 2**20, f"allocated rose by {seen} B for {KNOWN} B")
+    require(abs(seen - KNOWN) <= 2**20, f"allocated rose by {seen} B for {KNOWN} B")
     return f"allocated +{format_size(seen)} for a {format_size(KNOWN)} tensor"
 
 
@@ -96,15 +96,17 @@ def leak_and_twin(device: str, *, sites: bool) -> str:
     leaking, clean = loop(device, keep=True), loop(device, keep=False)
     leak, twin = judge(leaking.samples, RULES), judge(clean.samples, RULES)
     kinds = {(f.kind, f.phase) for f in leak.findings}
-    expect(leak.status == "FAIL" and ("leak", "validation") in kinds, f"leak judged {leak.status}")
-    expect(twin.status == "PASS", f"clean twin judged {twin.status}: {twin.error or twin.findings}")
+    require(leak.status == "FAIL" and ("leak", "validation") in kinds, f"leak judged {leak.status}")
+    require(
+        twin.status == "PASS", f"clean twin judged {twin.status}: {twin.error or twin.findings}"
+    )
     holders = [h for h in leaking.holders if h.path.endswith("kept")]
-    expect(bool(holders), f"no holder named kept, found {[h.path for h in leaking.holders]}")
+    require(bool(holders), f"no holder named kept, found {[h.path for h in leaking.holders]}")
     holder = holders[0]
     text = f"leak FAIL, twin PASS, held by {holder.path} ({format_size(holder.bytes)})"
     if sites:
         here = Path(__file__).name
-        expect(
+        require(
             any(site.split(":")[0].endswith(here) for site in holder.sites),
             f"allocation sites {list(holder.sites)} do not name {here}",
         )
@@ -124,7 +126,7 @@ def incident_replay(device: str, *, at_capacity: bool) -> str:
         capacity = None
         if at_capacity:
             code, clean = _train(bars, folder, device, [], None)
-            expect(code == 0 and clean["status"] == "PASS", f"clean run: exit {code}")
+            require(code == 0 and clean["status"] == "PASS", f"clean run: exit {code}")
             readings = read_timeline(folder / "tft-train-clean.jsonl").samples
             level = "reserved" if device.startswith("cuda") else "rss"
             start = readings[0].get(level) or 0
@@ -132,11 +134,11 @@ def incident_replay(device: str, *, at_capacity: bool) -> str:
             capacity = str(start + 2 * (highest - start))
         code, found = _train(bars, folder, device, list(INCIDENT), capacity)
     kinds = sorted({f["kind"] for f in found["findings"] if f["phase"] == "validation"})
-    expect(code == 1 and found["status"] == "FAIL", f"exit {code}, verdict {found['status']}")
-    expect(bool(kinds), "no validation finding")
+    require(code == 1 and found["status"] == "FAIL", f"exit {code}, verdict {found['status']}")
+    require(bool(kinds), "no validation finding")
     if capacity is not None:
         at = format_size(int(capacity))
-        expect("oom" in kinds, f"no OOM at {at}: validation findings {kinds}")
+        require("oom" in kinds, f"no OOM at {at}: validation findings {kinds}")
         return f"clean PASS; faults exit 1, FAIL at {at}: validation {', '.join(kinds)}"
     return f"exit 1, FAIL: validation {', '.join(kinds)}"
 
@@ -165,16 +167,16 @@ def cuda_probe_agrees() -> str:
     after = probe.sample()
     stats = torch.cuda.memory_stats()
     seen = (after["allocated"] or 0) - (before["allocated"] or 0)
-    expect(abs(seen - KNOWN) <= CUDA_BLOCK, f"allocated rose by {seen} B for {KNOWN} B")
+    require(abs(seen - KNOWN) <= CUDA_BLOCK, f"allocated rose by {seen} B for {KNOWN} B")
     current = stats["allocated_bytes.all.current"]
-    expect(after["allocated"] == current, f"allocated {after['allocated']} != stats {current}")
+    require(after["allocated"] == current, f"allocated {after['allocated']} != stats {current}")
     reserved = stats["reserved_bytes.all.current"]
-    expect(after["reserved"] == reserved, f"reserved {after['reserved']} != stats {reserved}")
+    require(after["reserved"] == reserved, f"reserved {after['reserved']} != stats {reserved}")
     used = [reading.get("device_used") for reading in (before, after)]
-    expect(None not in used, f"no NVML reading ({'; '.join(probe.notes) or 'no note'})")
+    require(None not in used, f"no NVML reading ({'; '.join(probe.notes) or 'no note'})")
     nvml = (used[1] or 0) - (used[0] or 0)
     grown = (after["reserved"] or 0) - (before["reserved"] or 0)
-    expect(abs(nvml - grown) <= CUDA_BLOCK, f"NVML rose by {nvml} B, reserved by {grown} B")
+    require(abs(nvml - grown) <= CUDA_BLOCK, f"NVML rose by {nvml} B, reserved by {grown} B")
     del held
     probe.close()
     return (
@@ -194,38 +196,40 @@ def snapshot_written() -> str:
         size = path.stat().st_size
         with path.open("rb") as f:
             data = pickle.load(f)
-    expect(bool(data.get("segments")), "the snapshot has no segments")
+    require(bool(data.get("segments")), "the snapshot has no segments")
     traces = sum(len(t) for t in data.get("device_traces", []))
-    expect(traces > 0, "the snapshot recorded no allocation history")
+    require(traces > 0, "the snapshot recorded no allocation history")
     return f"{format_size(size)}, {len(data['segments'])} segments, {traces} trace entries"
 
 
-def cpu_checks() -> list[Check]:
+def cpu_checks() -> list[DeviceCheck]:
     return [
-        Check("cpu probe: a known allocation", cpu_probe_reads_a_known_allocation),
-        Check(
+        DeviceCheck("cpu probe: a known allocation", cpu_probe_reads_a_known_allocation),
+        DeviceCheck(
             "cpu: a leak and its clean twin, the holder", lambda: leak_and_twin("cpu", sites=False)
         ),
-        Check("cpu: the incident replayed", lambda: incident_replay("cpu", at_capacity=False)),
+        DeviceCheck(
+            "cpu: the incident replayed", lambda: incident_replay("cpu", at_capacity=False)
+        ),
     ]
 
 
-def cuda_checks() -> list[Check]:
+def cuda_checks() -> list[DeviceCheck]:
     return [
-        Check("cuda probe: memory_stats and NVML", cuda_probe_agrees),
-        Check(
+        DeviceCheck("cuda probe: memory_stats and NVML", cuda_probe_agrees),
+        DeviceCheck(
             "cuda: a leak and its clean twin, holder and site",
             lambda: leak_and_twin("cuda", sites=True),
         ),
-        Check(
+        DeviceCheck(
             "cuda: the incident replayed at a capacity",
             lambda: incident_replay("cuda", at_capacity=True),
         ),
-        Check("cuda: a memory snapshot", snapshot_written),
+        DeviceCheck("cuda: a memory snapshot", snapshot_written),
     ]
 
 
-def run_checks(checks: Sequence[Check], write: Callable[[str], None] = print) -> list[str]:
+def run_checks(checks: Sequence[DeviceCheck], write: Callable[[str], None] = print) -> list[str]:
     """Run each check, one line each; returns the names of those that failed."""
     failed = []
     for check in checks:
@@ -240,7 +244,7 @@ def run_checks(checks: Sequence[Check], write: Callable[[str], None] = print) ->
     return failed
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def selfcheck(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.selfcheck", description=__doc__)
     parser.add_argument("--cuda", action="store_true", help="run the CUDA half too")
     args = parser.parse_args(argv)
@@ -269,4 +273,4 @@ def _command(module: str, *args: str, codes: Sequence[int] = (0,)) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(selfcheck())

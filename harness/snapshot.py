@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 MAX_ENTRIES = 20_000
 VIEWER = "https://pytorch.org/memory_viz"
 SUFFIX = ".snapshot.pickle"
-KINDS = ("leak", "oom", "teardown")
+SNAPSHOT_KINDS = ("leak", "oom", "teardown")
 
 
-def available() -> bool:
+def can_record() -> bool:
     """Whether snapshots can be recorded here: a CUDA device is visible."""
     return torch.cuda.is_available()
 
@@ -41,7 +41,7 @@ def available() -> bool:
 def record_history(max_entries: int = MAX_ENTRIES) -> Iterator[bool]:
     """Record the allocator's history inside the block; yields whether it records (False
     without CUDA). A recording of allocation sites that was on before is put back after."""
-    if not available():
+    if not can_record():
         yield False
         return
     was_on = sites_recorded()
@@ -60,7 +60,7 @@ def record_history(max_entries: int = MAX_ENTRIES) -> Iterator[bool]:
 def during(asked: bool, keep: Callable[[dict[str, Any]], object]) -> Iterator[None]:
     """Record the allocator's history through the block when ``asked`` and CUDA is visible, and
     hand the snapshot taken as the block ends to ``keep``."""
-    if not asked or not available():
+    if not asked or not can_record():
         yield
         return
     with record_history():
@@ -85,7 +85,7 @@ def dump_snapshot(path: str | os.PathLike[str]) -> Path:
     return write(path, take())
 
 
-def link(markdown: Path, snapshot: Path) -> None:
+def link_snapshot(markdown: Path, snapshot: Path) -> None:
     """Add a section linking the snapshot to the report at ``markdown`` (rewritten atomically)."""
     text = markdown.read_text()
     text += (
@@ -102,12 +102,12 @@ def keep(
     verdict failed for a leak, an OOM or a teardown residue; the lines a failure message adds.
     Without ``files`` (no report folder) nothing is written and a line says so. ``OSError``
     names a file that could not be written."""
-    failed = any(f.kind in KINDS and f.blocking for f in verdict.findings)
+    failed = any(f.kind in SNAPSHOT_KINDS and f.blocking for f in verdict.findings)
     if snapshot is None or not failed:
         return []
     if files is None:
         return ["  memory snapshot: not written (give --memreport to keep it)"]
     path = write(files.with_name(files.name + SUFFIX), snapshot)
     if report is not None and report.exists():
-        link(report, path)
+        link_snapshot(report, path)
     return [f"  memory snapshot: {path} (open it at {VIEWER})"]

@@ -23,7 +23,7 @@ from harness.fsio import open_regular, read_regular
 from harness.json_values import MAX_DEPTH, check_tree, expect, finite_number, shown
 from harness.timeline_checks import (
     FORMAT,
-    MAX_BYTES,
+    INT64_BOUND,
     READS,
     Timeline,
     check_end,
@@ -35,7 +35,7 @@ from harness.timeline_writer import TimelineWriter
 
 __all__ = [
     "FORMAT",
-    "MAX_BYTES",
+    "INT64_BOUND",
     "MAX_DEPTH",
     "READS",
     "Timeline",

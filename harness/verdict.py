@@ -292,8 +292,6 @@ class Verdict:
         if not isinstance(rules, Mapping):
             raise BadInput("expected an object", field="rules")
         rules = {k: v for k, v in rules.items() if version > 1 or k != "written"}
-        if isinstance(rules.get("phase"), list):
-            rules["phase"] = tuple(rules["phase"])
         return cls(
             status=data["status"],
             error=data.get("error"),

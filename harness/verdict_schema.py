@@ -27,7 +27,7 @@ Spec = Callable[[Any, str], None]
 """Checks one value; the second argument is where it is (its field's path)."""
 
 
-def text(value: Any, where: str) -> None:
+def check_text(value: Any, where: str) -> None:
     expect(value, (str,), where, "a string")
 
 
@@ -58,7 +58,7 @@ def an_object(value: Any, where: str) -> None:
 
 def file_name(value: Any, where: str) -> None:
     """A file name a report links to: text without NUL, no part longer than 255 bytes."""
-    text(value, where)
+    check_text(value, where)
     if "\0" in value or any(len(part) > 255 for part in value.split("/")):
         raise BadInput(f"not a file name: {shown(value)}", field=where)
 
@@ -72,7 +72,7 @@ def choice(names: type[StrEnum]) -> Spec:
     allowed = [str(member) for member in names]
 
     def check(value: Any, where: str) -> None:
-        text(value, where)
+        check_text(value, where)
         if value not in allowed:
             raise BadInput(f"expected one of {', '.join(allowed)}, got {shown(value)}", field=where)
 
@@ -135,7 +135,7 @@ def _at(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-_KINDS: dict[Any, Spec] = {str: text, int: whole, float: number, bool: flag}
+_KINDS: dict[Any, Spec] = {str: check_text, int: whole, float: number, bool: flag}
 
 
 def _spec_of(hint: Any) -> Spec:
@@ -180,9 +180,9 @@ RUN = Record(
 
 CHECKPOINT = Record(
     {
-        "name": text,
-        "label": text,
-        "phase": optional(text),
+        "name": check_text,
+        "label": check_text,
+        "phase": optional(check_text),
         "epoch": optional(whole),
         "collected": flag,
         "metrics": values(optional(number)),
@@ -192,17 +192,17 @@ CHECKPOINT = Record(
 
 HOLDER = Record(
     {
-        "path": text,
-        "container": text,
+        "path": check_text,
+        "container": check_text,
         "items": whole,
         "tensors": whole,
         "bytes": whole,
         "graph_bytes": whole,
-        "sites": items(text),
-        "phase": optional(text),
+        "sites": items(check_text),
+        "phase": optional(check_text),
         "epoch": optional(whole),
-        "label": optional(text),
-        "note": text,
+        "label": optional(check_text),
+        "note": check_text,
         "growth": optional(whole),
         "rank": optional(count),
     }
@@ -213,10 +213,10 @@ rank it was named on in a merged run)."""
 RANK = Record(
     {
         "rank": count,
-        "run_id": optional(text),
+        "run_id": optional(check_text),
         "status": choice(Status),
-        "timeline": optional(text),
-        "host": optional(text),
+        "timeline": optional(check_text),
+        "host": optional(check_text),
         "pid": optional(whole),
     },
     ("rank",),
@@ -225,7 +225,7 @@ RANK = Record(
 
 HEADER = Record(
     {
-        "run_id": optional(text),
+        "run_id": optional(check_text),
         "started": optional(number),
         "capacity": optional(number),
         "meta": optional(an_object),
@@ -242,18 +242,18 @@ DOCUMENT = Record(
     {
         "schema_version": version,
         "status": choice(Status),
-        "error": optional(text),
+        "error": optional(check_text),
         "rules": an_object,
         "findings": items(FINDING),
         "phases": items(of_dataclass(PhaseStats)),
         "checks": items(of_dataclass(Check)),
-        "name": optional(text),
-        "run_id": optional(text),
-        "title": optional(text),
-        "test": optional(text),
-        "timeline": optional(text),
+        "name": optional(check_text),
+        "run_id": optional(check_text),
+        "title": optional(check_text),
+        "test": optional(check_text),
+        "timeline": optional(check_text),
         "report": optional(file_name),
-        "metric": optional(text),
+        "metric": optional(check_text),
         "run": optional(RUN),
         "worst_growth": optional(number),
         "checkpoints": items(CHECKPOINT),

@@ -97,7 +97,7 @@ def merge_command(data, args):
     """``leakgate merge ARGS`` or ``python -m harness.distributed ARGS``, drawn: the argv and
     the entry point that takes it."""
     if data.draw(st.booleans()):
-        return list(args), distributed.main
+        return list(args), distributed.merge_main
     return ["merge", *args], main
 
 
@@ -570,7 +570,7 @@ def test_fuzz_commands_over_folders_holding_odd_files(data):
                     (["index", str(root)], main),
                     (["report", str(root / data.draw(st.sampled_from(NAMES)))], main),
                     (["merge", *ranks], main),
-                    (ranks, distributed.main),
+                    (ranks, distributed.merge_main),
                     (
                         [
                             "compare",

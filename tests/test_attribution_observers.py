@@ -196,7 +196,7 @@ def test_a_run_of_many_phases_searches_at_most_its_cap(monkeypatch):
 
 
 def test_a_walk_stops_at_its_own_memory_cap(monkeypatch):
-    monkeypatch.setattr(walk, "MAX_BYTES", 2**20)
+    monkeypatch.setattr(walk, "WALK_MAX_BYTES", 2**20)
     before = live_tensors()
     kept = [torch.ones(256) for _ in range(4)]
     found = attribute(before)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
-from harness.chart import MAX_POINTS, memory_chart
+from harness.chart import CHART_POINTS, memory_chart
 from harness.errors import BadInput
 from harness.options import judged_options
 from harness.report import Run, render_report
@@ -545,7 +545,7 @@ def test_a_long_run_is_drawn_in_spans_that_keep_a_one_batch_spike():
     readings[2345] = 900 * MB
     block = memory_chart({"allocated": readings})
     values = re.search(r"line \[([^\]]*)\]", "\n".join(block)).group(1).split(", ")
-    assert len(values) == MAX_POINTS and "900.0" in values
+    assert len(values) == CHART_POINTS and "900.0" in values
     assert '    x-axis "checkpoint" 0 --> 4999' in block
 
 

@@ -11,7 +11,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 def test_the_cpu_half_passes_and_the_cuda_half_says_it_was_skipped(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert selfcheck.main(["--cuda"]) == 0
+    assert selfcheck.selfcheck(["--cuda"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[:3]] == ["ok", "ok", "ok"]
     assert "held by _Outputs.kept" in lines[1] and "exit 1, FAIL" in lines[2]
@@ -22,9 +22,9 @@ def test_a_failing_check_is_named_and_exits_1(capsys, monkeypatch):
     def wrong() -> str:
         raise selfcheck.CheckFailed("allocated rose by 0 B")
 
-    checks = [selfcheck.Check("a wrong reading", wrong), selfcheck.Check("fine", lambda: "yes")]
+    checks = [selfcheck.DeviceCheck("a wrong reading", wrong), selfcheck.DeviceCheck("fine", lambda: "yes")]
     monkeypatch.setattr(selfcheck, "cpu_checks", lambda: checks)
-    assert selfcheck.main([]) == 1
+    assert selfcheck.selfcheck([]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("FAILED a wrong reading: CheckFailed: allocated rose by 0 B")
     assert out[1].startswith("ok     fine: yes") and out[2] == "selfcheck: FAILED: a wrong reading"

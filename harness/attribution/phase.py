@@ -18,7 +18,7 @@ from harness.attribution.quiet import memory_tracer
 from harness.attribution.retained import retained_holders
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
-from harness.options import Rules
+from harness.options import Rules, check_count
 from harness.sample import Sample
 from harness.units import parse_size
 
@@ -69,11 +69,9 @@ class PhaseAttribution:
         drift: int | str | None = None,
         warmup_epochs: int = 1,
     ) -> None:
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise TypeError(f"warmup must be a count of batches, got {warmup!r}")
-        self.warmup = warmup
+        self.warmup = check_count(warmup, where="PhaseAttribution.warmup")
         self.drift = None if drift is None else parse_size(drift, what="drift")
-        self.warmup_epochs = warmup_epochs
+        self.warmup_epochs = check_count(warmup_epochs, where="PhaseAttribution.warmup_epochs")
         self._epochs: dict[str | None, _Epochs] = {}
         self.explain = explain
         self.lines = Lines() if explain else None
@@ -102,13 +100,13 @@ class PhaseAttribution:
         epoch's drift past ``max_drift``, and at every phase's END with ``rules.attribute``;
         the dearer search with ``explain`` or ``rules.explain``."""
         return cls(
-            growth=rules.size("max_growth"),
+            growth=rules.max_growth,
             metric=rules.metric,
             at_end=rules.attribute,
             sites=rules.attribute,
             explain=explain or rules.explain,
             warmup=rules.warmup,
-            drift=rules.size("max_drift"),
+            drift=rules.max_drift,
             warmup_epochs=rules.warmup_epochs,
         )
 

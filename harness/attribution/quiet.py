@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 import torch
 
 P = ParamSpec("P")
-R = TypeVar("R")
+_R = TypeVar("_R")
 _OWN_MEMRAY: list[object] = []
 """leakgate's own memray regions now open (:class:`~harness.attribution.native.Native`)."""
 
@@ -59,14 +59,14 @@ def own_memray(region: object, tracking: bool) -> None:
         _OWN_MEMRAY.remove(region)
 
 
-def unobserved(search: Callable[P, R]) -> Callable[P, R]:
+def unobserved(search: Callable[P, _R]) -> Callable[P, _R]:
     """``search``, run in a fresh thread where a tool watches the calling one (see
     :func:`watched`); its result or its error is the caller's. The thread is started with
     ``_thread``, below ``threading``, whose ``settrace`` and ``setprofile`` hooks would set the
     tools on it too."""
 
     @functools.wraps(search)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+    def run(*args: P.args, **kwargs: P.kwargs) -> _R:
         if not watched():
             return search(*args, **kwargs)
         done = _thread.allocate_lock()

@@ -27,7 +27,7 @@ from harness.attribution.weights import own_module
 
 TRACED_INPUTS = "torch.jit keeps each trace's example inputs"
 
-MAX_BYTES = 192 * 2**20
+WALK_MAX_BYTES = 192 * 2**20
 """The most a walk may hold for itself (its map of parents, the largest part, and its frontier):
 a walk that would need more stops there, as when its budget of objects runs out."""
 _ENTRY = 32 + 8
@@ -74,7 +74,7 @@ class Walk(Names):
         self.visit = visit
         self.visited = 0
         self.complete = False
-        self.max_bytes = MAX_BYTES
+        self.max_bytes = WALK_MAX_BYTES
         self.full = False
         self.targets = targets
         self.missing = len(targets) if targets is not None else -1

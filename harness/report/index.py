@@ -51,7 +51,7 @@ def index_lines(
     ``unreadable`` counts the JSON files that were not verdicts; ``decision`` is the gate's,
     when a gate wrote it: a verdict that passed its rules but regressed shows as REGRESSION."""
     shown = {path: shown_status(path, doc, decision) for path, doc in entries}
-    entries = sorted(entries, key=lambda e: (-SHOWN.index(shown[e[0]]), run_name(*e)))
+    entries = sorted(entries, key=lambda e: (-SHOWN.index(shown[e[0]]), run_title(*e)))
     counts = {s: sum(status == s for status in shown.values()) for s in SHOWN}
     worst = {path: worst_finding(doc) for path, doc in entries}
     total = f"**{plural(len(entries), 'traced run')}: "
@@ -61,8 +61,8 @@ def index_lines(
     total += "**"
     ranked = [(f, path, doc) for path, doc in entries if (f := worst[path]) is not None]
     if ranked:
-        top, path, doc = min(ranked, key=lambda r: rank(r[0]))
-        total += f" · most severe: {text(finding_text(top))} ({code(run_name(path, doc))})"
+        top, path, doc = min(ranked, key=lambda r: worst_order(r[0]))
+        total += f" · most severe: {text(finding_text(top))} ({code(run_title(path, doc))})"
     lines = ["# leakgate memory verdicts", "", *decision_lines(decision), total, ""]
     if unreadable:
         skipped = (
@@ -84,7 +84,7 @@ def index_lines(
         rows.append(
             (
                 strong(status) if status != "PASS" else status,
-                code(run_name(path, doc)),
+                code(run_title(path, doc)),
                 finding_text(most) if most is not None else "none",
                 findings_cell(doc.get("findings")),
                 link_to(report, report) if exists else "n/a",
@@ -152,10 +152,10 @@ def findings(doc: Mapping[str, Any]) -> list[Finding]:
 
 def worst_finding(doc: Mapping[str, Any]) -> Finding | None:
     """The most severe finding of a verdict document, as :meth:`Verdict.worst` chooses it."""
-    return min(findings(doc), key=rank, default=None)
+    return min(findings(doc), key=worst_order, default=None)
 
 
-def rank(finding: Finding) -> tuple[bool, int, int]:
+def worst_order(finding: Finding) -> tuple[bool, int, int]:
     """:meth:`Verdict.worst`'s order: blocking first, then P0 before P1, then larger."""
     return (not finding.blocking, -finding.severity.rank, -(size(finding) or 0))
 
@@ -196,7 +196,7 @@ def findings_cell(raw: Any) -> str:
     return "; ".join(parts) or "none"
 
 
-def run_name(path: Path, doc: Mapping[str, Any]) -> str:
+def run_title(path: Path, doc: Mapping[str, Any]) -> str:
     """What a run is called in the index: its test id, title or name, else its file's stem
     (on one line, not escaped)."""
     for key in ("test", "title", "name"):

@@ -11,7 +11,7 @@ from typing import Any
 
 from harness.advice import advise
 from harness.markdown import Markdown, code, spans, text
-from harness.report.memory import scope
+from harness.report.memory import scope_label
 from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.sample import Sample
 from harness.units import echo_size, format_mib, format_rate, format_size
@@ -61,10 +61,10 @@ def issues(run: Run) -> list[str]:
         lines += [
             f"### Issue {n} ({finding.severity}): "
             f"{text(KIND_TITLE.get(finding.kind, str(finding.kind).capitalize()))} in "
-            f"{text(scope(finding.phase, finding.epoch))}",
+            f"{text(scope_label(finding.phase, finding.epoch))}",
             "",
             f"- **Evidence:** {evidence(finding)}",
-            *([f"- **Re-check:** {checked}"] if (checked := recheck(run, finding)) else []),
+            *([f"- **Re-check:** {checked}"] if (checked := recheck_note(run, finding)) else []),
             f"- **Suspected root cause:** {cause}",
             f"- **Recommended fix:** {fix}",
             "",
@@ -95,7 +95,9 @@ def root_cause(run: Run) -> Markdown | None:
     cause = explanation(worst, verdict.findings) if worst.kind == Kind.OOM else None
     said: str = text((cause or worst).message, MESSAGE_CHARS)
     if cause is not None:
-        said += f", which ran the device out of memory in {text(scope(worst.phase, worst.epoch))}"
+        said += (
+            f", which ran the device out of memory in {text(scope_label(worst.phase, worst.epoch))}"
+        )
     holders = holders_for(run, cause or worst)
     if holders:
         said += f"; {holder_text(holders[0])}"
@@ -112,7 +114,7 @@ def explanation(oom: Finding, findings: Sequence[Finding]) -> Finding | None:
     return None
 
 
-def recheck(run: Run, finding: Finding) -> Markdown | None:
+def recheck_note(run: Run, finding: Finding) -> Markdown | None:
     """What a leak's re-check compared: the loop's fitted start level against the reading
     after the loop that released the memory, or against the collected one that still held
     it. ``None`` for other findings, for a run that stopped inside the loop (no reading of the
@@ -187,14 +189,14 @@ def advice(run: Run, finding: Finding) -> tuple[str, str]:
 
 def ranked(findings: Sequence[Finding]) -> list[Finding]:
     """Findings, causes before their symptoms (see :data:`ROOT_CAUSE_ORDER`)."""
-    return sorted(findings, key=rank)
+    return sorted(findings, key=issue_order)
 
 
 def order(kind: str) -> int:
     return ROOT_CAUSE_ORDER.index(kind) if kind in ROOT_CAUSE_ORDER else len(ROOT_CAUSE_ORDER)
 
 
-def rank(finding: Finding) -> tuple[int, int]:
+def issue_order(finding: Finding) -> tuple[int, int]:
     """Issues in order of severity, then cause before symptom."""
     return -finding.severity.rank, order(finding.kind)
 

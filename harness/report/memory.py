@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from harness.chart import MAX_POINTS, memory_chart, shows_capacity
+from harness.chart import CHART_POINTS, memory_chart, shows_capacity
 from harness.markdown import Markdown, code, fenced, plain, strong, table, text
 from harness.report.run import Run, as_int, checkpoint_name, oom_events, oom_labelled, unbatched
 from harness.report.workers import (
@@ -39,7 +39,7 @@ NAME_CHARS = 120
 """Characters kept of a note, and of a checkpoint's name, in the Memory Profile."""
 
 
-def profile(run: Run) -> list[str]:
+def single_profile(run: Run) -> list[str]:
     lines = ["## Memory Profile", ""]
     if not run.samples:
         return [*lines, "No checkpoint was recorded."]
@@ -84,7 +84,7 @@ def profile(run: Run) -> list[str]:
     return [*lines, "", *fenced("text", body)]
 
 
-def chart(run: Run) -> list[str]:
+def single_chart(run: Run) -> list[str]:
     series = {run.metric: run.readings(run.metric)}
     against = run.capacity_metric
     if against != run.metric:
@@ -107,8 +107,8 @@ def chart(run: Run) -> list[str]:
         drawn.append(f"the capacity ({format_mib(run.capacity)}, flat)")
     lines_text = f"lines, in order: {', '.join(drawn)}" if len(drawn) > 1 else drawn[0]
     caption = f"MiB per checkpoint ({lines_text}); x is the checkpoint number"
-    if len(run.samples) > MAX_POINTS:
-        caption += f"; the run is drawn as {MAX_POINTS} spans at each span's highest reading"
+    if len(run.samples) > CHART_POINTS:
+        caption += f"; the run is drawn as {CHART_POINTS} spans at each span's highest reading"
     ooms = [event[0] for event in oom_events(run)]
     if ooms:
         caption += "; out of memory at " + ", ".join(
@@ -151,7 +151,7 @@ ANALYSIS_COLUMNS = (
 )
 
 
-def analysis(run: Run) -> list[str]:
+def single_analysis(run: Run) -> list[str]:
     rows = analysis_rows(run)
     lines = ["## Memory Analysis", ""]
     if not rows:
@@ -291,7 +291,7 @@ def phase_row(p: PhaseStats, rules: Rules) -> AnalysisRow:
     if p.peak_rise is not None and p.peak_metric and p.peak_metric != p.metric:
         peak += f" ({p.peak_metric})"
     return AnalysisRow(
-        scope(p.phase, p.epoch),
+        scope_label(p.phase, p.epoch),
         f"{p.judged}/{p.batches}",
         format_mib(p.start),
         format_mib(p.end),
@@ -326,7 +326,7 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
         first, last, top = int(readings[0]), int(readings[-1]), int(readings.max())
         rows.append(
             AnalysisRow(
-                scope(*key),
+                scope_label(*key),
                 f"-/{batches}",
                 format_mib(first),
                 format_mib(last),
@@ -341,7 +341,7 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
     return rows + [phase_row(p, run.verdict.rules) for p in judged.values()]
 
 
-def scope(phase: Any, epoch: Any) -> str:
+def scope_label(phase: Any, epoch: Any) -> str:
     """``validation epoch 0``; ``(no phase)`` for samples outside any phase (not escaped)."""
     name = plain(phase, NAME_CHARS) if phase is not None else "(no phase)"
     return name if epoch is None else f"{name} epoch {plain(epoch, 20)}"

@@ -97,17 +97,17 @@ def ranks_of(run: Run) -> tuple[RankRun, ...]:
 
 def profile(run: Run) -> list[str]:
     """The Memory Profile: one column per rank for a merged run, else the run's own."""
-    return rank_profile(run) if isinstance(run, MergedRun) else memory.profile(run)
+    return rank_profile(run) if isinstance(run, MergedRun) else memory.single_profile(run)
 
 
 def chart(run: Run) -> list[str]:
     """The chart of the run: one line per rank for a merged run, else the run's own."""
-    return rank_chart(run) if isinstance(run, MergedRun) else memory.chart(run)
+    return rank_chart(run) if isinstance(run, MergedRun) else memory.single_chart(run)
 
 
 def analysis(run: Run) -> list[str]:
     """The Memory Analysis: one column per rank for a merged run, else the run's own."""
-    return rank_analysis(run) if isinstance(run, MergedRun) else memory.analysis(run)
+    return rank_analysis(run) if isinstance(run, MergedRun) else memory.single_analysis(run)
 
 
 def rank_rows(run: Run) -> list[tuple[str, str]]:

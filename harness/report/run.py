@@ -20,7 +20,7 @@ from harness.sample import Sample
 from harness.store import NONE
 from harness.verdict import Verdict
 
-FALLBACK_METRIC = "rss"
+SHOWN_FALLBACK = "rss"
 START_LABELS = ("SESSION_START", "session START", "TEST_START")
 END_LABELS = ("SESSION_END", "session END", "TEST_END")
 
@@ -70,7 +70,7 @@ class Run:
     def metric(self) -> str:
         """The metric the profile and chart show: the rules' metric where samples have it,
         else ``rss``, else the probe's primary metric."""
-        for m in (self.verdict.rules.metric, FALLBACK_METRIC):
+        for m in (self.verdict.rules.metric, SHOWN_FALLBACK):
             if self.columns.present(m).any():
                 return m
         primary = self.header.get("primary")

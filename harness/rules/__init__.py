@@ -231,7 +231,7 @@ def _judge_group(
         noise=fit.trend.noise if fit else None,
         peak=peak.value if peak else None,
         peak_rise=peak.rise if peak else None,
-        budget=ctx.rules.size("max_growth"),
+        budget=ctx.rules.max_growth,
         peak_metric=peak.base if peak else None,
         baseline=fit.baseline if fit else None,
         baseline_batches=edge_window(len(group.judged)) if fit else None,

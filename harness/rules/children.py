@@ -286,7 +286,7 @@ def copy_on_read(ctx: Context, group: Group, _: None) -> list[Finding]:
     if not copying:
         return []
     worst = max(copying, key=lambda c: c.copied)
-    limit_copies = ctx.rules.size("max_copy_on_read")
+    limit_copies = ctx.rules.max_copy_on_read
     over = limit_copies is not None and worst.copied > limit_copies
     named = ", ".join(f"{c.role} {format_size(c.copied)}" for c in copying)
     message = (

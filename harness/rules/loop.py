@@ -130,7 +130,7 @@ def fragmentation(ctx: Context, group: Group, _: None) -> list[Finding]:
     allocated = Fit.of(x, used)
     gap = Fit.of(x, reserved - used)
     assert gap is not None and allocated is not None
-    limit = max(FRAGMENTATION_FLOOR, ctx.rules.size("max_growth") or 0)
+    limit = max(FRAGMENTATION_FLOOR, ctx.rules.max_growth or 0)
     details = (
         f"reserved - allocated {format_size(gap.growth, signed=True)}, "
         f"allocated {format_size(allocated.growth, signed=True)}"

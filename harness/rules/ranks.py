@@ -84,8 +84,8 @@ def rank_outlier(ctx: Any, option: Any = None) -> list[Finding]:
     if len(ctx.verdicts) < 2:
         ctx.check(RULE, "run", CheckStatus.SKIP, "one rank: nothing to compare")
         return []
-    growth_gap = ctx.rules.size("max_growth") or DEFAULT_GAP
-    peak_gap = ctx.rules.size("max_peak") or DEFAULT_GAP
+    growth_gap = ctx.rules.max_growth or DEFAULT_GAP
+    peak_gap = ctx.rules.max_peak or DEFAULT_GAP
     world = len(ctx.verdicts)
     worst: dict[tuple[int, str | None, Kind], Finding] = {}
     for (phase, epoch), by_rank in ctx.phases().items():
