@@ -2,7 +2,8 @@
 
 Names are imported lazily so that loading the pytest plugin does not import torch; a type
 checker sees them through the imports under ``TYPE_CHECKING``, which name the same modules as
-the table. No module of the harness imports this package: each imports the module it needs.
+the table (the lazy ``__getattr__`` is hidden from them, so an unknown name is a type error).
+No module of the harness imports this package: each imports the module it needs.
 """
 
 from __future__ import annotations
@@ -47,11 +48,9 @@ if TYPE_CHECKING:
         LeakgateError as LeakgateError,
     )
     from harness.errors import (
-        MemoryCheckFailed as MemoryCheckFailed,
-    )
-    from harness.errors import (
         UnwritableReport as UnwritableReport,
     )
+    from harness.finish import MemoryCheckFailed as MemoryCheckFailed
     from harness.finish import finish_run as finish_run
     from harness.options import (
         Rules as Rules,
@@ -108,7 +107,7 @@ _EXPORTS = {
     "LeakgateError": "harness.errors",
     "BadInput": "harness.errors",
     "UnwritableReport": "harness.errors",
-    "MemoryCheckFailed": "harness.errors",
+    "MemoryCheckFailed": "harness.finish",
     "parse_size": "harness.units",
     "Sample": "harness.sample",
     "judge": "harness.rules",
@@ -146,11 +145,13 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'harness' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+if not TYPE_CHECKING:  # hidden from type checkers, so that ``harness.NoSuchName`` is an error
+
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'harness' has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
 
 
 __all__ = ["__version__", *_EXPORTS]

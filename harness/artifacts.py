@@ -22,6 +22,7 @@ from harness.errors import BadInput, one_line
 from harness.fsio import write_atomic
 from harness.json_values import finite_number, read_json
 from harness.naming import is_rebuilt
+from harness.records import HolderRecord
 from harness.report import (
     GateDecision,
     Run,
@@ -51,7 +52,7 @@ def save_run(
     verdict: Verdict,
     *,
     title: str | None = None,
-    holders: Sequence[Mapping[str, Any]] = (),
+    holders: Sequence[HolderRecord] = (),
 ) -> dict[str, Path]:
     """Write ``<directory>/<name>.json`` and ``<name>.md`` for a recorded run; return the paths
     by kind (``json``, ``md``, and ``timeline`` when ``<name>.jsonl`` exists there).

@@ -10,14 +10,14 @@ front ends map the classes to exit codes in one place (``harness.cli``).
   :class:`BadArgument` is bad input given as an argument (also a ``TypeError``).
 - :class:`UnwritableReport`: a report, verdict or timeline that could not be written (also an
   ``OSError``); what was written before is left as it was.
-- :class:`MemoryCheckFailed`: a run whose memory verdict is not PASS, raised where a caller
-  asked for an exception instead of a return value (also a ``RuntimeError``).
+- :class:`~harness.finish.MemoryCheckFailed` (beside the finished run it carries): a run whose
+  memory verdict is not PASS, raised where a caller asked for an exception instead of a return
+  value (also a ``RuntimeError``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 
 class LeakgateError(Exception):
@@ -76,20 +76,6 @@ class UnwritableReport(LeakgateError, OSError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.path, self.reason))
-
-
-class MemoryCheckFailed(LeakgateError, RuntimeError):
-    """A run's memory verdict is not PASS and the caller asked for an exception (the Lightning
-    callback's ``raise_on_fail=True``). ``finished`` holds the verdict, the holders named and the
-    report's paths (:class:`harness.finish.Finished`); the message is its summary lines."""
-
-    def __init__(self, finished: Any) -> None:
-        super().__init__("\n".join(finished.lines()))
-        self.finished = finished
-
-    @property
-    def verdict(self) -> Any:
-        return self.finished.verdict
 
 
 def one_line(exc: BaseException) -> str:

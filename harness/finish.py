@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import harness.labels as labels
 from harness.artifacts import write_run
-from harness.errors import BadInput, as_unwritable
+from harness.errors import BadInput, LeakgateError, as_unwritable
 from harness.report import Run
 from harness.rules import describe_error, judge
 from harness.rules.context import Columns
@@ -97,6 +97,20 @@ def rules_of(header: Mapping[str, Any], end: Mapping[str, Any] | None = None) ->
     return Rules.from_dict(stored)
 
 
+class MemoryCheckFailed(LeakgateError, RuntimeError):
+    """A run's memory verdict is not PASS and the caller asked for an exception (the Lightning
+    callback's ``raise_on_fail=True``). ``finished`` holds the verdict, the holders named and the
+    report's paths (:class:`Finished`); the message is its summary lines."""
+
+    def __init__(self, finished: Finished) -> None:
+        super().__init__("\n".join(finished.lines()))
+        self.finished = finished
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.finished.verdict
+
+
 def finish_run(
     record: Recorder | Timeline,
     rules: Rules | None = None,
@@ -122,6 +136,7 @@ def finish_run(
     """
     live = not isinstance(record, Timeline)
     kept: Mapping[str, Any] = {}
+    header: Mapping[str, Any]
     if isinstance(record, Timeline):
         header, samples, torn = record.header, record.samples, record.torn
         error = record.error if record.end is not None else unfinished(record)

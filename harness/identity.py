@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.errors import BadInput
+from harness.records import RankFields
 
 MAX_WORLD_SIZE = 1 << 20
 """The most ranks a run may have: far above the largest jobs (about 10**5 GPUs), far below a
@@ -31,7 +32,7 @@ class RankInfo:
     local_rank: int | None = None
     backend: str | None = None
 
-    def to_header(self) -> dict[str, Any]:
+    def to_header(self) -> RankFields:
         """The timeline header's fields."""
         return {
             "rank": self.rank,

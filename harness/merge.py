@@ -28,6 +28,7 @@ from harness.finish import Finished, finish_run, relative, rules_of, write_finis
 from harness.fsio import would_replace
 from harness.identity import MAX_WORLD_SIZE, check_rank, check_world_size
 from harness.naming import check_file_name, run_name
+from harness.records import HolderRecord
 from harness.report.ranks import MergedRun, RankRun
 from harness.rules import decide
 from harness.rules.ranks import judge_ranks
@@ -217,7 +218,7 @@ def finish_ranks(
             for p in parts
         ],
     )
-    holders = [
+    holders: list[HolderRecord] = [
         {**h, "rank": p.rank, "path": f"rank {p.rank}: {h.get('path')}"}
         for p in parts
         for h in p.holders

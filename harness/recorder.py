@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -26,6 +26,7 @@ from harness.errors import BadInput, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
+from harness.records import Header
 from harness.rules import describe_error
 from harness.sample import STRIDE, Sample
 from harness.store import SampleStore, make_sample
@@ -154,12 +155,12 @@ class Recorder:
         if self.attribution is not None:
             self.attribution.start()
 
-    def _header(self, emulated: bool, config: Any, meta: Mapping[str, Any] | None) -> dict:
+    def _header(self, emulated: bool, config: Any, meta: Mapping[str, Any] | None) -> Header:
         if dataclasses.is_dataclass(config) and not isinstance(config, type):
             config = dataclasses.asdict(config)
         if config is not None and not isinstance(config, Mapping):
             raise TypeError(f"config: expected a mapping or a dataclass, got {config!r}")
-        return {
+        header = {
             "leakgate": __version__,
             "run_id": uuid.uuid4().hex,
             "torch": torch.__version__,
@@ -182,6 +183,7 @@ class Recorder:
             if self.probe.strided
             else None,
         }
+        return cast(Header, header)  # the probe's own facts (describe()) among its keys
 
     def checkpoint(
         self,

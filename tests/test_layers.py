@@ -28,6 +28,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.markdown",
             "harness.stats",
             "harness.version",
+            "harness.records",
             "harness.naming",
             "harness.identity",
             "harness.wording",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, cast
 
+from harness.records import HolderRecord
 from harness.units import format_size
 from harness.wording import plural
 
@@ -41,11 +42,11 @@ class Holder:
         items = plural(self.items, "item")
         return f"{self.path} ({self.container}, {items}, {format_size(self.bytes)}{note})"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> HolderRecord:
         """A JSON-ready dict."""
         data = asdict(self)
         data["sites"] = list(self.sites)
-        return data
+        return cast(HolderRecord, data)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Holder:

@@ -64,8 +64,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import harness.labels as labels
 from harness.attribution import PhaseAttribution
-from harness.errors import BadInput, MemoryCheckFailed, as_unwritable
-from harness.finish import Finished, finish_run
+from harness.errors import BadInput, as_unwritable
+from harness.finish import Finished, MemoryCheckFailed, finish_run
 from harness.naming import check_file_name
 from harness.recorder import DeviceOutOfMemory, Recorder
 from harness.verdict import Rules

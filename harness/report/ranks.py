@@ -19,6 +19,7 @@ import numpy as np
 import harness.report.memory as memory
 from harness.chart import as_floats, memory_chart
 from harness.markdown import Markdown, code, fenced, link_to, plain, strong, table, text
+from harness.records import HolderRecord
 from harness.report.memory import (
     NAME_CHARS,
     NOTE_CHARS,
@@ -59,7 +60,7 @@ class RankRun:
     header: Mapping[str, Any]
     samples: Sequence[Sample]
     verdict: Verdict
-    holders: Sequence[Mapping[str, Any]] = ()
+    holders: Sequence[HolderRecord] = ()
     torn: int = 0
     timeline: str | None = None
     shares: tuple[Share, ...] = ()

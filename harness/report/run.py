@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from harness.markdown import plain
+from harness.records import HolderRecord
 from harness.rules.context import Columns
 from harness.sample import Sample
 from harness.store import NONE
@@ -41,7 +42,7 @@ class Run:
     samples: Sequence[Sample]
     verdict: Verdict
     title: str | None = None
-    holders: Sequence[Mapping[str, Any]] = ()
+    holders: Sequence[HolderRecord] = ()
     torn: int = 0
     timeline: str | None = None
     verdict_file: str | None = None

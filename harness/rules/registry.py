@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from harness.errors import BadInput
 from harness.options import option_names
@@ -20,6 +20,7 @@ from harness.verdict import Finding
 
 Scope = Literal["run", "phase"]
 RuleFunction = Callable[..., Iterable[Finding]]
+F = TypeVar("F", bound=RuleFunction)
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,21 @@ class Rule:
 _REGISTRY: dict[str, Rule] = {}
 
 
+@overload
+def register_rule(name: str, function: F, *, scope: Scope = ..., option: str | None = ...) -> F: ...
+@overload
+def register_rule(
+    name: str, function: None = ..., *, scope: Scope = ..., option: str | None = ...
+) -> Callable[[F], F]: ...
 def register_rule(
     name: str,
-    function: RuleFunction | None = None,
+    function: F | None = None,
     *,
     scope: Scope = "run",
     option: str | None = "custom",
-) -> Any:
-    """Register ``function`` as the rule ``name`` (usable as a decorator).
+) -> F | Callable[[F], F]:
+    """Register ``function`` as the rule ``name`` (usable as a decorator, which returns the
+    function as it was, type and all).
 
     User rules keep the default ``option="custom"``: they run when a marker keyword, a
     ``Rules(custom={name: value})`` or a timeline's stored rules give them a value. Raises
@@ -66,7 +74,7 @@ def register_rule(
     if scope not in ("run", "phase"):
         raise TypeError(f"register_rule: scope must be 'run' or 'phase', got {scope!r}")
 
-    def add(fn: RuleFunction) -> RuleFunction:
+    def add(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"register_rule: {fn!r} is not callable")
         taken = _REGISTRY.get(name)

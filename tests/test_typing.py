@@ -1,0 +1,95 @@
+"""What a type checker sees of the public API: sizes and phases typed as ``Rules`` stores them,
+a registered rule as its own function, an unknown ``harness`` name as an error, and the verdict,
+header and holders as their types (mypy run once on a small snippet)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("mypy")
+
+SNIPPET = textwrap.dedent(
+    """
+    import harness
+    from harness import MemoryCheckFailed, Recorder, Rules, register_rule
+    from harness.report import Run
+
+    harness.NoSuchName
+    reveal_type(Rules(max_growth="4MB").max_growth)
+    reveal_type(Rules(phase=["train", "validation"]).phase)
+
+    @register_rule("typed_rule")
+    def typed_rule(ctx: object, option: int) -> list[harness.Finding]:
+        return []
+
+    reveal_type(typed_rule)
+
+    def read(error: MemoryCheckFailed, rec: Recorder, run: Run) -> None:
+        reveal_type(error.verdict)
+        reveal_type(rec.header)
+        reveal_type(run.holders)
+    """
+)
+
+
+CONFIG = """
+[mypy]
+ignore_missing_imports = True
+[mypy-torch.*,numpy.*,pyarrow.*,lightning.*,memray.*,pynvml.*]
+follow_imports = skip
+"""
+"""The large libraries are not followed (their names read as ``Any``): the snippet checks
+leakgate's own types, in seconds."""
+
+
+@pytest.fixture(scope="module")
+def mypy_lines(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    folder = tmp_path_factory.mktemp("typing")
+    (folder / "snippet.py").write_text(SNIPPET)
+    (folder / "mypy.ini").write_text(CONFIG)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--config-file",
+            "mypy.ini",
+            "--cache-dir",
+            str(folder / "cache"),
+            "snippet.py",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.splitlines()
+
+
+def _at(lines: list[str], line: int) -> str:
+    return "\n".join(x for x in lines if x.startswith(f"snippet.py:{line}:"))
+
+
+def test_an_unknown_harness_name_is_a_type_error(mypy_lines):
+    assert 'has no attribute "NoSuchName"' in _at(mypy_lines, 6)
+
+
+def test_rules_sizes_and_phases_are_typed_as_stored(mypy_lines):
+    assert 'Revealed type is "int | None"' in _at(mypy_lines, 7)
+    assert 'Revealed type is "tuple[str, ...] | None"' in _at(mypy_lines, 8)
+
+
+def test_a_registered_rule_keeps_its_type(mypy_lines):
+    revealed = _at(mypy_lines, 14)
+    assert 'Revealed type is "def (ctx: object, option: int) -> list[' in revealed
+
+
+def test_verdict_header_and_holders_are_typed(mypy_lines):
+    assert 'Revealed type is "harness.verdict.Verdict"' in _at(mypy_lines, 17)
+    assert "TypedDict(harness.records.Header" in _at(mypy_lines, 18)
+    assert "Sequence[TypedDict(harness.records.HolderRecord" in _at(mypy_lines, 19)
