@@ -78,10 +78,16 @@ class UnwritableReport(LeakgateError, OSError):
         return (type(self), (self.path, self.reason))
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception's first line of text, else its class name."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def one_line(error: BaseException | str, *, named: bool = False) -> str:
+    """An error's first line of text: an exception's, else its class name (``named`` puts the
+    class name first, ``TypeName: first line``, as verdicts and timelines keep an error); a
+    text's, else ``error``."""
+    if isinstance(error, str):
+        return error.strip().splitlines()[0] if error.strip() else "error"
+    text = str(error).strip().splitlines()
+    if not text:
+        return type(error).__name__
+    return f"{type(error).__name__}: {text[0]}" if named else text[0]
 
 
 def as_bad_input(exc: ValueError) -> BadInput:

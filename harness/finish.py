@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import harness.labels as labels
 from harness.artifacts import write_run
-from harness.errors import BadInput, LeakgateError, as_unwritable
+from harness.errors import BadInput, LeakgateError, as_unwritable, one_line
 from harness.report import Run
-from harness.rules import describe_error, judge
+from harness.rules import judge
 from harness.rules.context import Columns
 from harness.store import NONE
 from harness.timeline import Timeline
@@ -156,7 +156,7 @@ def finish_run(
     finally:
         if not isinstance(record, Timeline):
             record.end(
-                None if error is None else describe_error(error),
+                None if error is None else one_line(error, named=True),
                 ending(rules, holders, explained),
             )
     if directory is not None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 import harness.labels as labels
-from harness.errors import BadInput, as_unwritable
+from harness.errors import BadInput, as_unwritable, one_line
 from harness.naming import safe_name
 from harness.options import options, parse_option
 from harness.session_options import add_session_options
@@ -248,9 +248,9 @@ class LeakGate:
             raise
         finally:
             if not trace.recorder.closed:
-                trace.recorder.checkpoint(
-                    labels.TEST_END, phase="test", collect=True, note=_describe(error)
-                )
+                said = one_line(error, named=True) if error is not None else None
+                raised = said and f"test raised {said}"[:300]
+                trace.recorder.checkpoint(labels.TEST_END, phase="test", collect=True, note=raised)
             if trace.native is not None and trace.native.skipped is not None:
                 self.untracked.append(f"{item.nodeid} ({trace.native.skipped})")
 
@@ -446,7 +446,3 @@ def _leaked(verdict: Verdict) -> bool:
     from harness.attribution.findings import EXPLAINED
 
     return any(f.kind in EXPLAINED and f.blocking for f in verdict.findings)
-
-
-def _describe(error: BaseException | None) -> str | None:
-    return None if error is None else f"test raised {type(error).__name__}: {error}"[:300]

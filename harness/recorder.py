@@ -22,12 +22,11 @@ import torch
 from harness.attribution import Holder, PhaseAttribution
 from harness.child_sampling import SCHEDULE, ChildSampler
 from harness.children import SUMS
-from harness.errors import BadInput, UnwritableReport
+from harness.errors import BadInput, UnwritableReport, one_line
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
 from harness.records import Header
-from harness.rules import describe_error
 from harness.sample import STRIDE, Sample
 from harness.store import SampleStore, make_sample
 from harness.timeline import TimelineWriter
@@ -436,7 +435,7 @@ class Recorder:
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
         """Close; a block that raised ends the run with its error."""
         if error is not None:
-            self.end(describe_error(error))
+            self.end(one_line(error, named=True))
         self.close()
 
 

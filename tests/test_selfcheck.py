@@ -22,7 +22,10 @@ def test_a_failing_check_is_named_and_exits_1(capsys, monkeypatch):
     def wrong() -> str:
         raise selfcheck.CheckFailed("allocated rose by 0 B")
 
-    checks = [selfcheck.DeviceCheck("a wrong reading", wrong), selfcheck.DeviceCheck("fine", lambda: "yes")]
+    checks = [
+        selfcheck.DeviceCheck("a wrong reading", wrong),
+        selfcheck.DeviceCheck("fine", lambda: "yes"),
+    ]
     monkeypatch.setattr(selfcheck, "cpu_checks", lambda: checks)
     assert selfcheck.selfcheck([]) == 1
     out = capsys.readouterr().out.splitlines()

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 import harness.labels as labels
+from harness.errors import one_line
 from harness.rules import children, loop, run, saturation  # noqa: F401  (registers the rules)
 from harness.rules import ranks as _ranks
 from harness.rules.context import Context, Group
@@ -67,7 +68,6 @@ __all__ = [
     "Rules",
     "Verdict",
     "decide",
-    "describe_error",
     "judge",
     "register_rule",
     "registered",
@@ -152,7 +152,7 @@ def _apply(ctx: Context, rule: Rule, scope: str, broken: list[str], *args: Any) 
                 raise TypeError(f"returned a {type(item).__name__} among its findings")
             check_finding(item)
     except (Exception, SystemExit) as exc:
-        why = f"rule {rule.name!r} could not judge: {describe_error(exc)}"
+        why = f"rule {rule.name!r} could not judge: {one_line(exc, named=True)}"
         ctx.check(rule.name, scope, CheckStatus.ERROR, why)
         broken.append(why)
         return []
@@ -259,7 +259,7 @@ def _judge_error(
     """Add the run-wide OOM check (and a finding for an OOM the run raised without an OOM
     event); return the error's text when it is not an OOM."""
     ooms = [f for f in findings if f.kind == Kind.OOM]
-    text = None if error is None else describe_error(error)
+    text = None if error is None else one_line(error, named=True)
     error_is_oom = error is not None and labels.is_oom_error(error)
     if error_is_oom and not ooms:
         findings.append(Finding(Kind.OOM, None, None, None, f"out of memory: {text}", rule="oom"))
@@ -270,11 +270,3 @@ def _judge_error(
         return None
     ctx.check(RAISED, "run", CheckStatus.ERROR, f"raised {text}")
     return text
-
-
-def describe_error(error: BaseException | str) -> str:
-    """``TypeName: first line of the message``, as verdicts and timelines keep an error."""
-    if isinstance(error, BaseException):
-        text = str(error).strip().splitlines()
-        return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-    return error.strip().splitlines()[0] if error.strip() else "error"
