@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness.errors import BadInput
+from harness.errors import BadArgument, BadInput
 from harness.options import parse_option
 from harness.rules import (
     SCHEMA_VERSION,
@@ -696,3 +696,25 @@ def test_detection_limit_with_malloc_like_noise():
         leaking = judge(loop(BASE + np.round(walk + 512 * np.arange(N))), Rules(max_growth=64 * KB))
         found += bool(leaking.of_kind("leak"))
     assert found >= 36
+
+
+@pytest.mark.parametrize("warmup", [-1, 1.5, True, "5"])
+def test_a_bad_count_is_the_same_error_from_rules_and_attribution(warmup):
+    from harness.attribution import PhaseAttribution
+
+    with pytest.raises(BadArgument) as from_rules:
+        Rules(warmup=warmup)
+    with pytest.raises(BadArgument) as from_attribution:
+        PhaseAttribution(warmup=warmup)
+    assert from_rules.value.problem == from_attribution.value.problem
+    assert from_rules.value.problem == f"expected a whole number >= 0, got {warmup!r}"
+    # bad input for every front end, and API misuse at the call
+    assert isinstance(from_rules.value, BadInput) and isinstance(from_rules.value, TypeError)
+
+
+def test_phases_read_once_as_a_tuple_from_any_front_end():
+    assert Rules(phase="validation").phase == ("validation",)
+    assert Rules.from_dict({"phase": ["train", "validation"]}).phase == ("train", "validation")
+    stored = Verdict(status=Status.PASS, rules=Rules(phase=["train"])).to_dict()
+    assert stored["rules"]["phase"] == ["train"]
+    assert Verdict.from_dict(stored).rules.phase == ("train",)

@@ -138,7 +138,7 @@ def recheck_note(run: Run, finding: Finding) -> Markdown | None:
         return None
     level = stats.baseline
     rules = run.verdict.rules
-    budget = text(echo_size(rules.shown("max_growth"), as_int(rules.max_growth)))
+    budget = text(echo_size(rules.shown("max_growth"), rules.max_growth))
     where = text(checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch)))
     against = (
         f"against the loop's fitted start level of {format_mib(level)} ({code(stats.metric)}, "
