@@ -33,7 +33,7 @@ def verdict(*kinds):
 
 
 def test_on_the_cpu_the_option_is_a_no_op_with_one_note(pytester, monkeypatch):
-    monkeypatch.setattr(snapshot, "available", lambda: False)
+    monkeypatch.setattr(snapshot, "can_record", lambda: False)
     pytester.makepyfile(test_loop=LOOP + LEAKY)
     result = pytester.runpytest("-p", "no:randomly", "--memreport=out", "--memreport-snapshot")
     result.assert_outcomes(passed=1, failed=1)
@@ -51,7 +51,7 @@ def test_a_failing_leak_keeps_its_snapshot_beside_the_report_and_links_it(pytest
         recorded.append(max_entries)
         yield True
 
-    monkeypatch.setattr(snapshot, "available", lambda: True)
+    monkeypatch.setattr(snapshot, "can_record", lambda: True)
     monkeypatch.setattr(snapshot, "record_history", record_history)
     monkeypatch.setattr(snapshot, "take", lambda: FAKE)
     pytester.makepyfile(test_loop=LOOP + LEAKY)
@@ -82,7 +82,7 @@ def test_keep_writes_only_for_a_leak_oom_or_teardown(tmp_path):
 
 
 def test_without_cuda_recording_does_nothing(monkeypatch):
-    monkeypatch.setattr(snapshot, "available", lambda: False)
+    monkeypatch.setattr(snapshot, "can_record", lambda: False)
     with snapshot.record_history() as recording:
         assert recording is False
 
