@@ -92,6 +92,14 @@ def one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def describe_error(error: BaseException | str) -> str:
+    """``TypeName: first line of the message``, as verdicts and timelines keep an error."""
+    if isinstance(error, BaseException):
+        text = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    return error.strip().splitlines()[0] if error.strip() else "error"
+
+
 def as_bad_input(exc: ValueError) -> BadInput:
     """A reader's error as bad input: itself when it already is one (its facts kept)."""
     return exc if isinstance(exc, BadInput) else BadInput(one_line(exc))

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 import harness.labels as labels
+from harness.errors import describe_error
 from harness.rules import children, loop, run, saturation  # noqa: F401  (registers the rules)
 from harness.rules import ranks as _ranks
 from harness.rules.context import Context, Group
@@ -270,11 +271,3 @@ def _judge_error(
         return None
     ctx.check(RAISED, "run", CheckStatus.ERROR, f"raised {text}")
     return text
-
-
-def describe_error(error: BaseException | str) -> str:
-    """``TypeName: first line of the message``, as verdicts and timelines keep an error."""
-    if isinstance(error, BaseException):
-        text = str(error).strip().splitlines()
-        return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-    return error.strip().splitlines()[0] if error.strip() else "error"
