@@ -47,15 +47,7 @@ def by_path(holders: list[Holder]) -> dict[str, Holder]:
     return {h.path: h for h in holders}
 
 
-@pytest.fixture(autouse=True)
-def heap_frozen():
-    """Freeze what exists, as a Recorder does when it starts: attribution's usual setting, and
-    a quicker walk. Tests of the unfrozen heap call ``gc.unfreeze()`` first."""
-    froze = gc.get_freeze_count() == 0
-    gc.freeze()
-    yield
-    if froze:
-        gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("heap_frozen")
 
 
 @pytest.fixture
