@@ -34,7 +34,10 @@ class Probe(ABC):
     ``name`` (``cpu``, ``cuda:0``), ``metrics`` (every name :meth:`sample` returns),
     ``primary`` (the metric a leak is judged on), ``capacity`` (the device's bytes, ``None``
     when unknown), ``capacity_metric`` (what an emulated capacity counts, with ``peak``
-    between readings) and ``notes`` (each missing source, in words).
+    between readings), ``host`` (whether it reads this process's own heap, where the
+    recorder's bookkeeping and a holder search's memory count too) and ``notes`` (each
+    missing source, in words). Everything the recorder, the rules and the report need to
+    know of a device is asked of its probe: a new device is one class here.
     """
 
     name: str
@@ -43,6 +46,7 @@ class Probe(ABC):
     capacity: int | None
     capacity_metric: str
     notes: list[str]
+    host: bool = False
 
     @abstractmethod
     def sample(self) -> Metrics:
@@ -122,6 +126,7 @@ class CpuProbe(Probe):
     name = "cpu"
     metrics = ("allocated", "rss", "peak")
     capacity_metric = "rss"
+    host = True
 
     def __init__(self) -> None:
         self.notes = []
@@ -372,17 +377,36 @@ class CudaProbe(Probe):
 PROBES = ("auto", "cpu", "cuda", "cuda:<index>")
 
 
+def probe_for(device: torch.device) -> str:
+    """The name of the probe that reads ``device``: ``cuda:N`` for a CUDA device, else
+    ``cpu`` (host memory)."""
+    if device.type != "cuda":
+        return "cpu"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index}"
+
+
+def probe_type(spec: str) -> type[Probe]:
+    """The class of the probe :func:`make_probe` makes of the name ``spec``: its facts
+    (``metrics``, ``capacity_metric``, ``host``) without opening a device."""
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return CpuProbe
+    indexed = isinstance(spec, str) and spec.startswith("cuda:") and spec[5:].isdigit()
+    if spec == "cuda" or indexed:
+        return CudaProbe
+    raise BadInput(f"unknown probe {spec!r}; expected one of {', '.join(PROBES)}")
+
+
 def make_probe(spec: str | Probe = "auto") -> Probe:
     """A probe from a name in :data:`PROBES` (``auto``: CUDA when a GPU is visible, else CPU),
     or ``spec`` itself when it is already a :class:`Probe`."""
     if isinstance(spec, Probe):
         return spec
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec == "cpu":
+    kind = probe_type(spec)
+    if kind is CpuProbe:
         return CpuProbe()
-    if spec == "cuda":
+    if spec in ("auto", "cuda"):
         return CudaProbe(torch.cuda.current_device() if torch.cuda.is_available() else 0)
-    if isinstance(spec, str) and spec.startswith("cuda:") and spec[5:].isdigit():
-        return CudaProbe(int(spec[5:]))
-    raise BadInput(f"unknown probe {spec!r}; expected one of {', '.join(PROBES)}")
+    return CudaProbe(int(spec[5:]))

@@ -15,24 +15,26 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from harness.attribution import Holder, PhaseAttribution
 from harness.child_sampling import SCHEDULE, ChildSampler
 from harness.children import SUMS
 from harness.errors import BadInput, UnwritableReport, one_line
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
-from harness.records import Header
 from harness.sample import STRIDE, Sample
 from harness.store import SampleStore, make_sample
-from harness.timeline import TimelineWriter
+from harness.timeline_writer import TimelineWriter
 from harness.units import format_mib, parse_size
-from harness.verdict import Rules
 from harness.version import __version__
+
+if TYPE_CHECKING:  # the judging and explaining layers load only when a run asks for them
+    from harness.attribution import Holder, PhaseAttribution
+    from harness.options import Rules
+    from harness.records import Header
 
 
 class DeviceOutOfMemory(torch.OutOfMemoryError):
@@ -105,7 +107,9 @@ class Recorder:
         children: bool | None = None,
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
-        if not isinstance(attribute, (bool, PhaseAttribution)):
+        if attribute is not False:
+            from harness.attribution import PhaseAttribution
+        if not (type(attribute) is bool or isinstance(attribute, PhaseAttribution)):
             raise TypeError(f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}")
         if children is None:
             children = rules.children if rules is not None else True
@@ -113,6 +117,8 @@ class Recorder:
             raise TypeError(f"children: expected a bool or None, got {children!r}")
         self._children = ChildSampler() if children else None
         if attribute is True:
+            from harness.options import Rules
+
             every_end = (
                 Rules(attribute=True)
                 if rules is None
@@ -140,7 +146,6 @@ class Recorder:
             self.probe.close()
             raise
         self.samples = SampleStore()
-        self._host = self.probe.name == "cpu"
         self._phases: list[tuple[str, int | None]] = []
         self._phase: str | None = None
         self._epoch: int | None = None
@@ -182,7 +187,7 @@ class Recorder:
             if self.probe.strided
             else None,
         }
-        return cast(Header, header)  # the probe's own facts (describe()) among its keys
+        return cast("Header", header)  # the probe's own facts (describe()) among its keys
 
     def checkpoint(
         self,
@@ -237,7 +242,7 @@ class Recorder:
         probe = self.probe
         full = self._reads_all(label, batch, collect)
         metrics = probe.sample() if full else probe.sample_between()
-        if self._host and full:
+        if probe.host and full:
             # Less the recorder's own sample store, which grows with every checkpoint, and the
             # dearer search's bookkeeping: neither may be judged as the run's growth.
             own = self.samples.nbytes()
@@ -312,7 +317,7 @@ class Recorder:
             )
             return
         if acted:
-            if self.probe.name == "cpu":
+            if self.probe.host:
                 self.probe.release()
             self.probe.reset_peak()
 

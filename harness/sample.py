@@ -20,6 +20,11 @@ from typing import Any
 
 from harness.errors import BadInput
 
+FORMAT = 2
+"""Version of the timeline format, written in the header as ``leakgate_timeline``. Version 2
+adds the end record (``{"leakgate_end": {"error": ...}}``, written once the run is judged);
+version 1 timelines still read."""
+
 KINDS = ("text", "int", "float", "bool", "note")
 METRICS = "metrics"
 """The field that holds the probe's readings by metric name, in bytes."""

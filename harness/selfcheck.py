@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from harness.probes import probe_type
 from harness.recorder import Recorder
 from harness.rules import Rules, judge
 from harness.snapshot import dump_snapshot, record_history
@@ -128,7 +129,7 @@ def incident_replay(device: str, *, at_capacity: bool) -> str:
             code, clean = _train(bars, folder, device, [], None)
             require(code == 0 and clean["status"] == "PASS", f"clean run: exit {code}")
             readings = read_timeline(folder / "tft-train-clean.jsonl").samples
-            level = "reserved" if device.startswith("cuda") else "rss"
+            level = probe_type(device).capacity_metric
             start = readings[0].get(level) or 0
             highest = max(max(s.get(level) or 0, s.get("peak") or 0) for s in readings)
             capacity = str(start + 2 * (highest - start))

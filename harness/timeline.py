@@ -21,8 +21,8 @@ import harness.timeline_columns as timeline_columns
 from harness.errors import BadInput
 from harness.fsio import open_regular, read_regular
 from harness.json_values import MAX_DEPTH, check_tree, expect, finite_number, shown
+from harness.sample import FORMAT
 from harness.timeline_checks import (
-    FORMAT,
     INT64_BOUND,
     READS,
     Timeline,

@@ -17,10 +17,6 @@ from harness.store import NONE, make_sample
 from harness.units import parse_size
 from harness.verdict import size_fields
 
-FORMAT = 2
-"""Version of the timeline format, written in the header as ``leakgate_timeline``. Version 2
-adds the end record (``{"leakgate_end": {"error": ...}}``, written once the run is judged);
-version 1 timelines still read."""
 READS = (1, 2)
 """The format versions :func:`~harness.timeline.read_timeline` reads; any other is refused."""
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from workload import Windows, make_model
 
+import harness.attribution.holders as holders_module
 from harness import Recorder
 from harness.attribution import (
     Holder,
@@ -18,6 +19,7 @@ from harness.attribution import (
     record_sites,
 )
 from harness.attribution.graph import NODE_BYTES
+from harness.attribution.snapshot import storage_of
 from harness.units import format_size
 from tft.trainer import TrainConfig, Trainer
 
@@ -45,15 +47,7 @@ def by_path(holders: list[Holder]) -> dict[str, Holder]:
     return {h.path: h for h in holders}
 
 
-@pytest.fixture(autouse=True)
-def heap_frozen():
-    """Freeze what exists, as a Recorder does when it starts: attribution's usual setting, and
-    a quicker walk. Tests of the unfrozen heap call ``gc.unfreeze()`` first."""
-    froze = gc.get_freeze_count() == 0
-    gc.freeze()
-    yield
-    if froze:
-        gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("heap_frozen")
 
 
 @pytest.fixture
@@ -388,6 +382,24 @@ def test_the_incident_oom_names_the_attention_cache_and_its_graph():
     assert (top.path, top.container, top.items) == ("IncidentTrainer._attn_cache", "list", 4)
     assert top.phase == "validation"
     assert top.graph_bytes > 0.9 * top.bytes
+
+
+def test_an_allocators_blocks_give_sites_to_the_storages_they_hold(monkeypatch):
+    """Blocks are keyed as storages are: a holder's storage takes the site of the block that
+    holds it, and a block no storage accounts for is a holder of its own, by site. Shown with a
+    stand-in allocator over host memory, as the CUDA one reports its blocks."""
+    before = live_tensors()
+    kept = [floats(2**18) for _ in range(2)]
+    frames = [{"filename": "/src/train.py", "line": 7}]
+    orphan = ("cpu", None, 1)
+    blocks = [(storage_of(t)[0], 2**20, frames) for t in kept] + [(orphan, 4096, frames)]
+    monkeypatch.setattr(holders_module, "allocator_blocks", lambda: blocks)
+    found = by_path(attribute(before))
+    held = found["test_an_allocators_blocks_give_sites_to_the_storages_they_hold:kept"]
+    assert held.bytes == 2 * 2**20 and held.sites == ("/src/train.py:7",)
+    unheld = found["<no Python holder> /src/train.py:7"]
+    assert (unheld.container, unheld.items, unheld.bytes) == ("blocks", 1, 4096)
+    del kept
 
 
 # -- CUDA -------------------------------------------------------------------------------------

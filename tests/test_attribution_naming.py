@@ -20,14 +20,7 @@ def by_path(holders: list[Holder]) -> dict[str, Holder]:
     return {h.path: h for h in holders}
 
 
-@pytest.fixture(autouse=True)
-def heap_frozen():
-    """Freeze what exists, as a Recorder does when it starts."""
-    froze = gc.get_freeze_count() == 0
-    gc.freeze()
-    yield
-    if froze:
-        gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("heap_frozen")
 
 
 # -- graphs ---------------------------------------------------------------------------------------

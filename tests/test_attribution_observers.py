@@ -2,7 +2,6 @@
 where no tracer or profiler records it, steps aside (saying why) under another memory tracer,
 keeps within its caps, never runs an object's own code, and skips what refuses to answer."""
 
-import gc
 import sys
 import threading
 import tracemalloc
@@ -17,14 +16,7 @@ from harness.attribution import PhaseAttribution, attribute, live_tensors, phase
 from harness.attribution.quiet import memory_tracer, unobserved, watched
 from harness.attribution.retained import retained_holders
 
-
-@pytest.fixture(autouse=True)
-def heap_frozen():
-    froze = gc.get_freeze_count() == 0
-    gc.freeze()
-    yield
-    if froze:
-        gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("heap_frozen")
 
 
 class Refuses:

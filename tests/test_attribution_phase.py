@@ -3,7 +3,6 @@ says how much of its growth the named holders hold, and a phase is attributed wh
 still holds what it kept (growth past a budget, an out-of-memory note, no START needed)."""
 
 import functools
-import gc
 
 import pytest
 import torch
@@ -46,14 +45,7 @@ def finding(kind: str, phase: str, nbytes: int | None = None, epoch: int | None 
     return type("Finding", (), {"kind": kind, "phase": phase, "bytes": nbytes, "epoch": epoch})()
 
 
-@pytest.fixture(autouse=True)
-def heap_frozen():
-    """Freeze what exists, as a Recorder does when it starts."""
-    froze = gc.get_freeze_count() == 0
-    gc.freeze()
-    yield
-    if froze:
-        gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("heap_frozen")
 
 
 @pytest.fixture

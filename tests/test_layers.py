@@ -59,6 +59,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.timeline_checks",
             "harness.timeline_columns",
             "harness.timeline_writer",
+            "harness.timeline_claim",
         ),
     ),
     ("rules", ("harness.rules",)),
@@ -243,3 +244,6 @@ def test_importing_the_recorder_loads_nothing_above_it():
     recorder = floor_of("harness.recorder") or 0
     above = sorted(m for m in loaded if m != "harness" and (floor_of(m) or 0) > recorder)
     assert "harness.recorder" in loaded and above == []
+    judging = ("harness.rules", "harness.attribution", "harness.verdict", "harness.options")
+    assert [m for m in loaded if m.startswith(judging)] == []
+    assert len(loaded) <= 20, loaded

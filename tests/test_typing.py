@@ -4,13 +4,19 @@ header and holders as their types (mypy run once on a small snippet)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("mypy")
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout whose ``harness`` the snippet is checked against (an editable install's import
+hook is invisible to mypy)."""
 
 SNIPPET = textwrap.dedent(
     """
@@ -64,6 +70,7 @@ def mypy_lines(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
             "snippet.py",
         ],
         cwd=folder,
+        env={**os.environ, "MYPYPATH": str(ROOT)},
         capture_output=True,
         text=True,
         check=False,

@@ -18,7 +18,7 @@ from harness.attribution.graph import Graphs
 from harness.attribution.holder import Holder
 from harness.attribution.lines import Lines
 from harness.attribution.quiet import unobserved
-from harness.attribution.sites import Block, cuda_blocks, site_of
+from harness.attribution.sites import Block, allocator_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
 from harness.attribution.walk import Walk, kind_of, namespace
 from harness.units import format_size
@@ -223,11 +223,11 @@ class _Grouping:
             self.counted.update(group.graph)
         for group in loose:
             self._count(group)
-        blocks = cuda_blocks()
-        sites = {(device, address): site_of(frames) for device, address, _, frames in blocks}
+        blocks = allocator_blocks()
+        sites = {key: site_of(frames) for key, _, frames in blocks}
         holders = [self._holder(g, sites) for g in (*held, *loose)]
         holders += self._unheld(blocks)
-        holders += self._unheld_lines(bool(blocks))
+        holders += self._unheld_lines({key[0] for key, _, _ in blocks})
         self.graphs.clear()
         return [h for h in holders if h.bytes > 0]
 
@@ -377,7 +377,7 @@ class _Grouping:
             notes.append("graph counted in part (max_objects)")
         return "; ".join(notes)
 
-    def _holder(self, group: _Group, sites: Mapping[tuple[int, int], str | None]) -> Holder:
+    def _holder(self, group: _Group, sites: Mapping[StorageKey, str | None]) -> Holder:
         """Describe ``group`` at the deepest object all its chains share (a tensor's container
         when the group is one tensor below its holder)."""
         chains = group.chains
@@ -404,10 +404,10 @@ class _Grouping:
                 kind = type(shared).__name__
                 items = len(shared) if isinstance(shared, _SIZED) else len(chains)
         by_site: collections.Counter[str] = collections.Counter()
-        for (device, index, address), nbytes in (*group.storages.items(), *group.graph.items()):
-            site = sites.get((index or 0, address)) if device == "cuda" else None
+        for key, nbytes in (*group.storages.items(), *group.graph.items()):
+            site = sites.get(key)
             if site is None and self.lines is not None:
-                site = self.lines.line((device, index, address))
+                site = self.lines.line(key)
             if site is not None:
                 by_site[site] += nbytes
         graph_bytes = sum(group.graph.values())
@@ -427,13 +427,13 @@ class _Grouping:
         )
 
     def _unheld(self, blocks: list[Block]) -> list[Holder]:
-        """New CUDA blocks that no holder's storage accounts for, grouped by allocation site."""
+        """New allocator blocks that no holder's storage accounts for, grouped by allocation
+        site."""
         if self.before is None or not blocks:
             return []
-        counted = {(k[1] or 0, k[2]) for k in self.counted if k is not None and k[0] == "cuda"}
         by_site: dict[str | None, list[int]] = {}
-        for device, address, size, frames in blocks:
-            if (device, address, size) in self.before.blocks or (device, address) in counted:
+        for key, size, frames in blocks:
+            if (key, size) in self.before.blocks or key in self.counted:
                 continue
             by_site.setdefault(site_of(frames), []).append(size)
         return [
@@ -448,16 +448,16 @@ class _Grouping:
             for site, sizes in by_site.items()
         ]
 
-    def _unheld_lines(self, cuda_sites: bool) -> list[Holder]:
+    def _unheld_lines(self, sited: set[str]) -> list[Holder]:
         """New storages still alive that no holder counted, by the line that allocated them
-        (CUDA ones left to :meth:`_unheld` when the allocator's history is recorded)."""
+        (those on a device in ``sited``, whose allocator gave blocks, left to :meth:`_unheld`)."""
         if self.lines is None:
             return []
         old = set(self.before.storages) if self.before is not None else set()
         since = self.before.time if self.before is not None else 0.0
         counted = self.counted
-        if cuda_sites:
-            counted = counted | {k for k in self.lines.storages if k[0] == "cuda"}
+        if sited:
+            counted = counted | {k for k in self.lines.storages if k[0] in sited}
         return [
             Holder(
                 f"<no Python holder> {line}",

@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
 import harness.labels as labels
 from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS, Lines
 from harness.attribution.quiet import memory_tracer
 from harness.attribution.retained import retained_holders
+from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.options import Rules, check_count
@@ -112,7 +111,7 @@ class PhaseAttribution:
 
     def start(self) -> None:
         """Begin recording CUDA allocation stacks when ``sites`` is set and CUDA is in use."""
-        if self._sites and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if self._sites and sites_in_use():
             self._stop_sites = not record_sites(True)
         if self.lines is not None:
             self.lines.open()

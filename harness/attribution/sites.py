@@ -1,6 +1,7 @@
-"""CUDA allocation sites: with torch's allocation history recorded (:func:`record_sites`), each
-block in use carries the Python stack that allocated it; :func:`cuda_blocks` reads the blocks in
-use from a memory snapshot and :func:`site_of` reduces a stack to the ``file:line`` a person
+"""Allocation sites from the device allocator's own history, the one device-specific source of
+attribution: with torch's CUDA allocation history recorded (:func:`record_sites`), each block
+in use carries the Python stack that allocated it; :func:`allocator_blocks` reads the blocks in
+use, keyed as storages are, and :func:`site_of` reduces a stack to the ``file:line`` a person
 would edit. Without CUDA every function here does nothing."""
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import torch
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
-Block = tuple[int, int, int, list[dict[str, Any]]]
+Block = tuple[tuple[str, int | None, int], int, list[dict[str, Any]]]
+"""``(storage key, size, frames)``: a block in use, keyed as
+:func:`~harness.attribution.snapshot.storage_of` keys the storage it holds."""
+
+
+def in_use() -> bool:
+    """Whether the allocator whose history gives sites is in use in this process."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def record_sites(enabled: bool = True) -> bool:
@@ -32,15 +40,15 @@ def record_sites(enabled: bool = True) -> bool:
 
 def sites_recorded() -> bool:
     """Whether CUDA allocation stacks are being recorded now."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not in_use():
         return False
     enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
     return bool(enabled()) if enabled is not None else False
 
 
-def cuda_blocks() -> list[Block]:
-    """Blocks in use on every CUDA device: ``(device, address, size, frames)``."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+def allocator_blocks() -> list[Block]:
+    """Blocks in use on every CUDA device."""
+    if not in_use():
         return []
     blocks = []
     for segment in torch.cuda.memory._snapshot()["segments"]:
@@ -51,7 +59,8 @@ def cuda_blocks() -> list[Block]:
             if frames is None:
                 history = block.get("history") or [{}]
                 frames = history[0].get("frames", [])
-            blocks.append((segment.get("device", 0), block["address"], block["size"], frames))
+            key = ("cuda", segment.get("device", 0), block["address"])
+            blocks.append((key, block["size"], frames))
     return blocks
 
 

@@ -19,7 +19,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.attribution.quiet import unobserved
-from harness.attribution.sites import cuda_blocks
+from harness.attribution.sites import allocator_blocks
 
 StorageKey = tuple[str, int | None, int]
 
@@ -33,13 +33,13 @@ question, and a subclass's ``__torch_function__`` may raise anything. Such a ten
 @dataclass(frozen=True, eq=False)
 class Snapshot:
     """The tensors alive at ``time``, by weak reference, but for those ``gc.freeze()`` hid
-    (which count as older than any snapshot). ``blocks``: the CUDA blocks in use, as
-    ``(device, address, size)``, when CUDA was in use. ``storages``: the storages of those
+    (which count as older than any snapshot). ``blocks``: the allocator's blocks in use, as
+    ``(storage key, size)``, when CUDA was in use. ``storages``: the storages of those
     tensors, by weak reference, so that a tensor made later over one of them (a view, a
     reshape of a cached table) is not taken for new memory."""
 
     tensors: Mapping[int, weakref.ref[torch.Tensor]] = field(repr=False)
-    blocks: frozenset[tuple[int, int, int]] = field(default=frozenset(), repr=False)
+    blocks: frozenset[tuple[StorageKey, int]] = field(default=frozenset(), repr=False)
     time: float = 0.0
     storages: Mapping[int, StorageWeakRef] = field(default_factory=dict, repr=False)
     graphs: Mapping[int, int] = field(default_factory=dict, repr=False)
@@ -111,7 +111,7 @@ def live_tensors(objects: bool = False) -> Snapshot:
                 continue
             if storage._cdata not in storages:
                 storages[storage._cdata] = StorageWeakRef(storage)
-    blocks = frozenset((d, a, s) for d, a, s, _ in cuda_blocks())
+    blocks = frozenset((key, size) for key, size, _ in allocator_blocks())
     del everything
     return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes)
 

@@ -67,6 +67,7 @@ from harness.attribution import PhaseAttribution
 from harness.errors import BadInput, as_unwritable
 from harness.finish import Finished, MemoryCheckFailed, finish_run
 from harness.naming import check_file_name
+from harness.probes import probe_for
 from harness.recorder import DeviceOutOfMemory, Recorder
 from harness.verdict import Rules
 
@@ -250,7 +251,7 @@ class LeakGateCallback(Callback):
             rules = replace(rules, attribute=True)
         try:
             return Recorder(
-                _probe_for(device),
+                probe_for(device),
                 capacity=self.capacity,
                 timeline=timeline,
                 config=dict(hparams) if isinstance(hparams, Mapping) and hparams else None,
@@ -394,17 +395,9 @@ class LeakGateCallback(Callback):
             self._recorder.checkpoint(label, phase=phase, epoch=epoch, batch=batch, collect=collect)
 
 
-def _probe_for(device: torch.device) -> str:
-    """The probe that reads ``device``: ``cuda:N`` for a CUDA device, else ``cpu``."""
-    if device.type != "cuda":
-        return "cpu"
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return f"cuda:{index}"
-
-
 def _check_probe(recorder: Recorder, device: torch.device) -> None:
     """Warn when a given recorder reads another device than the one the module runs on."""
-    expected = _probe_for(device)
+    expected = probe_for(device)
     if recorder.probe.name != expected:
         warnings.warn(
             f"leakgate: the recorder reads {recorder.probe.name}, but the module runs on "
