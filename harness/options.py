@@ -313,7 +313,8 @@ def _of_kind(kind: str) -> tuple[str, ...]:
 
 
 def parse_option(name: str, text: str) -> Any:
-    """A rule option given as text (an ini value, a CLI flag) in its field's type.
+    """A rule option given as text (an ini value, a CLI flag) in its field's type: a size in
+    bytes (the text, as written, is the caller's to keep in ``Rules.written``).
 
     Raises :class:`~harness.errors.BadInput` naming the option for text that does not read as
     one.
@@ -336,5 +337,5 @@ def parse_option(name: str, text: str) -> Any:
     if kind == "phases":
         return tuple(p.strip() for p in text.split(",") if p.strip()) or None
     if kind == "size":
-        parse_size(text, what=name)
+        return parse_size(text, what=name)
     return text

@@ -29,7 +29,7 @@ import pytest
 import harness.labels as labels
 from harness.errors import BadInput, as_unwritable, one_line
 from harness.naming import safe_name
-from harness.options import options, parse_option
+from harness.options import options, parse_option, size_fields
 from harness.session_options import add_session_options
 
 if TYPE_CHECKING:
@@ -155,17 +155,23 @@ class LeakGate:
 
         values: dict[str, Any] = {}
         custom: dict[str, Any] = {}
+        written: dict[str, str] = {}  # the ini's sizes as written, parsed once here
         try:
             for option in options():
                 raw = self.config.getini(f"memleak_{option.name}")
                 if raw:
                     values[option.name] = parse_option(option.name, raw)
+                    if option.name in size_fields():
+                        written[option.name] = " ".join(raw.split())
             marker = item.get_closest_marker("memleak")
             if marker is not None:
                 if marker.args:
                     raise BadInput("takes keyword arguments only, not positional ones")
                 for key, value in marker.kwargs.items():
                     (custom if is_custom(key) else values)[key] = value
+                    written.pop(key, None)
+            if written:
+                values.setdefault("written", written)
             return Rules.from_dict({**values, "custom": custom} if custom else values)
         except ValueError as exc:
             raise pytest.UsageError(f"{item.nodeid}: memleak: {exc}") from None

@@ -191,6 +191,7 @@ def test_overridden(memtrace):
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["FAIL*test_from_ini", "PASS*test_overridden"])
+    result.stdout.fnmatch_lines(["*> max_growth 1MB*"])  # the ini's size as it was written
 
 
 def test_attribute_and_explain_are_rule_options_from_ini_or_marker_and_are_saved(pytester):
