@@ -21,7 +21,7 @@ import harness.labels as labels
 from harness.artifacts import write_run
 from harness.errors import BadInput, as_unwritable
 from harness.report import Run
-from harness.rules import describe_error, judge
+from harness.rules import judge
 from harness.rules.context import Columns
 from harness.store import NONE
 from harness.timeline import Timeline
@@ -105,7 +105,7 @@ def finish_run(
     rules: Rules | None = None,
     *,
     name: str,
-    error: BaseException | str | None = None,
+    error: BaseException | labels.Raised | str | None = None,
     directory: str | os.PathLike[str] | None = None,
     markdown: Path | None = None,
     document: Path | None = None,
@@ -144,7 +144,7 @@ def finish_run(
     finally:
         if not isinstance(record, Timeline):
             record.end(
-                None if error is None else describe_error(error),
+                error,
                 ending(rules, holders, explained),
             )
     if directory is not None:

@@ -248,8 +248,13 @@ class LeakGate:
             raise
         finally:
             if not trace.recorder.closed:
+                oom = error is not None and labels.is_oom_error(error)
                 trace.recorder.checkpoint(
-                    labels.TEST_END, phase="test", collect=True, note=_describe(error)
+                    labels.TEST_END,
+                    phase="test",
+                    collect=True,
+                    note=_describe(error),
+                    event=labels.OOM if oom else None,
                 )
             if trace.native is not None and trace.native.skipped is not None:
                 self.untracked.append(f"{item.nodeid} ({trace.native.skipped})")

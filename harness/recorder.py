@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+import harness.labels as labels
 from harness.attribution import Holder, PhaseAttribution
 from harness.child_sampling import SCHEDULE, ChildSampler
 from harness.children import SUMS
@@ -26,7 +27,6 @@ from harness.errors import BadInput, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
-from harness.rules import describe_error
 from harness.sample import STRIDE, Sample
 from harness.store import SampleStore, make_sample
 from harness.timeline import TimelineWriter
@@ -192,15 +192,32 @@ class Recorder:
         batch: int | None = None,
         collect: bool = False,
         note: str | None = None,
+        event: str | None = None,
     ) -> Sample:
         """Sample the probe now and record it; ``peak`` covers the time since the last one.
 
         ``collect=True`` first runs a full ``gc.collect()`` and the probe's release (CUDA:
         synchronize and ``empty_cache``; CPU: ``malloc_trim(0)``). Phase and epoch default to
-        the innermost :meth:`phase`'s. ``note`` carries an event's text (an OOM message).
+        the innermost :meth:`phase`'s. ``note`` carries an event's text (an OOM message), and
+        ``event`` what happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not say
+        it: a note's text is never read for it.
         """
+        if event is None:
+            event = labels.event_of(label) if type(label) is str else None
+        elif event not in labels.EVENTS:
+            raise TypeError(f"checkpoint event: expected one of {labels.EVENTS}, got {event!r}")
+        edge = labels.edge_of(label) if type(label) is str else None
         return self._record(
-            label, phase, epoch, batch, collect, note, may_raise=label != "OOM", rollup=collect
+            label,
+            phase,
+            epoch,
+            batch,
+            collect,
+            note,
+            may_raise=label != "OOM",
+            rollup=collect,
+            event=event,
+            edge=edge,
         )
 
     __call__ = checkpoint
@@ -216,6 +233,8 @@ class Recorder:
         *,
         may_raise: bool,
         rollup: bool,
+        event: str | None = None,
+        edge: str | None = None,
     ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
@@ -272,6 +291,8 @@ class Recorder:
                 "collected": collect,
                 "note": note or None,
                 "processes": processes,
+                "event": labels.OOM if overflow else event,
+                "edge": edge,
             }
         )
         self.samples.append(sample)
@@ -365,7 +386,17 @@ class Recorder:
         ended_by = None
         try:
             start = f"{name} START"
-            self._record(start, None, None, None, collect, None, may_raise=True, rollup=True)
+            self._record(
+                start,
+                None,
+                None,
+                None,
+                collect,
+                None,
+                may_raise=True,
+                rollup=True,
+                edge=labels.START,
+            )
             yield self
         except BaseException as error:
             ended_by = f"phase ended by {type(error).__name__}"
@@ -374,15 +405,30 @@ class Recorder:
             try:
                 if not self._closed:
                     end, by = f"{name} END", ended_by
-                    self._record(end, None, None, None, collect, by, may_raise=not by, rollup=True)
+                    self._record(
+                        end,
+                        None,
+                        None,
+                        None,
+                        collect,
+                        by,
+                        may_raise=not by,
+                        rollup=True,
+                        edge=labels.END,
+                    )
             finally:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
 
-    def end(self, error: str | None = None, details: Mapping[str, Any] | None = None) -> None:
-        """Write the timeline's end record once: the run finished, raising ``error`` (text),
-        with ``details`` for a report rebuilt from the timeline (:func:`harness.finish_run`'s
-        rules, holders and shares)."""
+    def end(
+        self,
+        error: BaseException | labels.Raised | str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write the timeline's end record once: the run finished, raising ``error`` (an
+        exception, whose type and first line are kept apart, or text), with ``details`` for a
+        report rebuilt from the timeline (:func:`harness.finish_run`'s rules, holders and
+        shares)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
             if self.timeline_error is None:
@@ -390,7 +436,8 @@ class Recorder:
                 met = [m for m in self.samples.metric_names if m not in known]
                 try:
                     self._timeline.end(
-                        error, {**(details or {}), **({"metrics": met} if met else {})}
+                        None if error is None else labels.Raised.of(error),
+                        {**(details or {}), **({"metrics": met} if met else {})},
                     )
                 except OSError as failure:
                     self._lost(failure)
@@ -434,7 +481,7 @@ class Recorder:
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
         """Close; a block that raised ends the run with its error."""
         if error is not None:
-            self.end(describe_error(error))
+            self.end(error)
         self.close()
 
 

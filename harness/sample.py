@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import harness.labels as labels
 from harness.errors import BadInput
 
 KINDS = ("text", "int", "float", "bool", "note")
@@ -57,7 +58,8 @@ class Sample:
     ``metrics`` maps a metric name to bytes, or to ``None`` where the probe cannot measure it.
     CUDA probes report ``allocated``, ``reserved``, ``peak`` (since the previous checkpoint),
     ``driver_used`` and ``device_used``; the CPU probe reports ``allocated`` (malloc's bytes in
-    use), ``rss`` and ``peak``. ``note`` carries an event's text, such as an OOM message.
+    use), ``rss`` and ``peak``. ``note`` carries an event's text, such as an OOM message;
+    ``event`` says what happened (:data:`harness.labels.EVENTS`), never the note's text.
     Live child processes add ``children_*`` and ``child_*:<role>`` metrics
     (:mod:`harness.children`) and name themselves in ``processes``
     (:mod:`harness.child_sampling`).
@@ -74,6 +76,21 @@ class Sample:
     processes: str | None = field(
         default=None, metadata=column("text", "live child processes, as role=pid pairs")
     )
+    event: str | None = field(
+        default=None, metadata=column("text", "what happened here: OOM or CHECK_FAILED")
+    )
+    edge: str | None = field(
+        default=None, metadata=column("text", "START or END: it opens or closes its phase")
+    )
+
+    def __post_init__(self) -> None:
+        """A sample made by hand takes its event and edge from its label when not given
+        (:func:`harness.labels.event_of`, :func:`~harness.labels.edge_of`); the recorder and
+        the readers give them."""
+        if self.event is None and isinstance(self.label, str):
+            object.__setattr__(self, "event", labels.event_of(self.label))
+        if self.edge is None and isinstance(self.label, str):
+            object.__setattr__(self, "edge", labels.edge_of(self.label))
 
     def __eq__(self, other: object) -> bool:
         """Field by field, a metric read as None counting as one not read (a store holds a

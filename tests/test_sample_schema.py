@@ -33,6 +33,8 @@ def _samples() -> list[Sample]:
                 "collected": False,
                 "note": "n" if i == 2 else None,
                 "processes": None,
+                "event": None,
+                "edge": None,
                 "workers": None if i % 3 == 0 else 4096 * i,
             }
         )
@@ -58,6 +60,8 @@ def test_the_declaration_is_the_samples_fields():
         "collected",
         "note",
         "processes",
+        "event",
+        "edge",
     ]
     assert [f.kind for f in schema.FIELDS] == [
         "text",
@@ -67,6 +71,8 @@ def test_the_declaration_is_the_samples_fields():
         "float",
         "bool",
         "note",
+        "text",
+        "text",
         "text",
     ]
     assert [f.name for f in schema.FIELDS if f.required] == ["label"]

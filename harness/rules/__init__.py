@@ -79,7 +79,7 @@ def judge(
     samples: Iterable[Sample],
     rules: Rules | Mapping[str, Any] | None = None,
     *,
-    error: BaseException | str | None = None,
+    error: BaseException | labels.Raised | str | None = None,
 ) -> Verdict:
     """Judge ``samples`` (in timeline order) against ``rules`` (a :class:`Rules` or a mapping
     of its fields). ``error`` is what the run raised, if anything: an out-of-memory error
@@ -254,7 +254,7 @@ def _worst_per_rule(results: list[list[Finding]]) -> list[Finding]:
 
 
 def _judge_error(
-    ctx: Context, findings: list[Finding], error: BaseException | str | None
+    ctx: Context, findings: list[Finding], error: BaseException | labels.Raised | str | None
 ) -> str | None:
     """Add the run-wide OOM check (and a finding for an OOM the run raised without an OOM
     event); return the error's text when it is not an OOM."""
@@ -272,9 +272,6 @@ def _judge_error(
     return text
 
 
-def describe_error(error: BaseException | str) -> str:
-    """``TypeName: first line of the message``, as verdicts and timelines keep an error."""
-    if isinstance(error, BaseException):
-        text = str(error).strip().splitlines()
-        return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-    return error.strip().splitlines()[0] if error.strip() else "error"
+def describe_error(error: BaseException | labels.Raised | str) -> str:
+    """``TypeName: first line of the message``, as verdicts keep an error."""
+    return str(labels.Raised.of(error))
