@@ -119,13 +119,28 @@ class Trace:
 
 @dataclass
 class Outcome:
-    """What the terminal summary lists for one traced test."""
+    """What the terminal summary lists for one traced test. The process that judged the test
+    keeps it as it is; its JSON (:meth:`to_json`) is the test's ``leakgate`` property, which
+    JUnit XML shows and pytest-xdist carries from a worker to the controller."""
 
     nodeid: str
     status: str
     worst_growth: float | None
     findings: list[str]
     phases: list[dict[str, Any]]
+
+    def to_json(self) -> str:
+        """The test's ``leakgate`` property: its status, phases, worst growth and findings."""
+        fields = ("status", "phases", "worst_growth", "findings")
+        return json.dumps({name: getattr(self, name) for name in fields})
+
+    @classmethod
+    def from_json(cls, nodeid: str, text: str) -> Outcome:
+        """The outcome a worker's ``leakgate`` property carries."""
+        data = json.loads(text)
+        return cls(
+            nodeid, data["status"], data["worst_growth"], data["findings"], data.get("phases", [])
+        )
 
 
 class LeakGate:
@@ -318,14 +333,16 @@ class LeakGate:
             trace.holders += tuple(self.save_snapshot(trace, verdict, finished.paths.get("md")))
         from harness.baseline import PHASE_FIELDS
 
-        summary = {
-            "status": verdict.status,
-            "phases": [{k: getattr(p, k) for k in PHASE_FIELDS} for p in verdict.phases],
-            "worst_growth": worst_growth(verdict),
-            "findings": [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
+        outcome = Outcome(
+            item.nodeid,
+            verdict.status,
+            worst_growth(verdict),
+            [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
             + ([f"[ERROR] {verdict.error}"] if verdict.error else []),
-        }
-        item.user_properties.append((PROPERTY, json.dumps(summary)))
+            [{k: getattr(p, k) for k in PHASE_FIELDS} for p in verdict.phases],
+        )
+        self.outcomes.append(outcome)
+        item.user_properties.append((PROPERTY, outcome.to_json()))
         return verdict
 
     def save_snapshot(self, trace: Trace, verdict: Verdict, report: Path | None) -> list[str]:
@@ -353,18 +370,13 @@ class LeakGate:
             timeline.unlink(missing_ok=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Under pytest-xdist, the controller's outcomes: each a worker's test's property (a
+        test judged in this process is in :attr:`outcomes` already)."""
+        if not hasattr(report, "node") or report.when != "call":
+            return  # ``node``: the worker xdist says a report came from
         for name, value in report.user_properties:
-            if name == PROPERTY and report.when == "call" and isinstance(value, str):
-                data = json.loads(value)
-                self.outcomes.append(
-                    Outcome(
-                        report.nodeid,
-                        data["status"],
-                        data["worst_growth"],
-                        data["findings"],
-                        data.get("phases", []),
-                    )
-                )
+            if name == PROPERTY and isinstance(value, str):
+                self.outcomes.append(Outcome.from_json(report.nodeid, value))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Index this session's reports, once, in the process that saw every test: the

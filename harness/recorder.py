@@ -170,6 +170,7 @@ class Recorder:
             **self.probe.describe(),
             "capacity": self.capacity,
             "capacity_emulated": emulated,
+            "capacity_metric": self.probe.capacity_metric,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": time.time(),

@@ -77,10 +77,10 @@ class Sample:
         default=None, metadata=column("text", "live child processes, as role=pid pairs")
     )
     event: str | None = field(
-        default=None, metadata=column("text", "what happened here: OOM or CHECK_FAILED")
+        default=None, metadata=column("note", "what happened here: OOM or CHECK_FAILED")
     )
     edge: str | None = field(
-        default=None, metadata=column("text", "START or END: it opens or closes its phase")
+        default=None, metadata=column("note", "START or END: it opens or closes its phase")
     )
 
     def __post_init__(self) -> None:

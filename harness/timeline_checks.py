@@ -65,7 +65,8 @@ class Timeline:
 
 def check_header(header: Mapping[str, Any]) -> None:
     """Check what is read from a header: nesting, numbers JSON cannot round-trip, and the
-    types of ``meta``, ``config``, ``rules``, ``run_id``, ``started`` and ``capacity``.
+    types of ``meta``, ``config``, ``rules``, ``run_id``, ``capacity_metric``, ``started`` and
+    ``capacity``.
 
     Raises :class:`~harness.errors.BadInput` whose ``field`` is the field's path
     (``.meta.rules``)."""
@@ -83,7 +84,8 @@ def check_header(header: Mapping[str, Any]) -> None:
     if isinstance(meta, Mapping):
         expect(meta.get("rules"), (Mapping, type(None)), ".meta.rules", "an object")
         expect(meta.get("test"), (str, type(None)), ".meta.test", "a string")
-    expect(header.get("run_id"), (str, type(None)), ".run_id", "a string")
+    for key in ("run_id", "capacity_metric"):
+        expect(header.get(key), (str, type(None)), f".{key}", "a string")
     for key in ("started", "capacity"):
         value = header.get(key)
         if value is not None and (finite_number(value) is None or abs(value) > MAX_BYTES):

@@ -15,7 +15,7 @@ import os
 from typing import Any, BinaryIO
 
 from harness.errors import BadInput
-from harness.labels import END, EVENTS, OOM, START
+from harness.labels import OOM
 from harness.sample import METRICS, line_order
 from harness.store import NONE, SampleStore
 from harness.timeline_checks import Timeline, check_end, check_header, derived
@@ -292,20 +292,19 @@ def _add_batch(store: SampleStore, batch: Any, version: int) -> bool:
 
 
 def _derive(values: dict[str, Any]) -> None:
-    """The ``event`` and ``edge`` columns of an old timeline's samples, from the labels and
-    notes in ``values``."""
+    """The ``event`` and ``edge`` of an old timeline's samples, from the labels and notes in
+    ``values``: judged once per label, then once per note."""
     import numpy as np
 
     labels, codes = values["label"]
     found = [derived(label, None) if label is not None else (None, None) for label in labels]
-    events, edges = [None, *EVENTS], [None, START, END]
-    for at, (name, table) in enumerate((("event", events), ("edge", edges))):
-        by_label = np.array([table.index(f[at]) for f in found], dtype=np.intp)
-        values[name] = (table, by_label[np.asarray(codes, dtype=np.intp)])
+    for at, name in enumerate(("event", "edge")):
+        by_label = np.array([f[at] is not None for f in found], dtype=bool)[codes]
+        values[name] = {i: found[codes[i]][at] for i in np.flatnonzero(by_label).tolist()}
     for i, note in values["note"].items():
         label = labels[codes[i]]
         if label is not None and derived(label, note)[0] == OOM:
-            values["event"][1][i] = events.index(OOM)
+            values["event"][i] = OOM
 
 
 def _whole(column: Any) -> Any:

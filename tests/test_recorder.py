@@ -188,6 +188,7 @@ def test_timeline_streams_header_and_samples(tmp_path):
     assert header["probe"] == "cpu" and header["primary"] == "allocated"
     assert header["torch"] == torch.__version__ and header["notes"] == []
     assert header["total_memory"] == header["capacity"] > 0
+    assert header["capacity_metric"] == CpuProbe.capacity_metric == "rss"
     for key in ("leakgate", "device", "driver", "host", "git_commit", "started"):
         assert key in header
     timeline = read_timeline(path)

@@ -72,8 +72,8 @@ def test_the_declaration_is_the_samples_fields():
         "bool",
         "note",
         "text",
-        "text",
-        "text",
+        "note",
+        "note",
     ]
     assert [f.name for f in schema.FIELDS if f.required] == ["label"]
     assert schema.line_order(schema.FIELDS) == list(Sample("x").to_dict())

@@ -439,8 +439,8 @@ class Columns:
             else:
                 self._arrays[f.name] = np.array(read, dtype=bool).reshape(-1)
         self.notes = self.sparse["note"]
-        self.oom = self._coded("event", labels.OOM)
-        self.check_failed = self._coded("event", labels.CHECK_FAILED)
+        self.oom = self._marked("event", labels.OOM)
+        self.check_failed = self._marked("event", labels.CHECK_FAILED)
         self.looped = (self.batch != NONE) & ~(self.oom | self.check_failed)
 
     def __getattr__(self, name: str) -> np.ndarray:
@@ -462,9 +462,11 @@ class Columns:
             arrays[name] = found
         return found
 
-    def _coded(self, field: str, text: str) -> np.ndarray:
-        """Where the text field ``field`` holds ``text``."""
-        return np.array([s == text for s in self.strings], dtype=bool)[self._arrays[field]]
+    def _marked(self, field: str, text: str) -> np.ndarray:
+        """Where the sparse field ``field`` holds ``text``."""
+        found = np.zeros(len(self.batch), dtype=bool)
+        found[[i for i, value in self.sparse[field].items() if value == text]] = True
+        return found
 
     def labelled(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Where the label satisfies ``predicate`` (judged once per distinct label)."""
