@@ -215,7 +215,7 @@ class Recorder:
             batch,
             collect,
             note,
-            may_raise=label != "OOM",
+            may_raise=event != labels.OOM,
             rollup=collect,
             event=event,
             edge=edge,

@@ -219,9 +219,10 @@ def test_the_summary_is_the_judged_outcome_not_the_property_text(pytester):
         """
 import pytest
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    item.user_properties[:] = [(k, "{}") for k, _ in item.user_properties]
+    report = (yield).get_result()
+    report.user_properties = [(k, "{}") for k, _ in report.user_properties]
 """
     )
     result = pytester.runpytest("-p", "no:randomly", "--memreport-json=s.json")
