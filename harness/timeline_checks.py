@@ -9,11 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import harness.labels as labels
 import harness.sample as schema
 from harness.errors import BadInput
 from harness.json_values import check_tree, expect, finite_number, shown
-from harness.labels import Raised
+from harness.labels import Raised, edge_of, legacy_event
 from harness.sample import METRICS, Field, Sample, line_order
 from harness.store import NONE, make_sample
 from harness.units import parse_size
@@ -158,7 +157,7 @@ def derived(label: str, note: str | None) -> tuple[str | None, str | None]:
     """The event and edge of a sample of a version 1 or 2 timeline, which kept neither: its
     label's, or ``OOM`` where its note says the device ran out of memory
     (:func:`harness.labels.legacy_event`)."""
-    return labels.legacy_event(label, note), labels.edge_of(label)
+    return legacy_event(label, note), edge_of(label)
 
 
 def _check_field(f: Field, value: Any) -> None:
