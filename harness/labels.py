@@ -68,6 +68,16 @@ def event_of(label: str) -> str | None:
     return CHECK_FAILED if label == CHECK_FAILED else None
 
 
+def given_event(label: object, event: object) -> str | None:
+    """A checkpoint's event: ``event`` when it is one of :data:`EVENTS`, the label's when it is
+    None; ``TypeError`` for anything else."""
+    if event is None:
+        return event_of(label) if type(label) is str else None
+    if event not in EVENTS:
+        raise TypeError(f"checkpoint event: expected one of {EVENTS}, got {event!r}")
+    return str(event)
+
+
 def legacy_event(label: str, note: str | None) -> str | None:
     """What a sample of a timeline written before samples kept their event (formats 1 and 2)
     says happened: its label's event, else ``OOM`` where its note says the device ran out of

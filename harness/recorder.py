@@ -199,26 +199,13 @@ class Recorder:
 
         ``collect=True`` first runs a full ``gc.collect()`` and the probe's release (CUDA:
         synchronize and ``empty_cache``; CPU: ``malloc_trim(0)``). Phase and epoch default to
-        the innermost :meth:`phase`'s. ``note`` carries an event's text (an OOM message), and
-        ``event`` what happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not say
-        it: a note's text is never read for it.
+        the innermost :meth:`phase`'s. ``note`` is text (an OOM message); ``event`` says what
+        happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not.
         """
-        if event is None:
-            event = labels.event_of(label) if type(label) is str else None
-        elif event not in labels.EVENTS:
-            raise TypeError(f"checkpoint event: expected one of {labels.EVENTS}, got {event!r}")
-        edge = labels.edge_of(label) if type(label) is str else None
+        event = labels.given_event(label, event)
+        may = event != labels.OOM
         return self._record(
-            label,
-            phase,
-            epoch,
-            batch,
-            collect,
-            note,
-            may_raise=event != labels.OOM,
-            rollup=collect,
-            event=event,
-            edge=edge,
+            label, phase, epoch, batch, collect, note, event, may_raise=may, rollup=collect
         )
 
     __call__ = checkpoint
@@ -231,11 +218,10 @@ class Recorder:
         batch: int | None,
         collect: bool,
         note: str | None,
+        event: str | None,
         *,
         may_raise: bool,
         rollup: bool,
-        event: str | None = None,
-        edge: str | None = None,
     ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
@@ -293,7 +279,7 @@ class Recorder:
                 "note": note or None,
                 "processes": processes,
                 "event": labels.OOM if overflow else event,
-                "edge": edge,
+                "edge": labels.edge_of(label),
             }
         )
         self.samples.append(sample)
@@ -387,17 +373,7 @@ class Recorder:
         ended_by = None
         try:
             start = f"{name} START"
-            self._record(
-                start,
-                None,
-                None,
-                None,
-                collect,
-                None,
-                may_raise=True,
-                rollup=True,
-                edge=labels.START,
-            )
+            self._record(start, None, None, None, collect, None, None, may_raise=True, rollup=True)
             yield self
         except BaseException as error:
             ended_by = f"phase ended by {type(error).__name__}"
@@ -407,15 +383,7 @@ class Recorder:
                 if not self._closed:
                     end, by = f"{name} END", ended_by
                     self._record(
-                        end,
-                        None,
-                        None,
-                        None,
-                        collect,
-                        by,
-                        may_raise=not by,
-                        rollup=True,
-                        edge=labels.END,
+                        end, None, None, None, collect, by, None, may_raise=not by, rollup=True
                     )
             finally:
                 self._phases.pop()
@@ -426,10 +394,9 @@ class Recorder:
         error: BaseException | labels.Raised | str | None = None,
         details: Mapping[str, Any] | None = None,
     ) -> None:
-        """Write the timeline's end record once: the run finished, raising ``error`` (an
-        exception, whose type and first line are kept apart, or text), with ``details`` for a
-        report rebuilt from the timeline (:func:`harness.finish_run`'s rules, holders and
-        shares)."""
+        """Write the timeline's end record once: the run finished, raising ``error`` (its type
+        and first line kept apart), with ``details`` for a report rebuilt from the timeline
+        (:func:`harness.finish_run`'s rules, holders and shares)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
             if self.timeline_error is None:
