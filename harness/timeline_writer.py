@@ -284,10 +284,10 @@ class TimelineWriter:
 
     def end(self, error: Raised | None, details: Mapping[str, Any] | None = None) -> None:
         """Write the end record: the run finished (``error``: what it raised, if anything, its
-        type and message apart), with
-        ``details``: what its report needs to be rebuilt (rules, holders, shares) and the metrics
-        the samples held beyond the header's (``metrics``: children's roles, known only as they
-        came), so that the columnar reader can declare them."""
+        type and message apart), with ``details``: what its report needs to be rebuilt (rules,
+        holders, shares) and the metrics the samples held beyond the header's (``metrics``:
+        children's roles, known only as they came), so that the columnar reader can declare
+        them."""
         raised = None if error is None else {"type": error.type, "message": error.message}
         self._write(_encode({"leakgate_end": {"error": raised, **(details or {})}}))
         self._trim()
