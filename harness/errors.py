@@ -18,6 +18,7 @@ front ends map the classes to exit codes in one place (``harness.cli``).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 
 class LeakgateError(Exception):
@@ -78,16 +79,38 @@ class UnwritableReport(LeakgateError, OSError):
         return (type(self), (self.path, self.reason))
 
 
-def one_line(error: BaseException | str, *, named: bool = False) -> str:
-    """An error's first line of text: an exception's, else its class name (``named`` puts the
-    class name first, ``TypeName: first line``, as verdicts and timelines keep an error); a
-    text's, else ``error``."""
-    if isinstance(error, str):
-        return error.strip().splitlines()[0] if error.strip() else "error"
-    text = str(error).strip().splitlines()
-    if not text:
-        return type(error).__name__
-    return f"{type(error).__name__}: {text[0]}" if named else text[0]
+@dataclass(frozen=True)
+class Raised:
+    """What a run raised, as a timeline's end record keeps it: the error's ``type`` name (None
+    for an error given as text) and the first line of its ``message``."""
+
+    type: str | None
+    message: str
+
+    @classmethod
+    def of(cls, error: BaseException | Raised | str) -> Raised:
+        """An exception's type name and first line (its type name alone when it says nothing),
+        or a text error's first line (``error`` when it is blank)."""
+        if isinstance(error, Raised):
+            return error
+        if isinstance(error, BaseException):
+            lines = str(error).strip().splitlines()
+            return cls(type(error).__name__, lines[0] if lines else "")
+        return cls(None, error.strip().splitlines()[0] if error.strip() else "error")
+
+    def __str__(self) -> str:
+        """``TypeName: message``, as a verdict shows it."""
+        if self.type is None:
+            return self.message
+        return f"{self.type}: {self.message}" if self.message else self.type
+
+
+def one_line(error: BaseException | str) -> str:
+    """An error's first line of text: an exception's, else its class name; a text's, else
+    ``error``. With its type name first, as verdicts and timelines show an error, it is
+    ``str(Raised.of(error))``."""
+    raised = Raised.of(error)
+    return raised.message or raised.type or "error"
 
 
 def as_bad_input(exc: ValueError) -> BadInput:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import harness.labels as labels
 from harness.artifacts import write_run
-from harness.errors import BadInput, LeakgateError, as_unwritable, one_line
+from harness.errors import BadInput, LeakgateError, as_unwritable
 from harness.report import Run
 from harness.rules import judge
 from harness.rules.context import Columns
@@ -116,7 +116,7 @@ def finish_run(
     rules: Rules | None = None,
     *,
     name: str,
-    error: BaseException | str | None = None,
+    error: BaseException | labels.Raised | str | None = None,
     directory: str | os.PathLike[str] | None = None,
     markdown: Path | None = None,
     document: Path | None = None,
@@ -156,7 +156,7 @@ def finish_run(
     finally:
         if not isinstance(record, Timeline):
             record.end(
-                None if error is None else one_line(error, named=True),
+                error,
                 ending(rules, holders, explained),
             )
     if directory is not None:

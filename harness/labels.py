@@ -4,6 +4,10 @@ A label names a point of the loop (``VALIDATION_BATCH``) or an event (``OOM``,
 ``CHECK_FAILED``). ``*_START``/``*_END`` labels frame a phase; ``SESSION_*`` and ``TEST_*`` frame a
 whole run, and a recorder's ``phase("session")`` writes them as ``session START``/``session END``.
 Labels compare case- and separator-insensitively (``session START`` is ``SESSION_START``).
+
+A label is read once, where a sample is made: a sample keeps what happened at it (its
+``event``, :func:`event_of`) and whether it opens or closes its phase (its ``edge``,
+:func:`edge_of`) as fields, which everything after reads; a note's text decides nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import functools
 import re
 from typing import Protocol
+
+from harness.errors import Raised
 
 TEST_START = "TEST_START"
 TEST_END = "TEST_END"
@@ -20,9 +26,13 @@ EPOCH_END = "EPOCH_END"
 OOM = "OOM"
 CHECK_FAILED = "CHECK_FAILED"
 
+EVENTS = (OOM, CHECK_FAILED)
+"""What a sample's ``event`` may say happened at it."""
+
 START = "START"
 END = "END"
-"""The last words of a phase's first and last checkpoints (``validation START``)."""
+"""The last words of a phase's first and last checkpoints (``validation START``): a sample's
+``edge``."""
 RUN_STARTS = (SESSION_START, TEST_START)
 RUN_ENDS = (SESSION_END, TEST_END)
 
@@ -31,14 +41,12 @@ _OOM_TYPES = ("MemoryError", "OutOfMemoryError")
 
 
 class Labelled(Protocol):
-    """What the predicates below read: a sample's label, batch and note."""
+    """What the predicates below read: a sample's batch and event."""
 
-    @property
-    def label(self) -> str: ...
     @property
     def batch(self) -> int | None: ...
     @property
-    def note(self) -> str | None: ...
+    def event(self) -> str | None: ...
 
 
 @functools.lru_cache(maxsize=4096)
@@ -53,6 +61,40 @@ def last_word(label: str) -> str:
     return canonical(label).rsplit("_", 1)[-1]
 
 
+def event_of(label: str) -> str | None:
+    """What a label says happened: ``OOM`` (any case or separator), ``CHECK_FAILED``, or
+    nothing."""
+    if canonical(label) == OOM:
+        return OOM
+    return CHECK_FAILED if label == CHECK_FAILED else None
+
+
+def given_event(label: object, event: object) -> str | None:
+    """A checkpoint's event: ``event`` when it is one of :data:`EVENTS`, the label's when it is
+    None; ``TypeError`` for anything else."""
+    if event is None:
+        return event_of(label) if type(label) is str else None
+    if event not in EVENTS:
+        raise TypeError(f"checkpoint event: expected one of {EVENTS}, got {event!r}")
+    return str(event)
+
+
+def legacy_event(label: str, note: str | None) -> str | None:
+    """What a sample of a timeline written before samples kept their event (formats 1 and 2)
+    says happened: its label's event, else ``OOM`` where its note says the device ran out of
+    memory (the recorder's own note on an emulated capacity, a caught error's text)."""
+    found = event_of(label)
+    if found is None and note is not None and _OOM_TEXT.search(note):
+        return OOM
+    return found
+
+
+def edge_of(label: str) -> str | None:
+    """``START`` or ``END`` for a label that opens or closes a phase, else None."""
+    word = last_word(label)
+    return word if word in (START, END) else None
+
+
 def is_run_start(label: str) -> bool:
     return canonical(label) in RUN_STARTS
 
@@ -62,13 +104,13 @@ def is_run_end(label: str) -> bool:
 
 
 def is_oom(sample: Labelled) -> bool:
-    """An out-of-memory event: labelled ``OOM``, or a note that says so (an emulated capacity
-    exceeded, a caught ``OutOfMemoryError``)."""
-    return canonical(sample.label) == OOM or bool(sample.note and _OOM_TEXT.search(sample.note))
+    """An out-of-memory event: labelled ``OOM``, a checkpoint over an emulated capacity, or
+    one its recorder was told is one."""
+    return sample.event == OOM
 
 
 def is_check_failed(sample: Labelled) -> bool:
-    return sample.label == CHECK_FAILED
+    return sample.event == CHECK_FAILED
 
 
 def is_event(sample: Labelled) -> bool:
@@ -81,12 +123,16 @@ def in_loop(sample: Labelled) -> bool:
     return sample.batch is not None and not is_event(sample)
 
 
-def is_oom_error(error: BaseException | str) -> bool:
-    """Whether what a run raised is an out-of-memory error."""
+def is_oom_error(error: BaseException | Raised | str) -> bool:
+    """Whether what a run raised is an out-of-memory error: by its type (or a base of it), else
+    by its message."""
     if isinstance(error, BaseException):
         names = [c.__name__ for c in type(error).__mro__]
-    else:  # "TypeName: message", as a timeline's end record keeps it
-        names = [error.split(":", 1)[0].strip()]
+        message = str(error)
+    else:
+        raised = Raised.of(error)
+        names = [] if raised.type is None else [raised.type]
+        message = raised.message
     if any(n in _OOM_TYPES or n.endswith(("OOM", "OutOfMemory")) for n in names):
         return True
-    return bool(_OOM_TEXT.search(str(error)))
+    return bool(_OOM_TEXT.search(message))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 import harness.labels as labels
-from harness.errors import BadInput, as_unwritable, one_line
+from harness.errors import BadInput, Raised, as_unwritable
 from harness.naming import safe_name
 from harness.options import options, parse_option, size_fields
 from harness.session_options import add_session_options
@@ -119,13 +119,28 @@ class Trace:
 
 @dataclass
 class TestOutcome:
-    """What the terminal summary lists for one traced test."""
+    """What the terminal summary lists for one traced test. The process that judged the test
+    keeps it as it is; its JSON (:meth:`to_json`) is the test's ``leakgate`` property, which
+    JUnit XML shows and pytest-xdist carries from a worker to the controller."""
 
     nodeid: str
     status: str
     worst_growth: float | None
     findings: list[str]
     phases: list[dict[str, Any]]
+
+    def to_json(self) -> str:
+        """The test's ``leakgate`` property: its status, phases, worst growth and findings."""
+        fields = ("status", "phases", "worst_growth", "findings")
+        return json.dumps({name: getattr(self, name) for name in fields})
+
+    @classmethod
+    def from_json(cls, nodeid: str, text: str) -> TestOutcome:
+        """The outcome a worker's ``leakgate`` property carries."""
+        data = json.loads(text)
+        return cls(
+            nodeid, data["status"], data["worst_growth"], data["findings"], data.get("phases", [])
+        )
 
 
 class LeakGate:
@@ -254,9 +269,15 @@ class LeakGate:
             raise
         finally:
             if not trace.recorder.closed:
-                said = one_line(error, named=True) if error is not None else None
-                raised = said and f"test raised {said}"[:300]
-                trace.recorder.checkpoint(labels.TEST_END, phase="test", collect=True, note=raised)
+                said = str(Raised.of(error)) if error is not None else None
+                oom = error is not None and labels.is_oom_error(error)
+                trace.recorder.checkpoint(
+                    labels.TEST_END,
+                    phase="test",
+                    collect=True,
+                    note=said and f"test raised {said}"[:300],
+                    event=labels.OOM if oom else None,
+                )
             if trace.native is not None and trace.native.skipped is not None:
                 self.untracked.append(f"{item.nodeid} ({trace.native.skipped})")
 
@@ -319,14 +340,16 @@ class LeakGate:
             trace.holders += tuple(self.save_snapshot(trace, verdict, finished.paths.get("md")))
         from harness.baseline import PHASE_FIELDS
 
-        summary = {
-            "status": verdict.status,
-            "phases": [{k: getattr(p, k) for k in PHASE_FIELDS} for p in verdict.phases],
-            "worst_growth": worst_growth(verdict),
-            "findings": [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
+        outcome = TestOutcome(
+            item.nodeid,
+            verdict.status,
+            worst_growth(verdict),
+            [f"[{f.severity} {f.kind}] {f.message}" for f in verdict.findings]
             + ([f"[ERROR] {verdict.error}"] if verdict.error else []),
-        }
-        item.user_properties.append((PROPERTY, json.dumps(summary)))
+            [{k: getattr(p, k) for k in PHASE_FIELDS} for p in verdict.phases],
+        )
+        self.outcomes.append(outcome)
+        item.user_properties.append((PROPERTY, outcome.to_json()))
         return verdict
 
     def save_snapshot(self, trace: Trace, verdict: Verdict, report: Path | None) -> list[str]:
@@ -354,18 +377,13 @@ class LeakGate:
             timeline.unlink(missing_ok=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Under pytest-xdist, the controller's outcomes: each a worker's test's property (a
+        test judged in this process is in :attr:`outcomes` already)."""
+        if not hasattr(report, "node") or report.when != "call":
+            return  # ``node``: the worker xdist says a report came from
         for name, value in report.user_properties:
-            if name == PROPERTY and report.when == "call" and isinstance(value, str):
-                data = json.loads(value)
-                self.outcomes.append(
-                    TestOutcome(
-                        report.nodeid,
-                        data["status"],
-                        data["worst_growth"],
-                        data["findings"],
-                        data.get("phases", []),
-                    )
-                )
+            if name == PROPERTY and isinstance(value, str):
+                self.outcomes.append(TestOutcome.from_json(report.nodeid, value))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Index this session's reports, once, in the process that saw every test: the

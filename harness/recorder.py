@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+import harness.labels as labels
 from harness.child_sampling import SCHEDULE, ChildSampler
 from harness.children import SUMS
-from harness.errors import BadInput, UnwritableReport, one_line
+from harness.errors import BadInput, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
@@ -175,6 +176,7 @@ class Recorder:
             **self.probe.describe(),
             "capacity": self.capacity,
             "capacity_emulated": emulated,
+            "capacity_metric": self.probe.capacity_metric,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": time.time(),
@@ -198,15 +200,19 @@ class Recorder:
         batch: int | None = None,
         collect: bool = False,
         note: str | None = None,
+        event: str | None = None,
     ) -> Sample:
         """Sample the probe now and record it; ``peak`` covers the time since the last one.
 
         ``collect=True`` first runs a full ``gc.collect()`` and the probe's release (CUDA:
         synchronize and ``empty_cache``; CPU: ``malloc_trim(0)``). Phase and epoch default to
-        the innermost :meth:`phase`'s. ``note`` carries an event's text (an OOM message).
+        the innermost :meth:`phase`'s. ``note`` is text (an OOM message); ``event`` says what
+        happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not.
         """
+        event = labels.given_event(label, event)
+        may = event != labels.OOM
         return self._record(
-            label, phase, epoch, batch, collect, note, may_raise=label != "OOM", rollup=collect
+            label, phase, epoch, batch, collect, note, event, may_raise=may, rollup=collect
         )
 
     __call__ = checkpoint
@@ -219,6 +225,7 @@ class Recorder:
         batch: int | None,
         collect: bool,
         note: str | None,
+        event: str | None,
         *,
         may_raise: bool,
         rollup: bool,
@@ -278,6 +285,8 @@ class Recorder:
                 "collected": collect,
                 "note": note or None,
                 "processes": processes,
+                "event": labels.OOM if overflow else event,
+                "edge": labels.edge_of(label),
             }
         )
         self.samples.append(sample)
@@ -371,7 +380,7 @@ class Recorder:
         ended_by = None
         try:
             start = f"{name} START"
-            self._record(start, None, None, None, collect, None, may_raise=True, rollup=True)
+            self._record(start, None, None, None, collect, None, None, may_raise=True, rollup=True)
             yield self
         except BaseException as error:
             ended_by = f"phase ended by {type(error).__name__}"
@@ -380,15 +389,21 @@ class Recorder:
             try:
                 if not self._closed:
                     end, by = f"{name} END", ended_by
-                    self._record(end, None, None, None, collect, by, may_raise=not by, rollup=True)
+                    self._record(
+                        end, None, None, None, collect, by, None, may_raise=not by, rollup=True
+                    )
             finally:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
 
-    def end(self, error: str | None = None, details: Mapping[str, Any] | None = None) -> None:
-        """Write the timeline's end record once: the run finished, raising ``error`` (text),
-        with ``details`` for a report rebuilt from the timeline (:func:`harness.finish_run`'s
-        rules, holders and shares)."""
+    def end(
+        self,
+        error: BaseException | labels.Raised | str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write the timeline's end record once: the run finished, raising ``error`` (its type
+        and first line kept apart), with ``details`` for a report rebuilt from the timeline
+        (:func:`harness.finish_run`'s rules, holders and shares)."""
         if self._timeline is not None and not self._ended and not self._closed:
             self._ended = True
             if self.timeline_error is None:
@@ -396,7 +411,8 @@ class Recorder:
                 met = [m for m in self.samples.metric_names if m not in known]
                 try:
                     self._timeline.end(
-                        error, {**(details or {}), **({"metrics": met} if met else {})}
+                        None if error is None else labels.Raised.of(error),
+                        {**(details or {}), **({"metrics": met} if met else {})},
                     )
                 except OSError as failure:
                     self._lost(failure)
@@ -440,7 +456,7 @@ class Recorder:
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
         """Close; a block that raised ends the run with its error."""
         if error is not None:
-            self.end(one_line(error, named=True))
+            self.end(error)
         self.close()
 
 

@@ -18,12 +18,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import harness.labels as labels
 from harness.errors import BadInput
 
-FORMAT = 2
+FORMAT = 3
 """Version of the timeline format, written in the header as ``leakgate_timeline``. Version 2
-adds the end record (``{"leakgate_end": {"error": ...}}``, written once the run is judged);
-version 1 timelines still read."""
+adds the end record (``{"leakgate_end": {"error": ...}}``, written once the run is judged).
+Version 3 writes what earlier ones left to text: a sample's ``event`` and ``edge``, the end
+record's error as its ``type`` and ``message``, the header's ``capacity_metric``. Versions 1
+and 2 still read: their samples' events and edges are derived where they are read
+(:func:`~harness.timeline_checks.derived`), their error's type where it is asked for
+(:attr:`~harness.timeline_checks.Timeline.error`)."""
 
 KINDS = ("text", "int", "float", "bool", "note")
 METRICS = "metrics"
@@ -62,7 +67,8 @@ class Sample:
     ``metrics`` maps a metric name to bytes, or to ``None`` where the probe cannot measure it.
     CUDA probes report ``allocated``, ``reserved``, ``peak`` (since the previous checkpoint),
     ``driver_used`` and ``device_used``; the CPU probe reports ``allocated`` (malloc's bytes in
-    use), ``rss`` and ``peak``. ``note`` carries an event's text, such as an OOM message.
+    use), ``rss`` and ``peak``. ``note`` carries an event's text, such as an OOM message;
+    ``event`` says what happened (:data:`harness.labels.EVENTS`), never the note's text.
     Live child processes add ``children_*`` and ``child_*:<role>`` metrics
     (:mod:`harness.children`) and name themselves in ``processes``
     (:mod:`harness.child_sampling`).
@@ -79,6 +85,21 @@ class Sample:
     processes: str | None = field(
         default=None, metadata=column("text", "live child processes, as role=pid pairs")
     )
+    event: str | None = field(
+        default=None, metadata=column("note", "what happened here: OOM or CHECK_FAILED")
+    )
+    edge: str | None = field(
+        default=None, metadata=column("note", "START or END: it opens or closes its phase")
+    )
+
+    def __post_init__(self) -> None:
+        """A sample made by hand takes its event and edge from its label when not given
+        (:func:`harness.labels.event_of`, :func:`~harness.labels.edge_of`); the recorder and
+        the readers give them."""
+        if self.event is None and isinstance(self.label, str):
+            object.__setattr__(self, "event", labels.event_of(self.label))
+        if self.edge is None and isinstance(self.label, str):
+            object.__setattr__(self, "edge", labels.edge_of(self.label))
 
     def __eq__(self, other: object) -> bool:
         """Field by field, a metric read as None counting as one not read (a store holds a

@@ -116,7 +116,7 @@ def read_lines(path: str | os.PathLike[str], data: bytes | None = None) -> Timel
                 raise _located(exc, path, number, "end record") from None
             continue
         try:
-            samples.append(sample_of(record))
+            samples.append(sample_of(record, header["leakgate_timeline"]))
         except BadInput as exc:
             raise _located(exc, path, number, "sample") from None
     return Timeline(header, samples, torn, end)

@@ -12,12 +12,13 @@ from typing import Any
 import harness.sample as schema
 from harness.errors import BadInput
 from harness.json_values import check_tree, expect, finite_number, shown
-from harness.sample import METRICS, Field, Sample, line_order
+from harness.labels import Raised, edge_of, legacy_event
+from harness.sample import FORMAT, METRICS, Field, Sample, line_order
 from harness.store import NONE, make_sample
 from harness.units import parse_size
 from harness.verdict import size_fields
 
-READS = (1, 2)
+READS = (1, 2, 3)
 """The format versions :func:`~harness.timeline.read_timeline` reads; any other is refused."""
 
 INT64_BOUND = 2**63
@@ -40,14 +41,23 @@ class Timeline:
     reader: str = field(default="lines", compare=False)
 
     @property
-    def error(self) -> str | None:
-        """What the run raised, as its end record says."""
-        return self.end.get("error") if self.end is not None else None
+    def error(self) -> Raised | None:
+        """What the run raised, as its end record says (in a version 1 or 2 record, one text:
+        ``TypeName: message``, its type read from the text once, here)."""
+        found = self.end.get("error") if self.end is not None else None
+        if isinstance(found, Mapping):
+            return Raised(found.get("type"), found.get("message") or "")
+        if isinstance(found, str):
+            head, _, tail = found.partition(":")
+            named = head.strip().isidentifier()
+            return Raised(head.strip(), tail.strip()) if named else Raised(None, found)
+        return None
 
 
 def check_header(header: Mapping[str, Any]) -> None:
     """Check what is read from a header: nesting, numbers JSON cannot round-trip, and the
-    types of ``meta``, ``config``, ``rules``, ``run_id``, ``started`` and ``capacity``.
+    types of ``meta``, ``config``, ``rules``, ``run_id``, ``capacity_metric``, ``started`` and
+    ``capacity``.
 
     Raises :class:`~harness.errors.BadInput` whose ``field`` is the field's path
     (``.meta.rules``)."""
@@ -65,7 +75,8 @@ def check_header(header: Mapping[str, Any]) -> None:
     if isinstance(meta, Mapping):
         expect(meta.get("rules"), (Mapping, type(None)), ".meta.rules", "an object")
         expect(meta.get("test"), (str, type(None)), ".meta.test", "a string")
-    expect(header.get("run_id"), (str, type(None)), ".run_id", "a string")
+    for key in ("run_id", "capacity_metric"):
+        expect(header.get(key), (str, type(None)), f".{key}", "a string")
     for key in ("started", "capacity"):
         value = header.get(key)
         if value is not None and (finite_number(value) is None or abs(value) > INT64_BOUND):
@@ -83,11 +94,16 @@ def check_header(header: Mapping[str, Any]) -> None:
 
 
 def check_end(end: Any) -> None:
-    """Check an end record: ``error`` text or null; ``rules`` an object of sizes that read;
+    """Check an end record: ``error`` an object of a ``type`` (text or null) and a ``message``
+    (text), text (versions 1 and 2) or null; ``rules`` an object of sizes that read;
     ``holders`` and ``shares`` lists of objects; nesting and numbers as :func:`check_tree`
     allows. Raises :class:`~harness.errors.BadInput` whose ``field`` is the field."""
     expect(end, (dict,), "", "an object")
-    expect(end.get("error"), (str, type(None)), ".error", "text or null")
+    error = end.get("error")
+    expect(error, (dict, str, type(None)), ".error", "an object, text or null")
+    if isinstance(error, dict):
+        expect(error.get("type"), (str, type(None)), ".error.type", "text or null")
+        expect(error.get("message"), (str,), ".error.message", "text")
     check_tree(end)
     rules = end.get("rules")
     expect(rules, (Mapping, type(None)), ".rules", "an object")
@@ -101,9 +117,10 @@ def check_end(end: Any) -> None:
             expect(item, (dict,), f".{key}[{i}]", "an object")
 
 
-def sample_of(record: Any) -> Sample:
+def sample_of(record: Any, version: int = FORMAT) -> Sample:
     """A sample from one timeline line, each field of :data:`~harness.sample.FIELDS` checked
-    as its kind says (a field the line lacks takes its default).
+    as its kind says (a field the line lacks takes its default); in a timeline of format
+    ``version`` 1 or 2, its event and edge derived from what it has (:func:`derived`).
 
     Raises :class:`~harness.errors.BadInput` whose ``field`` is the field (``.metrics.rss``)."""
     if not isinstance(record, dict):
@@ -123,7 +140,16 @@ def sample_of(record: Any) -> Sample:
         ):
             raise BadInput(f"expected bytes or null, got {shown(value)}", field=f".metrics.{name}")
     values[METRICS] = dict(metrics or {})
+    if version < 3:
+        values["event"], values["edge"] = derived(values["label"], values["note"])
     return make_sample({name: values[name] for name in line_order(schema.FIELDS)})
+
+
+def derived(label: str, note: str | None) -> tuple[str | None, str | None]:
+    """The event and edge of a sample of a version 1 or 2 timeline, which kept neither: its
+    label's, or ``OOM`` where its note says the device ran out of memory
+    (:func:`harness.labels.legacy_event`)."""
+    return legacy_event(label, note), edge_of(label)
 
 
 def _check_field(f: Field, value: Any) -> None:

@@ -15,9 +15,10 @@ import os
 from typing import Any, BinaryIO
 
 from harness.errors import BadInput
+from harness.labels import OOM
 from harness.sample import METRICS, line_order
 from harness.store import NONE, SampleStore
-from harness.timeline_checks import Timeline, check_end, check_header
+from harness.timeline_checks import Timeline, check_end, check_header, derived
 
 PARSE_BLOCK = 1 << 18
 """Bytes pyarrow parses at a time: memory stays near the store's size, whatever the file's
@@ -98,7 +99,7 @@ def read_columns(file: BinaryIO) -> Timeline | None:
         at, read = start, 0  # where the current parse began, and the samples before it
         while True:
             try:
-                _parse(fd, at, stop, known, store)
+                _parse(fd, at, stop, known, store, header["leakgate_timeline"])
                 break
             except (pyarrow.ArrowException, ValueError, OverflowError):
                 # a metric the header did not name (a worker's, in a killed run without the
@@ -119,9 +120,12 @@ class _Refused(Exception):
     """A batch holds what a sample may not: the line reader names it."""
 
 
-def _parse(fd: int, start: int, stop: int, metrics: list[str], store: SampleStore) -> None:
+def _parse(
+    fd: int, start: int, stop: int, metrics: list[str], store: SampleStore, version: int
+) -> None:
     """Parse the sample lines from byte ``start`` to ``stop`` with the metrics ``metrics`` into
-    ``store``, a batch at a time; pyarrow's error when a line does not fit the schema."""
+    ``store``, a batch at a time; pyarrow's error when a line does not fit the schema. Lines
+    of a format ``version`` before 3 have their event and edge derived."""
     import pyarrow as pa
     import pyarrow.json as pj
 
@@ -137,7 +141,7 @@ def _parse(fd: int, start: int, stop: int, metrics: list[str], store: SampleStor
         memory_pool=pa.system_memory_pool(),
     )
     for batch in reader:
-        if not _add_batch(store, batch):
+        if not _add_batch(store, batch, version):
             raise _Refused
 
 
@@ -237,9 +241,11 @@ def _has_unusual_lines(fd: int, start: int, stop: int) -> bool:
     return False
 
 
-def _add_batch(store: SampleStore, batch: Any) -> bool:
+def _add_batch(store: SampleStore, batch: Any, version: int) -> bool:
     """Append one record batch; False when it holds what a sample may not (a missing label,
-    a null where a value is required, -2**63 in a whole-number column, a time not finite)."""
+    a null where a value is required, -2**63 in a whole-number column, a time not finite).
+    In a version 1 or 2 timeline each sample's event and edge are derived
+    (:func:`~harness.timeline_checks.derived`): once per label, then once per note."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -272,6 +278,8 @@ def _add_batch(store: SampleStore, batch: Any) -> bool:
             if f.kind == "float" and not bool(np.isfinite(found).all()):
                 return False
             values[f.name] = found
+    if version < 3:
+        _derive(values)
     readings = {}
     struct = columns[METRICS]
     for i, member in enumerate(struct.type):
@@ -281,6 +289,22 @@ def _add_batch(store: SampleStore, batch: Any) -> bool:
         readings[member.name] = found
     store.extend_columns(n, values, readings)
     return True
+
+
+def _derive(values: dict[str, Any]) -> None:
+    """The ``event`` and ``edge`` of an old timeline's samples, from the labels and notes in
+    ``values``: judged once per label, then once per note."""
+    import numpy as np
+
+    labels, codes = values["label"]
+    found = [derived(label, None) if label is not None else (None, None) for label in labels]
+    for at, name in enumerate(("event", "edge")):
+        by_label = np.array([f[at] is not None for f in found], dtype=bool)[codes]
+        values[name] = {i: found[codes[i]][at] for i in np.flatnonzero(by_label).tolist()}
+    for i, note in values["note"].items():
+        label = labels[codes[i]]
+        if label is not None and derived(label, note)[0] == OOM:
+            values["event"][i] = OOM
 
 
 def _whole(column: Any) -> Any:

@@ -8,7 +8,7 @@ leaves complete lines that all parse, plus at most one torn last line and the ze
 past it, which :func:`~harness.timeline.read_timeline` reads as the file's end. Only a machine
 that goes down loses the lines its disk had not been given. The space a window needs is
 reserved before it is mapped (``posix_fallocate``), so a full disk or a file size limit is an
-``OSError`` there, never a ``SIGBUS``; at a phase's end (a label whose last word is ``END``)
+``OSError`` there, never a ``SIGBUS``; at a phase's end (a sample whose ``edge`` is ``END``)
 and on close the file is cut back to the bytes written. Pages written are dropped from the
 process's mapping every :data:`RELEASED` bytes (the page cache keeps them), so the timeline
 adds at most that much to the process's resident memory, never a growth a rule could judge.
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import harness.sample as schema
-from harness.labels import END, last_word
+from harness.labels import END, Raised
 from harness.sample import FORMAT, METRICS, Field, Sample, line_order
 from harness.timeline_claim import claim, write_all
 
@@ -229,7 +229,6 @@ class TimelineWriter:
             raise OSError(error.errno, text, error.filename or str(path)) from None
         self._file = _Appended(fd)
         self._format = _LineFormat(schema.FIELDS)
-        self._ends: dict[str, bool] = {}
         # closed when dropped, like a file, and cut to what was written
         self._close = weakref.finalize(self, self._file.close)
 
@@ -251,13 +250,7 @@ class TimelineWriter:
         if line is None:
             line = _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
         self._write(line)
-        label = sample.label
-        ends = self._ends.get(label)
-        if ends is None:
-            ends = type(label) is str and last_word(label) == END
-            if len(self._ends) < _MAX_TEXTS:
-                self._ends[label] = ends
-        if ends:
+        if sample.edge == END:
             self._trim()
 
     def _trim(self) -> None:
@@ -266,12 +259,14 @@ class TimelineWriter:
         except OSError as error:
             raise self._failed(error) from None
 
-    def end(self, error: str | None, details: Mapping[str, Any] | None = None) -> None:
-        """Write the end record: the run finished (``error``: what it raised, if anything), with
-        ``details``: what its report needs to be rebuilt (rules, holders, shares) and the metrics
-        the samples held beyond the header's (``metrics``: children's roles, known only as they
-        came), so that the columnar reader can declare them."""
-        self._write(_encode({"leakgate_end": {"error": error, **(details or {})}}))
+    def end(self, error: Raised | None, details: Mapping[str, Any] | None = None) -> None:
+        """Write the end record: the run finished (``error``: what it raised, if anything, its
+        type and message apart), with ``details``: what its report needs to be rebuilt (rules,
+        holders, shares) and the metrics the samples held beyond the header's (``metrics``:
+        children's roles, known only as they came), so that the columnar reader can declare
+        them."""
+        raised = None if error is None else {"type": error.type, "message": error.message}
+        self._write(_encode({"leakgate_end": {"error": raised, **(details or {})}}))
         self._trim()
 
     def close(self) -> None:

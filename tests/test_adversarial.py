@@ -418,7 +418,7 @@ def test_a_malformed_timeline_line_is_one_line_naming_the_file_line_and_field(
         ({"rules": {"max_peak": 2**70}}, "header.rules.max_peak: "),
         ({"capacity": 10**400}, "header.capacity: an integer beyond a float's range"),
         ({"run_id": 5}, "header.run_id: expected a string, got 5"),
-        ({"leakgate_timeline": 3}, "header.leakgate_timeline: a timeline format this version "),
+        ({"leakgate_timeline": 4}, "header.leakgate_timeline: a timeline format this version "),
         ({"leakgate_timeline": "2"}, "header.leakgate_timeline: a timeline format this version "),
         ({"leakgate_timeline": 2.0}, "header.leakgate_timeline: a timeline format this version "),
     ],

@@ -182,7 +182,8 @@ def test_growth_in_a_phase_without_a_start_is_named_while_the_loop_holds_it():
 
 
 def sample(label: str, batch: int | None = None, note: str | None = None, **metrics: int):
-    return Sample(label, "validation", 0, batch, metrics=metrics, note=note)
+    event = "OOM" if note == OVER else None  # as the recorder marks a capacity exceeded
+    return Sample(label, "validation", 0, batch, metrics=metrics, note=note, event=event)
 
 
 OVER = "emulated capacity 1.0MiB exceeded at 'VALIDATION_BATCH': 1.2MiB on cpu"

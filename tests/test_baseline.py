@@ -210,6 +210,32 @@ def test_the_json_summary_needs_no_memreport_and_parses(pytester):
     assert summary["baseline"] is None and not summary["failed"] and len(summary["tests"]) == 2
 
 
+def test_the_summary_is_the_judged_outcome_not_the_property_text(pytester):
+    """In one process the plugin keeps each test's outcome as it judged it: the ``leakgate``
+    property is written for JUnit XML and xdist, never read back here, so a hook that
+    rewrites it changes nothing the summary says."""
+    project(pytester, keep=True)
+    pytester.makeconftest(
+        """
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    report.user_properties = [(k, "{}") for k, _ in report.user_properties]
+"""
+    )
+    result = pytester.runpytest("-p", "no:randomly", "--memreport-json=s.json")
+    assert result.ret == 0 and "INTERNALERROR" not in result.stdout.str()
+    summary = json.loads((pytester.path / "s.json").read_text())
+    assert violations(summary, SCHEMA) == []
+    judged = {t["test"]: (t["verdict"], t["phases"][0]["phase"]) for t in summary["tests"]}
+    assert judged == {
+        "test_loop.py::test_loop_clean": ("PASS", "validation"),
+        "test_loop.py::test_loop_keeps": ("PASS", "validation"),
+    }
+
+
 def test_xdist_the_controller_compares_and_writes_once(pytester):
     project(pytester, keep=False)
     args = ["-p", "no:randomly", "-n", "2", "--memreport=out"]

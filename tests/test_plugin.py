@@ -115,7 +115,8 @@ def test_raises(memtrace):
     *samples, end = [json.loads(line) for line in lines[1:]]
     assert [s["batch"] for s in samples if s["label"] == "VALIDATION_BATCH"] == list(range(50))
     assert samples[-1]["label"] == "TEST_END" and "RuntimeError" in samples[-1]["note"]
-    assert end["leakgate_end"]["error"].startswith("RuntimeError: boom in batch 50")
+    error = end["leakgate_end"]["error"]
+    assert error["type"] == "RuntimeError" and error["message"].startswith("boom in batch 50")
 
 
 def test_marker_alone_traces_the_whole_test_for_teardown(pytester):

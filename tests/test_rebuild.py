@@ -48,7 +48,8 @@ def test_an_out_of_memory_error_survives_the_round_trip(tmp_path):
                 rec.checkpoint("VALIDATION_BATCH", batch=i)
         first = finish_run(rec, name="oom", error=error, directory=tmp_path)
     timeline = read_timeline(tmp_path / "oom.jsonl")
-    assert timeline.error == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert str(timeline.error) == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert timeline.error.type == "OutOfMemoryError"
     again = finish_run(timeline, name="again")
     assert again.verdict == first.verdict and again.verdict.status == "FAIL"
     assert [f.kind for f in again.verdict.findings] == ["oom"]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import DeviceOutOfMemory, Recorder, Sample, malloc, probes, read_timeline
+from harness import DeviceOutOfMemory, Recorder, Sample, judge, malloc, probes, read_timeline
 from harness.cli import main
+from harness.labels import Raised
 from harness.probes import CpuProbe
 
 MiB = 2**20
@@ -187,6 +188,7 @@ def test_timeline_streams_header_and_samples(tmp_path):
     assert header["probe"] == "cpu" and header["primary"] == "allocated"
     assert header["torch"] == torch.__version__ and header["notes"] == []
     assert header["total_memory"] == header["capacity"] > 0
+    assert header["capacity_metric"] == CpuProbe.capacity_metric == "rss"
     for key in ("leakgate", "device", "driver", "host", "git_commit", "started"):
         assert key in header
     timeline = read_timeline(path)
@@ -224,7 +226,44 @@ def test_a_with_block_that_raises_ends_the_run_with_its_error(tmp_path):
     with pytest.raises(KeyError), Recorder("cpu", timeline=path) as rec:
         rec.checkpoint("A")
         raise KeyError("batch")
-    assert read_timeline(path).end["error"] == "KeyError: 'batch'"
+    timeline = read_timeline(path)
+    assert timeline.end["error"] == {"type": "KeyError", "message": "'batch'"}
+    assert timeline.error == Raised("KeyError", "'batch'")
+    assert str(timeline.error) == "KeyError: 'batch'"
+
+
+def test_a_note_is_text_and_the_event_a_fact(tmp_path):
+    """A note that says the capacity was exceeded makes no OOM; the label ``OOM`` or
+    ``event="OOM"`` does, and so does the recorder's own emulated capacity (below)."""
+    path = tmp_path / "t.jsonl"
+    with Recorder("cpu", timeline=path) as rec:
+        rec.checkpoint("VALIDATION_BATCH", phase="validation", batch=0, note="capacity exceeded")
+    (said,) = read_timeline(path).samples
+    assert said.event is None and not judge(read_timeline(path).samples).findings
+    with Recorder("cpu", timeline=path) as rec:
+        rec.checkpoint("VALIDATION_BATCH", phase="validation", batch=0, event="OOM")
+        rec.checkpoint("oom", phase="validation", batch=0)
+        rec.checkpoint("CHECK_FAILED", phase="validation", note="loss is nan")
+        with pytest.raises(TypeError, match="checkpoint event"):
+            rec.checkpoint("VALIDATION_BATCH", event="out of memory")
+    assert [s.event for s in read_timeline(path).samples] == ["OOM", "OOM", "CHECK_FAILED"]
+
+
+def test_the_recorder_says_where_a_phase_starts_and_ends(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with Recorder("cpu", timeline=path) as rec:
+        with rec.phase("validation"):
+            rec.checkpoint("VALIDATION_BATCH", batch=0)
+        rec.checkpoint("TRAIN_START")
+        rec.checkpoint("EPOCH_END")
+    edges = [(s.label, s.edge) for s in read_timeline(path).samples]
+    assert edges == [
+        ("validation START", "START"),
+        ("VALIDATION_BATCH", None),
+        ("validation END", "END"),
+        ("TRAIN_START", "START"),
+        ("EPOCH_END", "END"),
+    ]
 
 
 def test_fallbacks_are_noted_once_in_the_header(monkeypatch, tmp_path):
@@ -351,6 +390,7 @@ def test_emulated_capacity_raises_at_the_first_checkpoint_over_it(tmp_path):
         assert isinstance(raised.value, torch.OutOfMemoryError)
         assert raised.value.sample == rec.samples[-1]
         assert rec.samples[-1].note == str(raised.value)
+        assert rec.samples[-1].event == "OOM"
         assert rec("OOM", note="handled").note == "handled"
         with pytest.raises(DeviceOutOfMemory):
             rec.checkpoint("retry, 120 MiB")

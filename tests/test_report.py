@@ -286,9 +286,8 @@ def test_an_oom_timeline_renders_oom_error_in_place_and_a_p0():
 
 def test_one_oom_event_seen_twice_is_one_issue():
     samples = incident(val_batches=12, oom=True)
-    samples.insert(
-        -1, at(4000, "VALIDATION_BATCH", "validation", batch=12, note="capacity 4GB exceeded")
-    )
+    over = at(4000, "VALIDATION_BATCH", "validation", batch=12, note="capacity 4GB exceeded")
+    samples.insert(-1, replace(over, event="OOM"))  # as the recorder marks a capacity exceeded
     text = render_report(run_of(samples))
     (oom,) = judge(samples, RULES).of_kind("oom")
     assert [e.label for e in oom.evidence] == ["VALIDATION_BATCH"]  # the OOM reports it again
@@ -547,6 +546,21 @@ def test_a_long_run_is_drawn_in_spans_that_keep_a_one_batch_spike():
     values = re.search(r"line \[([^\]]*)\]", "\n".join(block)).group(1).split(", ")
     assert len(values) == CHART_POINTS and "900.0" in values
     assert '    x-axis "checkpoint" 0 --> 4999' in block
+
+
+def test_the_metric_that_fills_the_device_is_the_headers():
+    """A header names its probe's capacity metric; one written before it did names only its
+    probe, and the report falls back to what that probe counts."""
+    samples = [
+        Sample(
+            "B", "validation", 0, i, 1.0, {"allocated": i * MB, "reserved": 2 * i * MB, "rss": MB}
+        )
+        for i in range(4)
+    ]
+    assert run_of(samples, header=HEADER).capacity_metric == "reserved"
+    assert run_of(samples, header={**HEADER, "probe": "cpu"}).capacity_metric == "rss"
+    named = {**HEADER, "capacity_metric": "allocated"}
+    assert run_of(samples, header=named).capacity_metric == "allocated"
 
 
 def test_the_capacity_line_appears_only_near_capacity():

@@ -350,7 +350,9 @@ def test_each_failure_of_a_batch_is_one_reading_of_its_oom_finding():
     retried at half the size fails again: two failures, two readings."""
     over = "emulated capacity 512.0MiB exceeded at 'VALIDATION_BATCH': 600.0MiB on cpu"
     failure = [
-        Sample("VALIDATION_BATCH", "validation", 0, 3, 2.0, {"allocated": BASE}, note=over),
+        Sample(
+            "VALIDATION_BATCH", "validation", 0, 3, 2.0, {"allocated": BASE}, note=over, event="OOM"
+        ),
         Sample("OOM", "validation", 0, 3, 2.1, {"allocated": BASE}, note=over),
     ]
     samples = loop(noisy(0.0, n=3))
@@ -367,10 +369,13 @@ def test_each_failure_of_a_batch_is_one_reading_of_its_oom_finding():
     "note",
     ["RuntimeError: out of memory", "emulated capacity 4096.0MB exceeded at 'B': 4100.2MB on cpu"],
 )
-def test_a_note_about_running_out_of_memory_is_an_oom(note):
-    s = Sample("VALIDATION_BATCH", "validation", 0, 3, note=note)
-    assert kinds(judge([s])) == ["oom"]
-    assert not judge([replace(s, note="phase ended by KeyboardInterrupt")]).findings
+def test_an_oom_is_the_samples_event_never_its_notes_text(note):
+    """A user's note that says the capacity was exceeded is text: only the sample's event (an
+    emulated capacity the recorder found exceeded, an ``OOM`` label) makes an OOM."""
+    said = Sample("VALIDATION_BATCH", "validation", 0, 3, note=note)
+    assert not judge([said]).findings
+    assert kinds(judge([replace(said, event="OOM")])) == ["oom"]
+    assert kinds(judge([replace(said, label="OOM", event=None)])) == ["oom"]
 
 
 class TrainingOOM(RuntimeError):

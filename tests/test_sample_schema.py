@@ -33,6 +33,8 @@ def _samples() -> list[Sample]:
                 "collected": False,
                 "note": "n" if i == 2 else None,
                 "processes": None,
+                "event": None,
+                "edge": None,
                 "workers": None if i % 3 == 0 else 4096 * i,
             }
         )
@@ -58,6 +60,8 @@ def test_the_declaration_is_the_samples_fields():
         "collected",
         "note",
         "processes",
+        "event",
+        "edge",
     ]
     assert [f.kind for f in schema.FIELDS] == [
         "text",
@@ -68,6 +72,8 @@ def test_the_declaration_is_the_samples_fields():
         "bool",
         "note",
         "text",
+        "note",
+        "note",
     ]
     assert [f.name for f in schema.FIELDS if f.required] == ["label"]
     assert schema.line_order(schema.FIELDS) == list(Sample("x").to_dict())

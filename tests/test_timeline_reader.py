@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from harness import timeline, timeline_columns
 from harness.cli import main
 from harness.errors import BadInput
+from harness.labels import Raised
 from harness.sample import Sample
 
 SCAN = 64
@@ -116,7 +117,7 @@ def test_the_largest_whole_numbers_still_read(tmp_path):
     assert (sample.epoch, sample.batch) == (2**63 - 1, -(2**63) + 1)
 
 
-@pytest.mark.parametrize("version", [3, 0, "2", 2.0, True, None, [2]])
+@pytest.mark.parametrize("version", [4, 0, "2", 2.0, True, None, [2]])
 def test_an_unknown_format_version_is_refused(tmp_path, capsys, version):
     path = _timeline(tmp_path / "run.jsonl", {"leakgate_timeline": version}, {})
     with pytest.raises(BadInput) as raised:
@@ -128,7 +129,7 @@ def test_an_unknown_format_version_is_refused(tmp_path, capsys, version):
     assert err.count("\n") == 1 and "leakgate_timeline" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_every_format_version_read_still_loads(tmp_path, version):
     path = _timeline(tmp_path / "run.jsonl", {"leakgate_timeline": version}, {})
     assert [s.label for s in timeline.read_timeline(path).samples] == ["TRAIN_BATCH"]
@@ -191,3 +192,43 @@ def test_columns_read_exactly_the_lines_written(samples, how, zeros):
             assert list(read.samples) == expected
             assert read.torn == (how == "torn")
             assert (read.end is not None) == (how == "ended")
+
+
+OVER = "emulated capacity 1.0MiB exceeded at 'VALIDATION_BATCH': 1.2MiB on cpu"
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_an_old_timelines_events_and_edges_are_derived_where_it_is_read(
+    tmp_path, monkeypatch, version
+):
+    """Versions 1 and 2 kept an event in the label or the note, an edge in the label's last
+    word, and an error as ``TypeName: message``: both readers derive them. Version 3 writes
+    them as fields, so there a note that says the capacity was exceeded is only text."""
+    events = [None, "OOM", "OOM", "CHECK_FAILED", None]
+    edges = ["START", None, None, None, "END"]
+    lines = [
+        {"label": "validation START", "phase": "validation"},
+        {"label": "VALIDATION_BATCH", "phase": "validation", "batch": 0, "note": OVER},
+        {"label": "OOM", "phase": "validation", "batch": 0},
+        {"label": "CHECK_FAILED", "phase": "validation", "note": "loss is nan"},
+        {"label": "validation END", "phase": "validation"},
+    ]
+    error: object = "OutOfMemoryError: CUDA out of memory"
+    if version == 3:
+        events[1] = None  # the note alone
+        for line, event, edge in zip(lines, events, edges, strict=True):
+            line.update(event=event, edge=edge)
+        error = {"type": "OutOfMemoryError", "message": "CUDA out of memory"}
+    for line in lines:
+        line.update(time=1.0, metrics={"rss": 1}, collected=False)
+    header = {"leakgate_timeline": version, "metrics": ["rss"]}
+    records = [header, *lines, {"leakgate_end": {"error": error}}]
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0)
+    by_columns, by_lines = timeline.read_timeline(path), timeline.read_lines(path)
+    assert by_columns.reader == "columns"
+    for read in (by_columns, by_lines):
+        assert [s.event for s in read.samples] == events
+        assert [s.edge for s in read.samples] == edges
+        assert read.error == Raised("OutOfMemoryError", "CUDA out of memory")

@@ -25,11 +25,11 @@ from harness.units import parse_size
 class PhaseAttribution:
     """Attribution at a recorder's checkpoints (``Recorder(attribute=...)``).
 
-    A checkpoint whose label's last word is ``START`` (``VALIDATION_START``, ``validation
-    START``) notes the live tensors for its phase; a phase whose checkpoints come without one
-    is noted at its first checkpoint instead. A checkpoint whose last word is ``END``
-    attributes the tensors that are new since, and so does an out-of-memory event (an ``OOM``
-    label, or a note that says so, such as an emulated capacity exceeded), once per phase, against
+    A checkpoint whose ``edge`` is ``START`` (``VALIDATION_START``, ``validation START``)
+    notes the live tensors for its phase; a phase whose checkpoints come without one is noted
+    at its first checkpoint instead. A checkpoint whose ``edge`` is ``END`` attributes the
+    tensors that are new since, and so does an out-of-memory event (a sample whose ``event`` is
+    ``OOM``: an ``OOM`` label, an emulated capacity exceeded), once per phase, against
     the phase's snapshot, or the run's first when the phase has none. With ``growth`` (bytes or
     a size such as ``"50MB"``), growth is counted the way the leak rule counts it: from the
     phase's first checkpoint after ``warmup`` batches (its *base*, where a second snapshot is
@@ -145,20 +145,20 @@ class PhaseAttribution:
         """Act on one recorded checkpoint; returns whether it took a snapshot or attributed."""
         if self.lines is not None:
             self.lines.prune()  # what the next reading holds of the search's own is what is live
-        word = labels.last_word(sample.label)
-        if word == labels.START:
+        edge = sample.edge
+        if edge == labels.START:
             self._open_phase(sample)
             return True
         opened = self._open.get(sample.phase)
-        if word == labels.END:
+        if edge == labels.END:
             self._open.pop(sample.phase, None)
-        if (word == labels.OOM or labels.is_oom(sample)) and not (opened and opened.oom):
+        if labels.is_oom(sample) and not (opened and opened.oom):
             if opened is not None:
                 opened.oom = True
             grown = self._growth(opened.start, sample) if opened else None
             self.attribute(sample, opened.snapshot if opened else self._first, grown)
             return True
-        if word == labels.END:
+        if edge == labels.END:
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
             if opened.named_at is None or opened.base is None:  # what the phase left

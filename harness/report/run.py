@@ -79,10 +79,14 @@ class Run:
 
     @cached_property
     def capacity_metric(self) -> str:
-        """The metric that fills the device: ``reserved`` on CUDA, ``rss`` on CPU (what an
-        emulated capacity counts), where samples have it; else :attr:`metric`."""
-        probe = self.header.get("probe")
-        metric = "reserved" if isinstance(probe, str) and probe.startswith("cuda") else "rss"
+        """The metric that fills the device, as the header says (its probe's
+        ``capacity_metric``: what an emulated capacity counts), where samples have it; else
+        :attr:`metric`. A header written before it kept one names its probe: ``reserved`` on
+        CUDA, ``rss`` on CPU."""
+        metric = self.header.get("capacity_metric")
+        if not isinstance(metric, str):
+            probe = self.header.get("probe")
+            metric = "reserved" if isinstance(probe, str) and probe.startswith("cuda") else "rss"
         return metric if self.columns.present(metric).any() else self.metric
 
     def reading(self, sample: Sample) -> int | None:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 import harness.labels as labels
-from harness.errors import one_line
+from harness.errors import Raised
 from harness.rules import children, loop, run, saturation  # noqa: F401  (registers the rules)
 from harness.rules import ranks as _ranks
 from harness.rules.context import Context, Group
@@ -79,7 +79,7 @@ def judge(
     samples: Iterable[Sample],
     rules: Rules | Mapping[str, Any] | None = None,
     *,
-    error: BaseException | str | None = None,
+    error: BaseException | labels.Raised | str | None = None,
 ) -> Verdict:
     """Judge ``samples`` (in timeline order) against ``rules`` (a :class:`Rules` or a mapping
     of its fields). ``error`` is what the run raised, if anything: an out-of-memory error
@@ -152,7 +152,7 @@ def _apply(ctx: Context, rule: Rule, scope: str, broken: list[str], *args: Any) 
                 raise TypeError(f"returned a {type(item).__name__} among its findings")
             check_finding(item)
     except (Exception, SystemExit) as exc:
-        why = f"rule {rule.name!r} could not judge: {one_line(exc, named=True)}"
+        why = f"rule {rule.name!r} could not judge: {Raised.of(exc)}"
         ctx.check(rule.name, scope, CheckStatus.ERROR, why)
         broken.append(why)
         return []
@@ -254,12 +254,12 @@ def _worst_per_rule(results: list[list[Finding]]) -> list[Finding]:
 
 
 def _judge_error(
-    ctx: Context, findings: list[Finding], error: BaseException | str | None
+    ctx: Context, findings: list[Finding], error: BaseException | labels.Raised | str | None
 ) -> str | None:
     """Add the run-wide OOM check (and a finding for an OOM the run raised without an OOM
     event); return the error's text when it is not an OOM."""
     ooms = [f for f in findings if f.kind == Kind.OOM]
-    text = None if error is None else one_line(error, named=True)
+    text = None if error is None else str(Raised.of(error))
     error_is_oom = error is not None and labels.is_oom_error(error)
     if error_is_oom and not ooms:
         findings.append(Finding(Kind.OOM, None, None, None, f"out of memory: {text}", rule="oom"))

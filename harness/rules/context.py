@@ -439,8 +439,8 @@ class Columns:
             else:
                 self._arrays[f.name] = np.array(read, dtype=bool).reshape(-1)
         self.notes = self.sparse["note"]
-        self.oom = self._labelled(labels.is_oom, self.notes)
-        self.check_failed = self._labelled(labels.is_check_failed, self.notes)
+        self.oom = self._marked("event", labels.OOM)
+        self.check_failed = self._marked("event", labels.CHECK_FAILED)
         self.looped = (self.batch != NONE) & ~(self.oom | self.check_failed)
 
     def __getattr__(self, name: str) -> np.ndarray:
@@ -462,15 +462,10 @@ class Columns:
             arrays[name] = found
         return found
 
-    def _labelled(
-        self, predicate: Callable[[labels.Labelled], bool], notes: dict[int, str]
-    ) -> np.ndarray:
-        """Where ``predicate`` holds: judged once per distinct label, then once per note."""
-        found = self.labelled(lambda text: predicate(_Labelled(text, None, None)))
-        for i, note in notes.items():
-            text = self.strings[self.label[i]]
-            if text is not None and predicate(_Labelled(text, None, note)):
-                found[i] = True
+    def _marked(self, field: str, text: str) -> np.ndarray:
+        """Where the sparse field ``field`` holds ``text``."""
+        found = np.zeros(len(self.batch), dtype=bool)
+        found[[i for i, value in self.sparse[field].items() if value == text]] = True
         return found
 
     def labelled(self, predicate: Callable[[str], bool]) -> np.ndarray:
@@ -520,12 +515,6 @@ class Columns:
                 found = np.array(read, dtype=np.float64).reshape(-1)
             self._values[metric] = found
         return found
-
-
-class _Labelled(NamedTuple):
-    label: str
-    batch: int | None
-    note: str | None
 
 
 def _int_column(values: list[int | None]) -> np.ndarray:
