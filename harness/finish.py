@@ -22,7 +22,7 @@ from harness.artifacts import write_run
 from harness.errors import BadInput, LeakgateError, as_unwritable
 from harness.report import Run
 from harness.rules import judge
-from harness.rules.context import Columns
+from harness.rules.columns import Columns
 from harness.store import NONE
 from harness.timeline import Timeline
 from harness.units import format_size

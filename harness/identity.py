@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput
-from harness.records import RankFields
+
+if TYPE_CHECKING:
+    from harness.records import RankFields
 
 MAX_WORLD_SIZE = 1 << 20
 """The most ranks a run may have: far above the largest jobs (about 10**5 GPUs), far below a

@@ -3,39 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import os
-import platform
-import socket
-import subprocess
 import time
-import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import harness.labels as labels
-from harness.child_sampling import SCHEDULE, ChildSampler
-from harness.children import SUMS
+from harness.children import ChildSampler
 from harness.errors import BadInput, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
+from harness.run_header import run_header
 from harness.sample import STRIDE, Sample
 from harness.store import SampleStore, make_sample
 from harness.timeline_writer import TimelineWriter
 from harness.units import format_mib, parse_size
-from harness.version import __version__
 
 if TYPE_CHECKING:  # the judging and explaining layers load only when a run asks for them
     from harness.attribution import Holder, PhaseAttribution
     from harness.options import Rules
-    from harness.records import Header
 
 
 class DeviceOutOfMemory(torch.OutOfMemoryError):
@@ -86,7 +79,7 @@ class Recorder:
 
     ``children`` (default: ``rules.children``, else True) also records the memory of this
     process's live descendants, DataLoader workers by role, on the schedule of
-    :mod:`harness.child_sampling`, whatever the probe (workers use host memory on a GPU machine
+    :mod:`harness.children`, whatever the probe (workers use host memory on a GPU machine
     too); the header's ``children`` says how they were sampled (None: not recorded).
 
     A timeline write that fails mid-run (a full disk, a file size limit) does not stop the
@@ -134,7 +127,9 @@ class Recorder:
         try:
             self._limit_at_checkpoints = limit is not None and not self.probe.limit(limit)
             self.capacity = limit if limit is not None else self.probe.capacity
-            self.header = self._header(limit is not None, config, meta)
+            self.header = run_header(
+                self.probe, self._children, self.capacity, limit is not None, config, meta
+            )
             if rules is not None:
                 self.header["rules"] = rules.to_dict()
             if self.rank is not None:
@@ -159,37 +154,6 @@ class Recorder:
         gc.freeze()
         if self.attribution is not None:
             self.attribution.start()
-
-    def _header(self, emulated: bool, config: Any, meta: Mapping[str, Any] | None) -> Header:
-        if dataclasses.is_dataclass(config) and not isinstance(config, type):
-            config = dataclasses.asdict(config)
-        if config is not None and not isinstance(config, Mapping):
-            raise TypeError(f"config: expected a mapping or a dataclass, got {config!r}")
-        header = {
-            "leakgate": __version__,
-            "run_id": uuid.uuid4().hex,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "probe": self.probe.name,
-            "primary": self.probe.primary,
-            "metrics": [*self.probe.metrics, *(SUMS if self._children is not None else ())],
-            **self.probe.describe(),
-            "capacity": self.capacity,
-            "capacity_emulated": emulated,
-            "capacity_metric": self.probe.capacity_metric,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": time.time(),
-            "git_commit": _git_commit(),
-            "config": dict(config) if config is not None else None,
-            "meta": dict(meta) if meta is not None else {},
-            "notes": list(self.probe.notes) + (self._children.notes if self._children else []),
-            "children": SCHEDULE if self._children is not None else None,
-            "stride": {"metrics": list(self.probe.strided), **dataclasses.asdict(STRIDE)}
-            if self.probe.strided
-            else None,
-        }
-        return cast("Header", header)  # the probe's own facts (describe()) among its keys
 
     def checkpoint(
         self,
@@ -492,16 +456,3 @@ def _check_arguments(
             raise BadInput(f"expected 0 <= {name} < 2**62, got {value}", field=f"checkpoint {name}")
     if note is not None and not isinstance(note, str):
         raise TypeError(f"checkpoint note: expected a str or None, got {type(note).__name__}")
-
-
-@functools.cache
-def _git_commit() -> str | None:
-    """HEAD of the git repository around the working directory, if there is one."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else None

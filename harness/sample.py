@@ -71,7 +71,7 @@ class Sample:
     ``event`` says what happened (:data:`harness.labels.EVENTS`), never the note's text.
     Live child processes add ``children_*`` and ``child_*:<role>`` metrics
     (:mod:`harness.children`) and name themselves in ``processes``
-    (:mod:`harness.child_sampling`).
+    (:mod:`harness.children`).
     """
 
     label: str = field(metadata=column("text", "the checkpoint's name"))

@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from harness import timeline_columns
-from harness.child_sampling import SCHEDULE, parse_processes, processes_text
+from harness.children import SCHEDULE, parse_processes, processes_text
 from harness.recorder import Recorder
 from harness.rules import Rules
 from harness.timeline import read_lines, read_timeline

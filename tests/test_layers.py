@@ -42,10 +42,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "readings and the verdict model",
         (
             "harness.children",
-            "harness.child_sampling",
             "harness.heap_board",
             "harness.worker_roles",
             "harness.probes",
+            "harness.run_header",
             "harness.store",
             "harness.options",
             "harness.verdict",

@@ -10,7 +10,7 @@ import pytest
 from harness import sample as schema
 from harness import timeline, timeline_columns
 from harness.errors import BadInput
-from harness.rules.context import Columns
+from harness.rules.columns import Columns
 from harness.sample import Sample, column, fields_of
 from harness.store import NONE, SampleStore, make_sample
 

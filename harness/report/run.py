@@ -16,7 +16,7 @@ import numpy as np
 
 from harness.markdown import plain
 from harness.records import HolderRecord
-from harness.rules.context import Columns
+from harness.rules.columns import Columns
 from harness.sample import Sample
 from harness.store import NONE
 from harness.verdict import Verdict

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.child_sampling import parse_processes
-from harness.children import role_metric
+from harness.children import parse_processes, role_metric
 from harness.markdown import Markdown, code, plain, text
 from harness.report.run import Run
 from harness.rules.children import budget

@@ -37,8 +37,7 @@ from typing import Literal
 
 import numpy as np
 
-from harness.child_sampling import parse_processes
-from harness.children import role_metric
+from harness.children import parse_processes, role_metric
 from harness.rules.context import Context, Fit, Group, rate
 from harness.rules.loop import ALPHA, MIN_TREND_POINTS
 from harness.rules.registry import register_rule
