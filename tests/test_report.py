@@ -549,18 +549,23 @@ def test_a_long_run_is_drawn_in_spans_that_keep_a_one_batch_spike():
 
 
 def test_the_metric_that_fills_the_device_is_the_headers():
-    """A header names its probe's capacity metric; one written before it did names only its
-    probe, and the report falls back to what that probe counts."""
-    samples = [
+    """A header names its probe's capacity metric; for one written before it did, the samples
+    tell (a caching allocator's ``reserved`` where they have it, else ``rss``), never the
+    probe's name."""
+    cuda = [
         Sample(
             "B", "validation", 0, i, 1.0, {"allocated": i * MB, "reserved": 2 * i * MB, "rss": MB}
         )
         for i in range(4)
     ]
-    assert run_of(samples, header=HEADER).capacity_metric == "reserved"
-    assert run_of(samples, header={**HEADER, "probe": "cpu"}).capacity_metric == "rss"
+    host = [
+        Sample("B", "validation", 0, i, 1.0, {"allocated": i * MB, "rss": MB}) for i in range(4)
+    ]
+    old = {k: v for k, v in HEADER.items() if k != "capacity_metric"}
+    assert run_of(cuda, header={**old, "probe": "cpu"}).capacity_metric == "reserved"
+    assert run_of(host, header={**old, "probe": "cuda:0"}).capacity_metric == "rss"
     named = {**HEADER, "capacity_metric": "allocated"}
-    assert run_of(samples, header=named).capacity_metric == "allocated"
+    assert run_of(cuda, header=named).capacity_metric == "allocated"
 
 
 def test_the_capacity_line_appears_only_near_capacity():

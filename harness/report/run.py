@@ -81,12 +81,11 @@ class Run:
     def capacity_metric(self) -> str:
         """The metric that fills the device, as the header says (its probe's
         ``capacity_metric``: what an emulated capacity counts), where samples have it; else
-        :attr:`metric`. A header written before it kept one names its probe: ``reserved`` on
-        CUDA, ``rss`` on CPU."""
+        :attr:`metric`. For a header written before it kept one, the samples tell: ``reserved``
+        where they have it (a caching allocator's), else ``rss``."""
         metric = self.header.get("capacity_metric")
         if not isinstance(metric, str):
-            probe = self.header.get("probe")
-            metric = "reserved" if isinstance(probe, str) and probe.startswith("cuda") else "rss"
+            metric = "reserved" if self.columns.present("reserved").any() else "rss"
         return metric if self.columns.present(metric).any() else self.metric
 
     def reading(self, sample: Sample) -> int | None:
