@@ -269,6 +269,21 @@ def test_growth_within_budget_passes_and_says_yes():
     assert "Root cause" not in text and "None: no rule was broken." in text
 
 
+def test_a_loop_read_on_a_stride_shows_read_batches_only():
+    """Batches between the probe's stride readings hold no reading: the profile's first, every
+    Nth and last rows of a loop are the batches read at or before them, never ``n/a``."""
+    samples = [s for s in incident() if s.label != "VALIDATION_BATCH"]
+    loop = [at(1611 + b / 100, "VALIDATION_BATCH", "validation", batch=b) for b in range(203)]
+    for b, sample in enumerate(loop):
+        if b >= 32 and (b - 32) % 8:
+            loop[b] = replace(sample, metrics={"allocated": None})
+    samples[24:24] = loop
+    profile = section(render_report(run_of(samples)), "Memory Profile").splitlines()
+    rows = [line for line in profile if "VALIDATION_BATCH #" in line]
+    assert rows and not any("n/a" in line for line in rows)
+    assert rows[-1].startswith("Epoch 0 VALIDATION_BATCH #200:")  # the last read, not #202
+
+
 def test_an_oom_timeline_renders_oom_error_in_place_and_a_p0():
     run = run_of(incident(val_batches=30, oom=True))
     text = render_report(run)

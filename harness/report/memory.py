@@ -198,7 +198,9 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
         step = nice_step(math.ceil(len(positions) / PROFILE_BATCH_ROWS))
         chosen = {0, len(positions) - 1, *range(0, len(positions), step)}
         measured = np.flatnonzero(present[positions])
-        if len(measured):
+        if len(measured):  # a batch off the probe's stride shows the last one read before it
+            at = np.searchsorted(measured, sorted(chosen), side="right") - 1
+            chosen = {int(measured[max(k, 0)]) for k in at}
             readings = values[positions[measured]]
             top = int(np.argmax(readings))
             if readings[top] >= max(readings[0], readings[-1]) + HIGHEST_MARGIN:
