@@ -100,3 +100,32 @@ def test_verdict_header_and_holders_are_typed(mypy_lines):
     assert 'Revealed type is "harness.verdict.Verdict"' in _at(mypy_lines, 17)
     assert "TypedDict(harness.records.Header" in _at(mypy_lines, 18)
     assert "Sequence[TypedDict(harness.records.HolderRecord" in _at(mypy_lines, 19)
+
+
+def test_the_signature_the_type_checker_sees_lists_every_field_of_rules():
+    """``Rules`` declares, for type checkers only, the forms a caller may give: its parameters
+    are the dataclass's fields, in order, with the same defaults."""
+    import ast
+    import dataclasses
+
+    from harness.options import Rules
+
+    tree = ast.parse((ROOT / "harness" / "options.py").read_text())
+    rules = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Rules")
+    typed = next(
+        node
+        for block in rules.body
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    )
+    arguments = typed.args.args[1:] + typed.args.kwonlyargs
+    names = [a.arg for a in arguments]
+    assert names == [f.name for f in dataclasses.fields(Rules)]
+    defaults = dict(zip(reversed(names), reversed(typed.args.defaults), strict=False))
+    defaults.update(
+        (a.arg, d) for a, d in zip(typed.args.kwonlyargs, typed.args.kw_defaults, strict=True)
+    )
+    for f in dataclasses.fields(Rules):
+        if f.default is not dataclasses.MISSING and ast.unparse(defaults[f.name]) != "...":
+            assert ast.literal_eval(defaults[f.name]) == f.default, f.name
