@@ -52,8 +52,9 @@ slot: what the children are judged on together, at every reading where one lives
 ``children_anon`` (when every one's was read), and on the parent's rollups ``children_uss`` and
 ``children_pss``. A role that is not alive has no key at all.
 
-**Sampling** (:class:`ChildSampler`). Every checkpoint reads each live descendant's
-published live heap, or ``anon`` where it has no slot (a few µs a child). The dearer
+**Sampling** (:class:`ChildSampler`). While a child lives, every checkpoint reads each live
+descendant's published live heap, or ``anon`` where it has no slot (a few µs a child); while
+none lives, a recorder looks for a new one at its probe's stride readings only. The dearer
 ``smaps_rollup`` (milliseconds per worker, for the copy-on-read finding) is read at a phase's
 START and END, at collected checkpoints and at a new child's first checkpoint; a child that
 publishes reads its own, off the parent's time. The rules fit each child's series on the
@@ -254,6 +255,10 @@ class ChildrenReader:
         where they cannot be measured."""
         if not self.available:
             return None
+        if self._own and not self._live and not procfs.has_children():
+            # No child, and so no descendant: nothing to list. The next child is listed at once.
+            self._marks = None
+            return TreeReading(absent=tuple(self._seen), rollup=rollup)
         listed = self._changed() or rollup or self._since >= LIST_EVERY or not self._own
         if listed:
             live, self._since = self._list(), 0
@@ -322,7 +327,8 @@ class ChildrenReader:
 SCHEDULE = (
     "the live heap of each child that publishes one (DataLoader workers, Python forks), read "
     "inside it and kept wherever it is new; the anon (RssAnon + RssShmem) of any other child, "
-    "at every checkpoint; smaps_rollup (USS, PSS, shared pages) at phase edges, collected "
+    "at every checkpoint while a child lives (with none, a new one is looked for at the "
+    "probe's stride readings); smaps_rollup (USS, PSS, shared pages) at phase edges, collected "
     "checkpoints and a new child's first, or by the child itself at its readings 8, 32, 128, ..."
 )
 """How children are sampled, in words, for the timeline header and the report."""
@@ -337,6 +343,12 @@ class ChildSampler:
         self.notes = self.reader.notes
         self._text: tuple[dict[str, int], str | None] = ({}, None)
         """The last live processes and their text (they change far less often than read)."""
+
+    @property
+    def alive(self) -> bool:
+        """Whether the last reading found a live descendant: while none lives, a recorder
+        looks for a new one at its probe's stride readings only."""
+        return bool(self.reader._live)
 
     def read(
         self, *, rollup: bool = False, latest: bool = False

@@ -225,7 +225,7 @@ class Recorder:
         if full:  # else the peak window goes on to the next full reading
             probe.reset_peak()
         processes = None
-        if self._children is not None:
+        if self._children is not None and (full or self._children.alive):
             found = self._children.read(rollup=rollup, latest=batch is None or collect)
             if found is not None:
                 metrics.update(found[0])

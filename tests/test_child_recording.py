@@ -112,3 +112,29 @@ def test_processes_text_reads_back():
     assert text == "loader 2 worker 0=13,python3.11 14=14,worker 1=12"
     assert parse_processes(text) == pids
     assert processes_text({}) is None and parse_processes(None) == {}
+
+
+def test_with_no_child_alive_a_new_one_is_looked_for_at_the_stride_readings(monkeypatch):
+    """While no child lives, only the checkpoints that read the probe look for one; once one
+    lives, every checkpoint reads it."""
+    with Recorder("cpu") as rec:
+        sampler = rec._children
+        assert sampler is not None
+        calls: list[int] = []
+        read = sampler.read
+        monkeypatch.setattr(
+            sampler, "read", lambda **kw: calls.append(len(rec.samples)) or read(**kw)
+        )
+        with rec.phase("training", epoch=0):
+            for batch in range(64):
+                rec.checkpoint("TRAIN_BATCH", batch=batch)
+        full = [i for i, s in enumerate(rec.samples) if s.get("allocated") is not None]
+        assert calls == full and len(full) < len(rec.samples)
+        calls.clear()
+        loader = DataLoader(range(64), num_workers=1, multiprocessing_context="fork")
+        with rec.phase("validation", epoch=0):
+            for batch, _ in enumerate(loader):
+                rec.checkpoint("VALIDATION_BATCH", batch=batch)
+        looped = [i for i, s in enumerate(rec.samples) if s.label == "VALIDATION_BATCH"]
+        assert set(looped[1:]) <= set(calls)  # the worker, once seen, at every batch
+        assert rec.samples[looped[-1]].processes
