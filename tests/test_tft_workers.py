@@ -2,6 +2,7 @@
 training process makes, made in worker processes, persistent or not, and the ``worker-cache``
 fault growing every worker's private memory."""
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -38,9 +39,13 @@ def split(bars) -> Split:
 
 
 def children() -> set[int]:
-    """The pids of this process's live children."""
-    task = Path(f"/proc/{os.getpid()}/task")
-    return {int(pid) for t in task.iterdir() for pid in (t / "children").read_text().split()}
+    """The pids of this process's live children (a thread that ends while they are listed has
+    none)."""
+    found: set[int] = set()
+    for thread in Path(f"/proc/{os.getpid()}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            found.update(int(pid) for pid in (thread / "children").read_text().split())
+    return found
 
 
 def memory(pid: int) -> tuple[int, int]:
