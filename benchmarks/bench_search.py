@@ -152,14 +152,18 @@ def loops(reps: int) -> str:
             with tempfile.TemporaryDirectory() as folder:
                 results = Path(folder) / "results.json"
                 env = {**os.environ, "LOOP_TOOL": tool, "LOOP_RESULTS": str(results)}
-                env["PYTHONPATH"] = str(ROOT)
-                subprocess.run(
+                paths = (str(ROOT), env.get("PYTHONPATH"))
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+                done = subprocess.run(
                     [sys.executable, "-m", "pytest", "-q", *flags, "test_loops.py"],
                     cwd=HERE / "tool_loops",
                     env=env,
                     capture_output=True,
+                    text=True,
                     check=False,
                 )
+                if not results.is_file():
+                    sys.exit(f"the {tool} loop wrote no results:\n{done.stdout[-2000:]}")
                 for kind, result in json.loads(results.read_text()).items():
                     seen[tool].setdefault(kind, []).append(result["seconds"] * 1000)
                     failed[tool][kind] = failed[tool].get(kind, 0) + bool(result["failed"])
