@@ -30,7 +30,7 @@ and 2 still read: their samples' events and edges are derived where they are rea
 (:func:`~harness.timeline_checks.derived`), their error's type where it is asked for
 (:attr:`~harness.timeline_checks.Timeline.error`)."""
 
-KINDS = ("text", "int", "float", "bool", "note")
+FIELD_KINDS = ("text", "int", "float", "bool", "note")
 METRICS = "metrics"
 """The field that holds the probe's readings by metric name, in bytes."""
 
@@ -54,9 +54,9 @@ STRIDE = Stride()
 
 
 def column(kind: str, meaning: str) -> dict[str, str]:
-    """A field's metadata: its ``kind`` (one of :data:`KINDS`) and what it means."""
-    if kind not in KINDS:
-        raise TypeError(f"kind must be one of {KINDS}, not {kind!r}")
+    """A field's metadata: its ``kind`` (one of :data:`FIELD_KINDS`) and what it means."""
+    if kind not in FIELD_KINDS:
+        raise TypeError(f"kind must be one of {FIELD_KINDS}, not {kind!r}")
     return {"kind": kind, "meaning": meaning}
 
 
