@@ -41,10 +41,8 @@ _OOM_TYPES = ("MemoryError", "OutOfMemoryError")
 
 
 class Labelled(Protocol):
-    """What the predicates below read: a sample's batch and event."""
+    """What :func:`is_oom` reads: a sample's event."""
 
-    @property
-    def batch(self) -> int | None: ...
     @property
     def event(self) -> str | None: ...
 
@@ -107,20 +105,6 @@ def is_oom(sample: Labelled) -> bool:
     """An out-of-memory event: labelled ``OOM``, a checkpoint over an emulated capacity, or
     one its recorder was told is one."""
     return sample.event == OOM
-
-
-def is_check_failed(sample: Labelled) -> bool:
-    return sample.event == CHECK_FAILED
-
-
-def is_event(sample: Labelled) -> bool:
-    """Something that happened (an OOM, a failed check), not a reading of the loop."""
-    return is_oom(sample) or is_check_failed(sample)
-
-
-def in_loop(sample: Labelled) -> bool:
-    """A per-batch reading of a loop."""
-    return sample.batch is not None and not is_event(sample)
 
 
 def is_oom_error(error: BaseException | Raised | str) -> bool:

@@ -151,11 +151,6 @@ def fenced(language: str, body: Sequence[str], limit: int = 4 * LIMIT) -> list[s
     return [f"{fence}{plain(language, 20).replace('`', '')}", *lines, fence]
 
 
-def longest_backticks(lines: Sequence[str]) -> int:
-    """The longest run of backticks in any of ``lines``."""
-    return max((_longest_run(b, "`") for b in lines), default=0)
-
-
 def link(path: str) -> str:
     """A relative path as a link target: percent-encoded, so it has no scheme, no spaces or
     brackets; a leading ``/`` becomes ``./``, so it never leaves the report's folder by
