@@ -334,6 +334,10 @@ SCHEDULE = (
 """How children are sampled, in words, for the timeline header and the report."""
 
 
+_NO_TEXT: tuple[dict[str, int], str | None] = ({}, None)
+"""No live process, and its text."""
+
+
 class ChildSampler:
     """Reads ``pid``'s live descendants (this process by default) on the schedule above;
     ``notes`` says what it cannot do here."""
@@ -341,14 +345,8 @@ class ChildSampler:
     def __init__(self, pid: int | None = None) -> None:
         self.reader = ChildrenReader(pid)
         self.notes = self.reader.notes
-        self._text: tuple[dict[str, int], str | None] = ({}, None)
+        self._text: tuple[dict[str, int], str | None] = _NO_TEXT
         """The last live processes and their text (they change far less often than read)."""
-
-    @property
-    def alive(self) -> bool:
-        """Whether the last reading found a live descendant: while none lives, a recorder
-        looks for a new one at its probe's stride readings only."""
-        return bool(self.reader._live)
 
     def read(
         self, *, rollup: bool = False, latest: bool = False
@@ -359,6 +357,9 @@ class ChildSampler:
         reading = self.reader.read(rollup=rollup, rollup_if_new=True)
         if reading is None:
             return None
+        if not reading.processes:
+            self._text = _NO_TEXT
+            return {}, None
         pids = reading.pids
         if pids != self._text[0]:
             self._text = pids, processes_text(pids)

@@ -59,7 +59,8 @@ class Probe(ABC):
     ``peak`` covers every batch between two of them."""
 
     def sample_between(self) -> Metrics:
-        """A reading between two of the stride's: :meth:`sample` without :attr:`strided`."""
+        """A reading between two of the stride's: :meth:`sample` without :attr:`strided`. It
+        adds no note (a recorder then records the checkpoint on its short path)."""
         return self.sample()
 
     @abstractmethod

@@ -141,7 +141,8 @@ class Recorder:
         except BaseException:
             self.probe.close()
             raise
-        self.samples = SampleStore()
+        self._store = SampleStore()
+        self._unread_samples: list[Sample] = []  # not yet in the store: see samples
         self._phases: list[tuple[str, int | None]] = []
         self._phase: str | None = None
         self._epoch: int | None = None
@@ -150,6 +151,11 @@ class Recorder:
         self._over = False
         self._closed = False
         self._ended = False
+        # whether the last children's reading found one alive: while none lives, a new one
+        # is looked for at the probe's stride readings only
+        self._children_live = False
+        # whether a loop's batch may go unread (the stride's short path); never once closed
+        self._strided = bool(self.probe.strided) and not self._limit_at_checkpoints
         self._unfreeze = gc.get_freeze_count() == 0
         gc.freeze()
         if self.attribution is not None:
@@ -173,6 +179,14 @@ class Recorder:
         the innermost :meth:`phase`'s. ``note`` is text (an OOM message); ``event`` says what
         happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not.
         """
+        if (
+            batch is not None
+            and self._strided
+            and not (collect or note or event or self._children_live)
+        ):
+            sample = self._unread(label, phase, epoch, batch)
+            if sample is not None:
+                return sample
         event = labels.given_event(label, event)
         may = event != labels.OOM
         return self._record(
@@ -180,6 +194,48 @@ class Recorder:
         )
 
     __call__ = checkpoint
+
+    def _unread(
+        self, label: str, phase: str | None, epoch: int | None, batch: int
+    ) -> Sample | None:
+        """A loop's batch between two stride readings, recorded without a reading while no
+        child lives: its sample, or None where this checkpoint is read or has arguments not
+        yet found good (:meth:`_record` then takes it). The short path of long loops: it touches
+        little, so that it costs little on the caches a training step leaves cold."""
+        if not (
+            label in _PLAIN
+            and (phase is None or phase in _CHECKED)
+            and (epoch is None or (type(epoch) is int and 0 <= epoch < _LIMIT))
+            and type(batch) is int
+            and 0 <= batch < _LIMIT
+        ):
+            return None
+        run = self._runs.get(label, 0)
+        if STRIDE.reads(run):
+            return None
+        self._runs[label] = run + 1
+        sample = make_sample(
+            {
+                "label": label,
+                "phase": self._phase if phase is None else phase,
+                "epoch": self._epoch if epoch is None else epoch,
+                "batch": batch,
+                "time": time.time(),
+                "metrics": self.probe.sample_between(),
+                "collected": False,
+                "note": None,
+                "processes": None,
+                "event": None,
+                "edge": None,
+            }
+        )
+        self._unread_samples.append(sample)
+        if self._timeline is not None and self.timeline_error is None:
+            try:
+                self._timeline.write_unread(sample)
+            except OSError as error:
+                self._lost(error)
+        return sample
 
     def _record(
         self,
@@ -207,6 +263,10 @@ class Recorder:
             _check_arguments(label, phase, epoch, batch, note)
             if len(_CHECKED) < _MAX_CHECKED:
                 _CHECKED.update(t for t in (label, phase) if type(t) is str)
+        edge = labels.edge_of(label)
+        if event is None and edge is None and label not in _PLAIN and len(_PLAIN) < _MAX_CHECKED:
+            _PLAIN.add(label)
+        store = self.samples  # the unread samples' store rows, before the probe is read
         if collect:
             gc.collect()
             self.probe.release()
@@ -216,7 +276,7 @@ class Recorder:
         if probe.host and full:
             # Less the recorder's own sample store, which grows with every checkpoint, and the
             # dearer search's bookkeeping: neither may be judged as the run's growth.
-            own = self.samples.nbytes()
+            own = store.nbytes()
             if self.attribution is not None:
                 own += self.attribution.own_bytes()
             for name, value in metrics.items():
@@ -225,11 +285,12 @@ class Recorder:
         if full:  # else the peak window goes on to the next full reading
             probe.reset_peak()
         processes = None
-        if self._children is not None and (full or self._children.alive):
+        if self._children is not None and (full or self._children_live):
             found = self._children.read(rollup=rollup, latest=batch is None or collect)
             if found is not None:
                 metrics.update(found[0])
                 processes = found[1]
+            self._children_live = processes is not None
         overflow = self._overflow(label, metrics, may_raise) if self._limit_at_checkpoints else None
         if overflow or len(probe.notes) > self._notes_said:
             notes = [note] if note else []
@@ -250,10 +311,10 @@ class Recorder:
                 "note": note or None,
                 "processes": processes,
                 "event": labels.OOM if overflow else event,
-                "edge": labels.edge_of(label),
+                "edge": edge,
             }
         )
-        self.samples.append(sample)
+        store.append(sample)
         if self._timeline is not None and self.timeline_error is None:
             try:
                 self._timeline.write(sample)
@@ -293,6 +354,16 @@ class Recorder:
             if self.probe.host:
                 self.probe.release()
             self.probe.reset_peak()
+
+    @property
+    def samples(self) -> SampleStore:
+        """Every sample recorded, in order. A loop's batches between two stride readings join
+        the store when it is next read or a checkpoint is read, in one pass on warm caches."""
+        if self._unread_samples:
+            for sample in self._unread_samples:
+                self._store.append_unread(sample)
+            self._unread_samples.clear()
+        return self._store
 
     @property
     def run_id(self) -> str:
@@ -401,6 +472,7 @@ class Recorder:
             self.end()
         finally:
             self._closed = True
+            self._strided = False
             self._release()
 
     def _release(self) -> None:
@@ -429,6 +501,9 @@ MAX_TEXT = 256
 _LIMIT = 2**62
 _CHECKED: set[str] = set()
 """Labels and phase names already found valid, so a checkpoint checks each name once."""
+_PLAIN: set[str] = set()
+"""Labels found valid that name no event and no phase's edge: a loop's batches, which may be
+recorded on :meth:`Recorder._unread`'s short path."""
 _MAX_CHECKED = 4096
 
 

@@ -127,18 +127,8 @@ class SampleStore(Sequence[Sample]):
         return column
 
     def append(self, sample: Sample) -> None:
-        n = self._n
-        if n == self._room:
-            self._reserve(n + 1)
         values = sample.__dict__
-        index = self._index
-        for name, column in self._texts:  # (name, column) pairs: no lookup of the column
-            text = values[name]
-            code = index.get(text)
-            column[n] = self._intern(text) if code is None else code
-        for name, column in self._numbers:
-            value = values[name]
-            column[n] = _NONE if value is None else value
+        n = self._fields_row(values)
         for name, notes in self._notes:
             if values[name] is not None:
                 notes[n] = values[name]
@@ -148,6 +138,27 @@ class SampleStore(Sequence[Sample]):
             column = self._new_metric(name, n + 1) if found is None else found
             column[n] = _NONE if value is None else value
         self._n = n + 1
+
+    def append_unread(self, sample: Sample) -> None:
+        """:meth:`append` for a sample none of whose metrics was read and that has no note (a
+        loop's batch between two stride readings): a new row's metric columns read None
+        already, so only its text and number columns are written."""
+        self._n = self._fields_row(sample.__dict__) + 1
+
+    def _fields_row(self, values: dict[str, Any]) -> int:
+        """Write the text and number fields of ``values`` in the next row, and return it."""
+        n = self._n
+        if n == self._room:
+            self._reserve(n + 1)
+        index = self._index
+        for name, column in self._texts:  # (name, column) pairs: no lookup of the column
+            text = values[name]
+            code = index.get(text)
+            column[n] = self._intern(text) if code is None else code
+        for name, column in self._numbers:
+            value = values[name]
+            column[n] = _NONE if value is None else value
+        return n
 
     def __len__(self) -> int:
         return self._n

@@ -50,6 +50,11 @@ def _encode(record: Mapping[str, Any]) -> bytes:
     return (_ENCODER.encode(record) + "\n").encode()
 
 
+def _any_line(sample: Sample) -> bytes:
+    """``sample``'s line by the encoder's generic path, whatever its values' types."""
+    return _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
+
+
 _TEXTS: dict[str, str] = {}
 """JSON text of the names written so far (labels, phases, metric names)."""
 _MAX_TEXTS = 4096
@@ -158,8 +163,33 @@ class _LineFormat:
         self._kept = getter if len(kept) != 1 else (lambda values: (getter(values),))
         self._flags = [i for i, name in enumerate(kept) if kinds[name] == "bool"]
         self._varying = [entry for entry in self.plan if entry[0] not in kept]
-        self._varying_names = {entry[0] for entry in self._varying}
+        self._numbers = [entry for entry in self._varying if entry[0] != METRICS]
+        numbers = operator.itemgetter(*(entry[0] for entry in self._numbers))
+        self._number_values = numbers if len(self._numbers) > 1 else lambda v: (numbers(v),)
         self._frames: dict[Any, str] = {}
+        self._unread: dict[Any, tuple[tuple[str, ...], str]] = {}
+
+    def unread(self, sample: Sample) -> bytes | None:
+        """:meth:`line` for a sample none of whose metrics was read (a loop's batch between two
+        stride readings) and whose numbers are ints, finite floats or None, as the recorder's
+        are: the readings' text, the same at every such line, is kept in the frame (one for
+        each kept value and metric names in their order), and the numbers are put in as
+        ``%s`` writes them (one step for a path that runs cold)."""
+        values = sample.__dict__
+        kept = self._kept(values)
+        found = self._unread.get(kept)
+        names = tuple(sample.metrics)
+        if found is None or found[0] != names:
+            frame = self._frame(sample, self._numbers)
+            if frame is None:
+                return None
+            found = (names, frame)
+            if len(self._unread) < _MAX_FRAMES:
+                self._unread[kept] = found
+        numbers = self._number_values(values)
+        if None in numbers:
+            numbers = tuple("null" if value is None else value for value in numbers)
+        return (found[1] % numbers).encode()
 
     def line(self, sample: Sample) -> bytes | None:
         """``sample``'s line, or None as :func:`_sample_line` says."""
@@ -172,9 +202,11 @@ class _LineFormat:
         except (KeyError, TypeError):  # a field missing, or a value that is no key
             return _sample_line(self.plan, sample)
         if frame is None:
-            frame = self._frame(sample, kept if keyed else None)
+            frame = self._frame(sample, self._varying)
             if frame is None:
                 return _sample_line(self.plan, sample)
+            if keyed and len(self._frames) < _MAX_FRAMES:
+                self._frames[kept] = frame
         texts = []
         for name, _, encode, nullable in self._varying:
             value = values[name]
@@ -187,12 +219,13 @@ class _LineFormat:
             texts.append(text)
         return (frame % tuple(texts)).encode()
 
-    def _frame(self, sample: Sample, kept: Any) -> str | None:
-        """The line with ``%s`` where each varying field's value goes, kept under ``kept``
-        unless it is None; None when a kept value is not of its type."""
+    def _frame(self, sample: Sample, varying: Plan) -> str | None:
+        """The line with ``%s`` where each ``varying`` field's value goes; None when another
+        value is not of its type."""
+        slots = {entry[0] for entry in varying}
         parts = []
         for name, key, encode, nullable in self.plan:
-            if name in self._varying_names:
+            if name in slots:
                 parts.append(key + "%s")
                 continue
             value = sample.__dict__[name]
@@ -200,10 +233,7 @@ class _LineFormat:
             if text is None:
                 return None
             parts.append(key + text.replace("%", "%%"))
-        frame = f"{{{','.join(parts)}}}\n"
-        if kept is not None and len(self._frames) < _MAX_FRAMES:
-            self._frames[kept] = frame
-        return frame
+        return f"{{{','.join(parts)}}}\n"
 
 
 class TimelineWriter:
@@ -246,12 +276,14 @@ class TimelineWriter:
         every number is an int (a float for ``time``), with each label's JSON text kept:
         the encoder's generic path costs several times more per checkpoint. A phase's end
         cuts the file back to its lines."""
-        line = self._format.line(sample)
-        if line is None:
-            line = _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
-        self._write(line)
+        self._write(self._format.line(sample) or _any_line(sample))
         if sample.edge == END:
             self._trim()
+
+    def write_unread(self, sample: Sample) -> None:
+        """:meth:`write` for a sample none of whose metrics was read that ends no phase (a
+        loop's batch between two stride readings), its line built from a kept frame."""
+        self._write(self._format.unread(sample) or _any_line(sample))
 
     def _trim(self) -> None:
         try:

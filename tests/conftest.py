@@ -2,6 +2,12 @@ import gc
 
 import pytest
 import torch
+import torch._dynamo
+
+# The line above: pytester's in-process runs drop the modules a run imported, and a torch
+# optimizer's construction imports torch._dynamo, which registers an operator library that a
+# second import refuses (a later test then fails on "Only a single TORCH_LIBRARY"). Imported
+# here, it is in every snapshot pytester restores.
 
 # Batch-1 workloads gain nothing from intra-op threads, and two spinning threads per process
 # oversubscribe a 2-core machine under pytest-xdist.

@@ -61,20 +61,18 @@ def test_checkpoints_with_workers_alive_are_a_row_each():
 
 
 def test_the_workers_overhead_goal_is_judged_against_the_overhead_without():
-    # Without workers: +4% and +6% (median +5%); with 2: +6% and +8% (median +7%, 1.4x); the
-    # checkpoints' own time 1% and 1.2% of a plain epoch (1.2x).
+    # The checkpoints' own time: 1% and 1.2% of a plain epoch (1.2x); the wall-time ratios
+    # (+5% and +7% medians) are shown, not judged.
     met = overheads(10.0, {None: (10.4, 10.6, 0.1), 2: (10.6, 10.8, 0.12)})
-    assert report.workers_vs_none(met)["ratio"] == pytest.approx(1.4)
+    assert report.workers_vs_none(met)["ratio"] == pytest.approx(1.2)
     text = report.children_section([], met)
-    assert "| 0 | 1.040 | 1.050 | 1.0% | 5.0% | n/a / 889 |" in text
-    assert "| 2 | 1.060 | 1.070 | 1.2% | 7.0% | 60 / 889 |" in text
-    shown = (
-        "**1.40x** (checkpoints' own time 1.2% vs 1.0%: 1.20x; overhead judged 7.0% vs 5.0%: 1.40x)"
-    )
+    assert "| 0 | 1.040 | 1.050 | 1.0% | n/a / 889 |" in text
+    assert "| 2 | 1.060 | 1.070 | 1.2% | 60 / 889 |" in text
+    shown = "**1.20x** (checkpoints' own time 1.2% vs 1.0%)"
     assert f"With 2 workers against none: {shown}" in text
     assert shown in goal(met) and "**met**" in goal(met)
-    slower = overheads(10.0, {0: (10.4, 10.6, 0.1), 2: (10.8, 11.0, 0.12)})
-    assert "**missed**" in goal(slower)
+    slower = overheads(10.0, {0: (10.4, 10.6, 0.1), 2: (10.8, 11.0, 0.12)})  # wall time alone
+    assert "**met**" in goal(slower)
     dearer = overheads(10.0, {0: (10.4, 10.6, 0.1), 2: (10.4, 10.6, 0.2)})  # own time 2x
     assert report.workers_vs_none(dearer)["ratio"] == pytest.approx(2.0)
     assert "**missed**" in goal(dearer)

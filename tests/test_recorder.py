@@ -488,6 +488,31 @@ def test_cuda_recorder_collects_and_emulates_capacity_with_a_real_oom(tmp_path):
     assert torch.cuda.get_per_process_memory_fraction(0) == 1.0
 
 
+def test_a_loops_batches_between_readings_are_in_the_store_and_the_file_as_they_come(tmp_path):
+    """The batches between two stride readings take a short path: each returned sample is the
+    store's and the timeline's (read back while the run lives, so each line is in the file at
+    its checkpoint), phase and epoch inherited, nothing read, whatever the label's text."""
+    path = tmp_path / "t.jsonl"
+    returned = []
+    with Recorder("cpu", timeline=path) as rec:
+        for epoch in (None, 3):
+            with rec.phase("val 100%", epoch=epoch):
+                for batch in range(60):
+                    returned.append(rec.checkpoint('BATCH "50%" é', batch=batch))
+                    assert len(rec.samples) == len(returned) + 1 + 2 * (epoch == 3)
+                    live = read_timeline(path).samples
+                    assert live[-1] == returned[-1] and live[-1].time == returned[-1].time
+        assert list(rec.samples) == read_timeline(path).samples
+    unread = [s for s in returned if s.get("allocated") is None]
+    assert [s.batch for s in unread] == [b for b in range(33, 60) if b % 8] * 2
+    assert {(s.phase, s.epoch, s.note, s.processes, s.event, s.edge) for s in unread} == {
+        ("val 100%", None, None, None, None, None),
+        ("val 100%", 3, None, None, None, None),
+    }
+    assert all(s.metrics == {"allocated": None, "rss": None, "peak": None} for s in unread)
+    assert list(rec.samples) == read_timeline(path).samples
+
+
 @pytest.mark.parametrize("leak", [0, 4096])
 def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(leak):
     """mallinfo2 walks malloc's free lists (67 µs a checkpoint inside a TFT epoch), so a loop

@@ -280,3 +280,29 @@ def test_the_line_format_writes_the_bytes_the_encoder_writes(samples):
     plan = timeline_writer._encoders(schema.FIELDS)
     for sample in samples + samples:
         assert line.line(sample) == timeline_writer._sample_line(plan, sample)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            Sample,
+            label=st.text('ab%"\\é', min_size=1, max_size=4),
+            phase=st.sampled_from(["training", "100%", None]),
+            epoch=st.none() | st.integers(0, 3),
+            batch=st.integers(0, 2**62),
+            time=st.floats(0, 2e9),
+            metrics=st.lists(st.sampled_from(["rss", "peak", "r%"]), max_size=3).map(
+                lambda names: dict.fromkeys(names)
+            ),
+        ),
+        max_size=12,
+    )
+)
+def test_a_line_between_two_stride_readings_is_the_line_of_every_other_sample(samples):
+    """A loop's batch between two readings (no metric read, the recorder's types) has its
+    line built from a kept frame: the bytes are the general path's, for any label, phase and
+    set of metric names, the same sample twice the same way."""
+    line = timeline_writer._LineFormat(schema.FIELDS)
+    for sample in samples + samples:
+        assert line.unread(sample) == line.line(sample)
