@@ -5,13 +5,14 @@ Three readings, each for what it is good at:
 
 - ``heap``: the child's live heap, read by the child itself and published into a slot
   (:mod:`harness.heap_board`): what its allocator handed out and was not freed, the measure the
-  main process is judged on. Read from a mapped slot at every checkpoint (a few µs). A reading
+  main process is judged on. Read from a mapped slot at each reading (a few µs). A reading
   is *fresh* when the child took it since the previous one this reader used.
 - ``anon`` (``RssAnon + RssShmem`` from ``/proc/<pid>/status``): resident anonymous memory,
   private or shared (heap, stacks, anonymous shared mappings and, after a fork, the parent's
   pages still shared), the cheap outside reading. It is what a child with
   no slot (an ``exec``'d command, a spawned process that is not a DataLoader worker) is judged
-  on, read at every checkpoint; a child with a slot has it read when its processes are listed.
+  on; read at each reading of every child (about 15 µs), as the children are read on the
+  probe's stride.
   It keeps what the allocator holds after a free: a clean worker's grows by MiBs.
 - with ``rollup=True``, from ``/proc/<pid>/smaps_rollup``: ``uss`` (``Private_Clean +
   Private_Dirty``: what exiting would free), ``pss`` and ``shared`` (``Shared_Clean +
@@ -48,13 +49,15 @@ started them, for as long as it lives, and hold none of its work.
 ``child_anon:<role>`` (when read), ``child_uss:<role>`` and ``child_shared:<role>`` (when read,
 by the parent or the child), ``child_pss:<role>`` (the parent's rollups). Summed over the live
 descendants: ``children_heap`` (each one's latest live heap, or its ``anon`` where it has no
-slot: what the children are judged on together, at every reading where one lives),
+slot: what the children are judged on together, at each reading where one lives),
 ``children_anon`` (when every one's was read), and on the parent's rollups ``children_uss`` and
 ``children_pss``. A role that is not alive has no key at all.
 
-**Sampling** (:class:`ChildSampler`). While a child lives, every checkpoint reads each live
-descendant's published live heap, or ``anon`` where it has no slot (a few µs a child); while
-none lives, a recorder looks for a new one at its probe's stride readings only. The dearer
+**Sampling** (:class:`ChildSampler`). A recorder reads the children where it reads its probe:
+at every checkpoint that is not a loop's batch, and at a loop's batches on the probe's stride
+(:data:`~harness.sample.STRIDE`, where the probe has one), each live descendant's published
+live heap, or ``anon`` where it has no slot (a few µs a child); between two readings a sample
+keeps the last reading's live processes and no children's metric. The dearer
 ``smaps_rollup`` (milliseconds per worker, for the copy-on-read finding) is read at a phase's
 START and END, at collected checkpoints and at a new child's first checkpoint; a child that
 publishes reads its own, off the parent's time. The rules fit each child's series on the
@@ -275,7 +278,7 @@ class ChildrenReader:
         self._live = live
         processes = []
         for pid in list(live):
-            memory = self._process(pid, listed, rollup, pid in new)
+            memory = self._process(pid, rollup, pid in new)
             if memory is None:  # it exited as it was read
                 del self._live[pid]
                 continue
@@ -287,13 +290,13 @@ class ChildrenReader:
             self._roles_now = roles
         return TreeReading(tuple(processes), self._absent, rollup)
 
-    def _process(self, pid: int, listed: bool, rollup: bool, new: bool) -> ProcessMemory | None:
+    def _process(self, pid: int, rollup: bool, new: bool) -> ProcessMemory | None:
         """One descendant's reading, or None when it has exited."""
         published = None
         if self.board is not None:
             published = self.board.read(pid)
-        anon = procfs.read_anon(pid) if listed or published is None else None
-        if anon is None and (listed or published is None):
+        anon = procfs.read_anon(pid)
+        if anon is None:
             return None
         rollup = rollup or (new and published is None)
         rolled: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -327,8 +330,8 @@ class ChildrenReader:
 SCHEDULE = (
     "the live heap of each child that publishes one (DataLoader workers, Python forks), read "
     "inside it and kept wherever it is new; the anon (RssAnon + RssShmem) of any other child, "
-    "at every checkpoint while a child lives (with none, a new one is looked for at the "
-    "probe's stride readings); smaps_rollup (USS, PSS, shared pages) at phase edges, collected "
+    "at the checkpoints that read the probe (a loop's batches on its stride); smaps_rollup "
+    "(USS, PSS, shared pages) at phase edges, collected "
     "checkpoints and a new child's first, or by the child itself at its readings 8, 32, 128, ..."
 )
 """How children are sampled, in words, for the timeline header and the report."""

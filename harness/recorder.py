@@ -151,9 +151,7 @@ class Recorder:
         self._over = False
         self._closed = False
         self._ended = False
-        # whether the last children's reading found one alive: while none lives, a new one
-        # is looked for at the probe's stride readings only
-        self._children_live = False
+        self._processes: str | None = None  # the live children at the last reading
         # whether a loop's batch may go unread (the stride's short path); never once closed
         self._strided = bool(self.probe.strided) and not self._limit_at_checkpoints
         self._unfreeze = gc.get_freeze_count() == 0
@@ -179,11 +177,7 @@ class Recorder:
         the innermost :meth:`phase`'s. ``note`` is text (an OOM message); ``event`` says what
         happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not.
         """
-        if (
-            batch is not None
-            and self._strided
-            and not (collect or note or event or self._children_live)
-        ):
+        if batch is not None and self._strided and not (collect or note or event):
             sample = self._unread(label, phase, epoch, batch)
             if sample is not None:
                 return sample
@@ -198,9 +192,10 @@ class Recorder:
     def _unread(
         self, label: str, phase: str | None, epoch: int | None, batch: int
     ) -> Sample | None:
-        """A loop's batch between two stride readings, recorded without a reading while no
-        child lives: its sample, or None where this checkpoint is read or has arguments not
-        yet found good (:meth:`_record` then takes it). The short path of long loops: it touches
+        """A loop's batch between two stride readings, recorded without a reading (neither the
+        probe's nor the children's, whose live processes are the last reading's): its sample,
+        or None where this checkpoint is read or has arguments not yet found good
+        (:meth:`_record` then takes it). The short path of long loops: it touches
         little, so that it costs little on the caches a training step leaves cold."""
         if not (
             label in _PLAIN
@@ -224,7 +219,7 @@ class Recorder:
                 "metrics": self.probe.sample_between(),
                 "collected": False,
                 "note": None,
-                "processes": None,
+                "processes": self._processes,
                 "event": None,
                 "edge": None,
             }
@@ -284,13 +279,12 @@ class Recorder:
                     metrics[name] = value - own
         if full:  # else the peak window goes on to the next full reading
             probe.reset_peak()
-        processes = None
-        if self._children is not None and (full or self._children_live):
+        processes = self._processes  # between two readings, the last one's live processes
+        if self._children is not None and full:
             found = self._children.read(rollup=rollup, latest=batch is None or collect)
+            processes = self._processes = None if found is None else found[1]
             if found is not None:
                 metrics.update(found[0])
-                processes = found[1]
-            self._children_live = processes is not None
         overflow = self._overflow(label, metrics, may_raise) if self._limit_at_checkpoints else None
         if overflow or len(probe.notes) > self._notes_said:
             notes = [note] if note else []

@@ -114,9 +114,10 @@ def test_processes_text_reads_back():
     assert processes_text({}) is None and parse_processes(None) == {}
 
 
-def test_with_no_child_alive_a_new_one_is_looked_for_at_the_stride_readings(monkeypatch):
-    """While no child lives, only the checkpoints that read the probe look for one; once one
-    lives, every checkpoint reads it."""
+def test_children_are_read_where_the_probe_is(monkeypatch):
+    """Only the checkpoints that read the probe (a loop's batches on its stride) read the
+    children, alive or not; the samples between them keep the last reading's live processes
+    and no children's metric."""
     with Recorder("cpu") as rec:
         sampler = rec._children
         assert sampler is not None
@@ -136,5 +137,12 @@ def test_with_no_child_alive_a_new_one_is_looked_for_at_the_stride_readings(monk
             for batch, _ in enumerate(loader):
                 rec.checkpoint("VALIDATION_BATCH", batch=batch)
         looped = [i for i, s in enumerate(rec.samples) if s.label == "VALIDATION_BATCH"]
-        assert set(looped[1:]) <= set(calls)  # the worker, once seen, at every batch
-        assert rec.samples[looped[-1]].processes
+        full = [i for i, s in enumerate(rec.samples) if s.get("allocated") is not None]
+        assert calls == [i for i in full if i > looped[0] - 2] and set(looped) - set(calls)
+        between = [rec.samples[i] for i in looped if i not in calls]
+        assert (
+            {s.processes for s in between}
+            == {rec.samples[max(set(calls) & set(looped))].processes}
+            != {None}
+        )
+        assert not [m for s in between for m, v in s.metrics.items() if "child" in m and v]
