@@ -44,7 +44,7 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
     children = next((m for m in CHILDREN if any(s.get(m) for s in samples)), None)
     rows: list[list[str]] = []
     starts: dict[tuple[str | None, int | None], int] = {}
-    shown = _rows_to_show(samples)
+    shown = _rows_to_show(samples, metric)
     gap = ["...", "", "", "", ""] if children else ["...", "", "", ""]
     for i, s in enumerate(samples):
         value = s.get(metric)
@@ -80,15 +80,22 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
     ]
 
 
-def _rows_to_show(samples: Sequence[Sample]) -> dict[int, bool]:
-    """Indices of samples worth a row: every named one, the first and last of a batch run."""
+def _rows_to_show(samples: Sequence[Sample], metric: str) -> dict[int, bool]:
+    """Indices of samples worth a row: every named one, the first of a batch run and its last
+    with a reading (a batch between two of the probe's stride readings has none), or its last
+    where none has one."""
     shown: dict[int, bool] = {}
+    read = None  # the current run's last sample with a reading
     for i, s in enumerate(samples):
         if s.batch is None:
             shown[i] = True
             continue
         prev = samples[i - 1] if i else None
         nxt = samples[i + 1] if i + 1 < len(samples) else None
-        if prev is None or prev.label != s.label or nxt is None or nxt.label != s.label:
-            shown[i] = True
+        if prev is None or prev.label != s.label:
+            shown[i], read = True, None
+        if s.get(metric) is not None or s.get("rss") is not None:
+            read = i
+        if nxt is None or nxt.label != s.label:
+            shown[i if read is None else read] = True
     return shown

@@ -284,6 +284,22 @@ def test_a_loop_read_on_a_stride_shows_read_batches_only():
     assert rows[-1].startswith("Epoch 0 VALIDATION_BATCH #200:")  # the last read, not #202
 
 
+def test_the_terminal_table_ends_a_loop_at_its_last_batch_read():
+    """pytest's terminal table shows a loop's first batch and its last one read, never a batch
+    between two stride readings as ``n/a``; a loop never read ends at its last batch."""
+    from harness.terminal import checkpoint_table
+
+    named = [at(1, "validation START", "validation"), at(9, "validation END", "validation")]
+    read = [at(2 + b / 100, "VALIDATION_BATCH", "validation", batch=b) for b in range(50)]
+    strided = [s if b < 32 or b % 8 == 0 else replace(s, metrics={}) for b, s in enumerate(read)]
+    unread = [replace(s, metrics={}) for s in read]
+    for loop, last in ((read, "#49"), (strided, "#48"), (unread, "#49")):
+        rows = checkpoint_table([named[0], *loop, named[1]], "allocated")
+        batches = [row for row in rows if "VALIDATION_BATCH" in row]
+        assert [re.search(r"#\d+", row).group() for row in batches] == ["#0", last]
+        assert ("n/a" in batches[-1]) == (loop is unread)
+
+
 def test_an_oom_timeline_renders_oom_error_in_place_and_a_p0():
     run = run_of(incident(val_batches=30, oom=True))
     text = render_report(run)
