@@ -102,7 +102,7 @@ def test_checkpoint_parts(benchmark, split, tmp_path):
         (probe, "_peak", "peak (getrusage, VmHWM when above rss)"),
         (probe, "reset_peak", "peak reset (clear_refs)"),
         (recorder._children, "read", "children read (none alive)"),
-        (writer._format, "line", "timeline line built"),
+        (writer._format, "recorded", "timeline line built"),
         (writer._format, "unread", "timeline line built"),
         (writer, "_write", "timeline line put in the file"),
         (recorder.samples, "append", "store append"),

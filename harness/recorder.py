@@ -181,7 +181,8 @@ class Recorder:
             sample = self._unread(label, phase, epoch, batch)
             if sample is not None:
                 return sample
-        event = labels.given_event(label, event)
+        if event is not None or type(label) is not str or label not in _PLAIN:
+            event = labels.given_event(label, event)
         may = event != labels.OOM
         return self._record(
             label, phase, epoch, batch, collect, note, event, may_raise=may, rollup=collect
@@ -198,8 +199,9 @@ class Recorder:
         (:meth:`_record` then takes it). The short path of long loops: it touches
         little, so that it costs little on the caches a training step leaves cold."""
         if not (
-            label in _PLAIN
-            and (phase is None or phase in _CHECKED)
+            type(label) is str
+            and label in _PLAIN
+            and (phase is None or (type(phase) is str and phase in _CHECKED))
             and (epoch is None or (type(epoch) is int and 0 <= epoch < _LIMIT))
             and type(batch) is int
             and 0 <= batch < _LIMIT
@@ -227,7 +229,7 @@ class Recorder:
         self._unread_samples.append(sample)
         if self._timeline is not None and self.timeline_error is None:
             try:
-                self._timeline.write_unread(sample)
+                self._timeline.write_recorded(sample, unread=True)
             except OSError as error:
                 self._lost(error)
         return sample
@@ -258,7 +260,7 @@ class Recorder:
             _check_arguments(label, phase, epoch, batch, note)
             if len(_CHECKED) < _MAX_CHECKED:
                 _CHECKED.update(t for t in (label, phase) if type(t) is str)
-        edge = labels.edge_of(label)
+        edge = None if label in _PLAIN else labels.edge_of(label)
         if event is None and edge is None and label not in _PLAIN and len(_PLAIN) < _MAX_CHECKED:
             _PLAIN.add(label)
         store = self.samples  # the unread samples' store rows, before the probe is read
@@ -311,7 +313,7 @@ class Recorder:
         store.append(sample)
         if self._timeline is not None and self.timeline_error is None:
             try:
-                self._timeline.write(sample)
+                self._timeline.write_recorded(sample)
             except OSError as error:
                 self._lost(error)
         if self.attribution is not None and full:  # it judges growth: nothing to read between

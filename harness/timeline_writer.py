@@ -167,29 +167,39 @@ class _LineFormat:
         numbers = operator.itemgetter(*(entry[0] for entry in self._numbers))
         self._number_values = numbers if len(self._numbers) > 1 else lambda v: (numbers(v),)
         self._frames: dict[Any, str] = {}
+        self._recorded: dict[Any, tuple[tuple[str, ...], str]] = {}
         self._unread: dict[Any, tuple[tuple[str, ...], str]] = {}
 
+    def recorded(self, sample: Sample) -> bytes | None:
+        """:meth:`line` for a sample whose numbers are ints, finite floats or None and whose
+        readings are ints or None, as the recorder's are: one frame for each kept value and
+        metric names in their order, with a slot for each number and reading, put in as
+        ``%s`` writes it (one step for a path that runs on cold caches)."""
+        return self._fill(sample, self._recorded, True, tuple(sample.metrics.values()))
+
     def unread(self, sample: Sample) -> bytes | None:
-        """:meth:`line` for a sample none of whose metrics was read (a loop's batch between two
-        stride readings) and whose numbers are ints, finite floats or None, as the recorder's
-        are: the readings' text, the same at every such line, is kept in the frame (one for
-        each kept value and metric names in their order), and the numbers are put in as
-        ``%s`` writes them (one step for a path that runs cold)."""
+        """:meth:`recorded` for a sample none of whose metrics was read (a loop's batch between
+        two stride readings): the readings' text, the same at every such line, is in the frame."""
+        return self._fill(sample, self._unread, False, ())
+
+    def _fill(
+        self, sample: Sample, frames: dict[Any, Any], slots: bool, readings: tuple
+    ) -> bytes | None:
         values = sample.__dict__
         kept = self._kept(values)
-        found = self._unread.get(kept)
+        found = frames.get(kept)
         names = tuple(sample.metrics)
         if found is None or found[0] != names:
-            frame = self._frame(sample, self._numbers)
+            frame = self._frame(sample, self._numbers, readings=slots)
             if frame is None:
                 return None
             found = (names, frame)
-            if len(self._unread) < _MAX_FRAMES:
-                self._unread[kept] = found
-        numbers = self._number_values(values)
-        if None in numbers:
-            numbers = tuple("null" if value is None else value for value in numbers)
-        return (found[1] % numbers).encode()
+            if len(frames) < _MAX_FRAMES:
+                frames[kept] = found
+        filled = self._number_values(values) + readings
+        if None in filled:
+            filled = tuple("null" if value is None else value for value in filled)
+        return (found[1] % filled).encode()
 
     def line(self, sample: Sample) -> bytes | None:
         """``sample``'s line, or None as :func:`_sample_line` says."""
@@ -219,14 +229,20 @@ class _LineFormat:
             texts.append(text)
         return (frame % tuple(texts)).encode()
 
-    def _frame(self, sample: Sample, varying: Plan) -> str | None:
-        """The line with ``%s`` where each ``varying`` field's value goes; None when another
-        value is not of its type."""
+    def _frame(self, sample: Sample, varying: Plan, readings: bool = False) -> str | None:
+        """The line with ``%s`` where each ``varying`` field's value goes, and with
+        ``readings`` each metric's; None when another value is not of its type."""
         slots = {entry[0] for entry in varying}
         parts = []
         for name, key, encode, nullable in self.plan:
             if name in slots:
                 parts.append(key + "%s")
+                continue
+            if name == METRICS and readings:
+                if not all(type(metric) is str for metric in sample.metrics):
+                    return None
+                texts = (f"{_text(metric).replace('%', '%%')}:%s" for metric in sample.metrics)
+                parts.append(f"{key}{{{','.join(texts)}}}")
                 continue
             value = sample.__dict__[name]
             text = "null" if value is None and nullable else encode(value)
@@ -280,10 +296,14 @@ class TimelineWriter:
         if sample.edge == END:
             self._trim()
 
-    def write_unread(self, sample: Sample) -> None:
-        """:meth:`write` for a sample none of whose metrics was read that ends no phase (a
-        loop's batch between two stride readings), its line built from a kept frame."""
-        self._write(self._format.unread(sample) or _any_line(sample))
+    def write_recorded(self, sample: Sample, *, unread: bool = False) -> None:
+        """:meth:`write` for a sample a recorder made, its line built from a kept frame
+        (:meth:`_LineFormat.recorded`); ``unread``: none of its metrics was read (a loop's
+        batch between two stride readings)."""
+        line = self._format.unread(sample) if unread else self._format.recorded(sample)
+        self._write(line or _any_line(sample))
+        if sample.edge == END:
+            self._trim()
 
     def _trim(self) -> None:
         try:

@@ -30,6 +30,18 @@ def test_bad_checkpoint_arguments_raise_at_the_call_and_record_nothing(args, kwa
             pass
 
 
+@pytest.mark.parametrize(("args", "kwargs", "error"), BAD_CALLS)
+def test_a_bad_call_between_two_stride_readings_raises_the_same(args, kwargs, error):
+    """Deep in a long loop, where batches take the short path between two readings, a bad
+    call raises what it raises at the first checkpoint, and records nothing."""
+    with Recorder("cpu") as rec:
+        for batch in range(41):
+            rec.checkpoint("X", batch=batch)
+        with pytest.raises(error, match="checkpoint"):
+            rec.checkpoint(*args, **{"batch": 41, **kwargs})
+        assert len(rec.samples) == 41
+
+
 def test_a_bad_call_fails_its_own_test_and_the_session_goes_on(pytester):
     pytester.makepyfile(
         """

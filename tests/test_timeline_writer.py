@@ -1,6 +1,7 @@
 """The timeline writer's mapped file: what a SIGKILL leaves, what a phase's end and a close cut
 back, and a file size limit or full disk as the run's write error."""
 
+import dataclasses
 import errno
 import mmap
 import os
@@ -292,17 +293,24 @@ def test_the_line_format_writes_the_bytes_the_encoder_writes(samples):
             epoch=st.none() | st.integers(0, 3),
             batch=st.integers(0, 2**62),
             time=st.floats(0, 2e9),
-            metrics=st.lists(st.sampled_from(["rss", "peak", "r%"]), max_size=3).map(
-                lambda names: dict.fromkeys(names)
+            metrics=st.dictionaries(
+                st.sampled_from(["rss", "peak", "r%", 'q"']),
+                st.none() | st.integers(-(2**63), 2**63 - 1),
+                max_size=4,
             ),
+            note=st.none() | st.text("x%", max_size=3),
+            collected=st.booleans(),
         ),
         max_size=12,
     )
 )
-def test_a_line_between_two_stride_readings_is_the_line_of_every_other_sample(samples):
-    """A loop's batch between two readings (no metric read, the recorder's types) has its
-    line built from a kept frame: the bytes are the general path's, for any label, phase and
-    set of metric names, the same sample twice the same way."""
+def test_a_recorders_line_is_the_line_of_every_other_sample(samples):
+    """A recorder's sample (its types) has its line built from a kept frame, and a loop's
+    batch between two readings (no metric read) from one with its readings' text: the bytes
+    are the general path's, for any label, phase and set of metric names in any order, the
+    same sample twice the same way."""
     line = timeline_writer._LineFormat(schema.FIELDS)
     for sample in samples + samples:
-        assert line.unread(sample) == line.line(sample)
+        assert line.recorded(sample) == line.line(sample)
+        unread = dataclasses.replace(sample, metrics=dict.fromkeys(sample.metrics))
+        assert line.unread(unread) == line.line(unread)

@@ -51,15 +51,15 @@ def test_an_end_record_on_a_full_disk_is_the_runs_write_error(tmp_path, monkeypa
 
 def test_a_full_disk_mid_run_stops_the_timeline_not_the_run(tmp_path, monkeypatch):
     written = []
-    real = TimelineWriter.write
+    real = TimelineWriter._write
 
-    def fills_up(self, sample):
+    def fills_up(self, line):
         if len(written) == 3:
             no_space(self)
-        real(self, sample)
-        written.append(sample)
+        real(self, line)
+        written.append(line)
 
-    monkeypatch.setattr(TimelineWriter, "write", fills_up)
+    monkeypatch.setattr(TimelineWriter, "_write", fills_up)
     with Recorder("cpu", timeline=tmp_path / "run.jsonl", rules=RULES) as recorder:
         record(recorder)
         assert len(recorder.samples) == 10 and len(written) == 3
