@@ -103,8 +103,7 @@ def test_checkpoint_parts(benchmark, split, tmp_path):
         (probe, "reset_peak", "peak reset (clear_refs)"),
         (recorder._children, "read", "children read (none alive)"),
         (writer._format, "recorded", "timeline line built"),
-        (writer._format, "unread", "timeline line built"),
-        (writer, "_write", "timeline line put in the file"),
+        (writer._file, "append", "timeline line put in the file"),
         (recorder.samples, "append", "store append"),
         (recorder.samples, "append_unread", "store append"),
     ):

@@ -11,8 +11,8 @@ Three readings, each for what it is good at:
   private or shared (heap, stacks, anonymous shared mappings and, after a fork, the parent's
   pages still shared), the cheap outside reading. It is what a child with
   no slot (an ``exec``'d command, a spawned process that is not a DataLoader worker) is judged
-  on; read at each reading of every child (about 15 µs), as the children are read on the
-  probe's stride.
+  on, read at every reading; a child with a slot has it read at every :data:`ANON_EVERY`-th
+  reading and when its processes are listed.
   It keeps what the allocator holds after a free: a clean worker's grows by MiBs.
 - with ``rollup=True``, from ``/proc/<pid>/smaps_rollup``: ``uss`` (``Private_Clean +
   Private_Dirty``: what exiting would free), ``pss`` and ``shared`` (``Shared_Clean +
@@ -86,6 +86,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 LIST_EVERY = 16
 """Readings from one listing of the descendants to the next, at most."""
+ANON_EVERY = 4
+"""Readings from one ``anon`` reading of a child that publishes its heap to the next (each
+listing reads it too); a child without a slot has it read at every reading."""
 SUMS = ("children_heap", "children_anon", "children_uss", "children_pss")
 """The live descendants' sums (``children_heap`` whenever one lives, the others when read)."""
 PER_ROLE = ("child_heap", "child_anon", "child_uss", "child_pss", "child_shared")
@@ -278,7 +281,8 @@ class ChildrenReader:
         self._live = live
         processes = []
         for pid in list(live):
-            memory = self._process(pid, rollup, pid in new)
+            # anon from outside at a listing and every ANON_EVERY-th reading after it
+            memory = self._process(pid, self._since % ANON_EVERY == 1, rollup, pid in new)
             if memory is None:  # it exited as it was read
                 del self._live[pid]
                 continue
@@ -290,13 +294,14 @@ class ChildrenReader:
             self._roles_now = roles
         return TreeReading(tuple(processes), self._absent, rollup)
 
-    def _process(self, pid: int, rollup: bool, new: bool) -> ProcessMemory | None:
+    def _process(self, pid: int, outside: bool, rollup: bool, new: bool) -> ProcessMemory | None:
         """One descendant's reading, or None when it has exited."""
         published = None
         if self.board is not None:
             published = self.board.read(pid)
-        anon = procfs.read_anon(pid)
-        if anon is None:
+        outside = outside or published is None
+        anon = procfs.read_anon(pid) if outside else None
+        if anon is None and outside:
             return None
         rollup = rollup or (new and published is None)
         rolled: tuple[int | None, int | None, int | None] = (None, None, None)

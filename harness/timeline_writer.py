@@ -170,33 +170,28 @@ class _LineFormat:
         self._recorded: dict[Any, tuple[tuple[str, ...], str]] = {}
         self._unread: dict[Any, tuple[tuple[str, ...], str]] = {}
 
-    def recorded(self, sample: Sample) -> bytes | None:
+    def recorded(self, sample: Sample, unread: bool = False) -> bytes | None:
         """:meth:`line` for a sample whose numbers are ints, finite floats or None and whose
         readings are ints or None, as the recorder's are: one frame for each kept value and
         metric names in their order, with a slot for each number and reading, put in as
-        ``%s`` writes it (one step for a path that runs on cold caches)."""
-        return self._fill(sample, self._recorded, True, tuple(sample.metrics.values()))
-
-    def unread(self, sample: Sample) -> bytes | None:
-        """:meth:`recorded` for a sample none of whose metrics was read (a loop's batch between
-        two stride readings): the readings' text, the same at every such line, is in the frame."""
-        return self._fill(sample, self._unread, False, ())
-
-    def _fill(
-        self, sample: Sample, frames: dict[Any, Any], slots: bool, readings: tuple
-    ) -> bytes | None:
+        ``%s`` writes it (one step for a path that runs on cold caches). ``unread``: none of
+        its metrics was read (a loop's batch between two stride readings), and the readings'
+        text, the same at every such line, is in the frame."""
+        frames = self._unread if unread else self._recorded
         values = sample.__dict__
         kept = self._kept(values)
         found = frames.get(kept)
         names = tuple(sample.metrics)
         if found is None or found[0] != names:
-            frame = self._frame(sample, self._numbers, readings=slots)
+            frame = self._frame(sample, self._numbers, readings=not unread)
             if frame is None:
                 return None
             found = (names, frame)
             if len(frames) < _MAX_FRAMES:
                 frames[kept] = found
-        filled = self._number_values(values) + readings
+        filled = self._number_values(values)
+        if not unread:
+            filled += tuple(sample.metrics.values())
         if None in filled:
             filled = tuple("null" if value is None else value for value in filled)
         return (found[1] % filled).encode()
@@ -300,8 +295,11 @@ class TimelineWriter:
         """:meth:`write` for a sample a recorder made, its line built from a kept frame
         (:meth:`_LineFormat.recorded`); ``unread``: none of its metrics was read (a loop's
         batch between two stride readings)."""
-        line = self._format.unread(sample) if unread else self._format.recorded(sample)
-        self._write(line or _any_line(sample))
+        line = self._format.recorded(sample, unread) or _any_line(sample)
+        try:  # not through _write: one call less on the short path of long loops
+            self._file.append(line)
+        except OSError as error:
+            raise self._failed(error) from None
         if sample.edge == END:
             self._trim()
 

@@ -313,4 +313,4 @@ def test_a_recorders_line_is_the_line_of_every_other_sample(samples):
     for sample in samples + samples:
         assert line.recorded(sample) == line.line(sample)
         unread = dataclasses.replace(sample, metrics=dict.fromkeys(sample.metrics))
-        assert line.unread(unread) == line.line(unread)
+        assert line.recorded(unread, unread=True) == line.line(unread)

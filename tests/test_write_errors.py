@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from harness import timeline_writer
 from harness.errors import UnwritableReport
 from harness.finish import finish_run
 from harness.recorder import Recorder
@@ -51,15 +52,15 @@ def test_an_end_record_on_a_full_disk_is_the_runs_write_error(tmp_path, monkeypa
 
 def test_a_full_disk_mid_run_stops_the_timeline_not_the_run(tmp_path, monkeypatch):
     written = []
-    real = TimelineWriter._write
+    real = timeline_writer._Appended.append
 
     def fills_up(self, line):
         if len(written) == 3:
-            no_space(self)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(self, line)
         written.append(line)
 
-    monkeypatch.setattr(TimelineWriter, "_write", fills_up)
+    monkeypatch.setattr(timeline_writer._Appended, "append", fills_up)
     with Recorder("cpu", timeline=tmp_path / "run.jsonl", rules=RULES) as recorder:
         record(recorder)
         assert len(recorder.samples) == 10 and len(written) == 3
