@@ -60,7 +60,8 @@ class Probe(ABC):
 
     def sample_between(self) -> Metrics:
         """A reading between two of the stride's: :meth:`sample` without :attr:`strided`. It
-        adds no note (a recorder then records the checkpoint on its short path)."""
+        adds no note; where :attr:`strided` is every metric, a recorder records such a
+        checkpoint on its short path, without calling it."""
         return self.sample()
 
     @abstractmethod

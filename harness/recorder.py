@@ -152,8 +152,13 @@ class Recorder:
         self._closed = False
         self._ended = False
         self._processes: str | None = None  # the live children at the last reading
-        # whether a loop's batch may go unread (the stride's short path); never once closed
-        self._strided = bool(self.probe.strided) and not self._limit_at_checkpoints
+        # whether a loop's batch may go unread (the stride's short path: the probe reads
+        # nothing between two stride readings); never once closed
+        strided = self.probe.strided
+        self._strided = (
+            bool(strided) and set(strided) == set(self.probe.metrics)
+        ) and not self._limit_at_checkpoints
+        self._unread_metrics = dict.fromkeys(self.probe.metrics)
         self._unfreeze = gc.get_freeze_count() == 0
         gc.freeze()
         if self.attribution is not None:
@@ -211,20 +216,23 @@ class Recorder:
         if STRIDE.reads(run):
             return None
         self._runs[label] = run + 1
-        sample = make_sample(
+        sample = _new(Sample)  # make_sample's two steps, a call less
+        _set(
+            sample,
+            "__dict__",
             {
                 "label": label,
                 "phase": self._phase if phase is None else phase,
                 "epoch": self._epoch if epoch is None else epoch,
                 "batch": batch,
                 "time": time.time(),
-                "metrics": self.probe.sample_between(),
+                "metrics": self._unread_metrics.copy(),
                 "collected": False,
                 "note": None,
                 "processes": self._processes,
                 "event": None,
                 "edge": None,
-            }
+            },
         )
         self._unread_samples.append(sample)
         if self._timeline is not None and self.timeline_error is None:
@@ -497,6 +505,8 @@ MAX_TEXT = 256
 _LIMIT = 2**62
 _CHECKED: set[str] = set()
 """Labels and phase names already found valid, so a checkpoint checks each name once."""
+_new = object.__new__
+_set = object.__setattr__
 _PLAIN: set[str] = set()
 """Labels found valid that name no event and no phase's edge: a loop's batches, which may be
 recorded on :meth:`Recorder._unread`'s short path."""
