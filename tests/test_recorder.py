@@ -513,6 +513,21 @@ def test_a_loops_batches_between_readings_are_in_the_store_and_the_file_as_they_
     assert list(rec.samples) == read_timeline(path).samples
 
 
+def test_a_probe_that_reads_some_metrics_between_stride_readings_keeps_them(tmp_path):
+    """Only a probe that reads nothing between two stride readings has its loop's batches
+    recorded on the short path; one that strides ``allocated`` alone keeps ``rss`` and
+    ``peak`` at every batch, in the store and in the timeline."""
+    probe = CpuProbe()
+    probe.strided = ("allocated",)
+    probe.sample_between = lambda: {**probe.sample(), "allocated": None}
+    with Recorder(probe, timeline=tmp_path / "t.jsonl") as rec:
+        for batch in range(48):
+            rec.checkpoint("TRAIN_BATCH", batch=batch)
+    between = [s for s in rec.samples if s.batch > 32 and s.batch % 8]
+    assert between and all(s.get("allocated") is None and s.get("rss") for s in between)
+    assert list(rec.samples) == read_timeline(tmp_path / "t.jsonl").samples
+
+
 @pytest.mark.parametrize("leak", [0, 4096])
 def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(leak):
     """mallinfo2 walks malloc's free lists (67 µs a checkpoint inside a TFT epoch), so a loop
