@@ -601,7 +601,8 @@ def checkpoint_parts(parts: dict | None) -> list[str]:
         "`peak` (the high-water mark is reset only when read), at that batch rather than its "
         "own; the holders of a growth past its budget are named at the next reading, up to 7 "
         "batches later; `rss` alone (the fallback metric where `allocated` is missing) is "
-        "seen at the readings only.",
+        "seen at the readings only, and so are the children (each one's live heap and "
+        "`anon`), a sample between two readings keeping the last reading's live processes.",
         table(["part", "mean µs per checkpoint"], rows),
     ]
 
