@@ -220,3 +220,34 @@ def test_growth_is_measured_on_the_metric_asked_for():
     on_allocated = PhaseAttribution(growth=1000, at_end=False)
     validate(on_allocated, reserved=800)
     assert on_allocated.holders == []
+
+
+# -- what a phase pays for ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("leak", [0, 256 << 10])
+def test_every_object_is_counted_only_once_a_phase_has_grown(monkeypatch, leak):
+    """The census of every object alive (module globals included: tens of milliseconds) that a
+    search by retained size counts from is taken once the phase has grown ``CENSUS_FROM``
+    past its base, at most once; a phase that does not grow never pays for it, and one that
+    does still has what holds its growth named past its budget."""
+    from harness.attribution import phase as phase_module
+
+    censuses = []
+    real = phase_module.PhaseAttribution._snapshot
+
+    def counted(self, objects=False):
+        censuses.append(objects)
+        return real(self, objects)
+
+    monkeypatch.setattr(phase_module.PhaseAttribution, "_snapshot", counted)
+    cache = Cache()
+    attribution = PhaseAttribution(growth="1MiB")
+    with Recorder("cpu", attribute=attribution) as rec, rec.phase("validation"):
+        for batch in range(24):
+            if leak:
+                cache._items.append([bytearray(1024) for _ in range(leak >> 10)])
+            rec.checkpoint("VALIDATION_BATCH", batch=batch)
+    assert censuses.count(True) == (1 if leak else 0)
+    named = [h for h in attribution.holders if "_items" in h.path]
+    assert bool(named) == bool(leak)

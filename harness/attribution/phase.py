@@ -131,7 +131,7 @@ class PhaseAttribution:
         the snapshots it holds): a recorder leaves it out of its readings, so explaining a run
         never changes its verdict."""
         held = [*self._starts.values(), self._first]
-        held += [s for o in self._open.values() for s in (o.snapshot, o.base_snapshot)]
+        held += [s for o in self._open.values() for s in (o.snapshot, o.base_snapshot, o.census)]
         held += [e.reference[0] for e in self._epochs.values() if e.reference is not None]
         kept = sum(s.nbytes() for s in {id(s): s for s in held if s is not None}.values())
         return kept + (self.lines.own_bytes() if self.lines is not None else 0)
@@ -175,14 +175,17 @@ class PhaseAttribution:
             if not opened.warm(sample, self.warmup):
                 return False
             opened.base = sample
-            opened.base_snapshot = self._snapshot(objects=self.growth is not None)
+            opened.base_snapshot = self._snapshot()
             return True
         if self.growth is None or opened.attributions >= ATTRIBUTIONS - 1:
             return False
         grown = self._growth(opened.base, sample)
+        counted = opened.census is None and grown is not None and grown >= CENSUS_FROM
+        if counted:
+            opened.census = self._snapshot(objects=True)
         bar = self.growth if opened.named_at is None else max(self.growth, 2 * opened.named_at)
         if grown is None or grown <= bar:
-            return False
+            return counted
         opened.named_at = grown
         opened.attributions += 1
         self._name(sample, opened, grown)
@@ -191,8 +194,8 @@ class PhaseAttribution:
     def _name(self, sample: Sample, opened: _Open, growth: int | None) -> None:
         """Name what holds the phase's growth since its base. When the tensors' holders hold
         under half of a growth of :data:`RETAINED_FROM` or more, weigh every object made since
-        the base instead (:func:`~harness.attribution.retained.retained_holders`): what
-        retains the most, at its accumulation point, replaces them where it holds more."""
+        the phase's census instead (:func:`~harness.attribution.retained.retained_holders`):
+        what retains the most, at its accumulation point, replaces them where it holds more."""
         found = self.attribute(sample, opened.base_snapshot, growth)
         held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
         if growth is None or growth < RETAINED_FROM or 2 * held >= growth:
@@ -200,11 +203,13 @@ class PhaseAttribution:
         if self._stepped_aside():
             return
         self.searches += 1
+        if opened.census is None:  # grown from under CENSUS_FROM at once: no object counted
+            return
         if self.lines is not None and self.lines.open_now:
             with self.lines.paused():
-                better = retained_holders(opened.base_snapshot, self.max_objects)
+                better = retained_holders(opened.census, self.max_objects)
         else:
-            better = retained_holders(opened.base_snapshot, self.max_objects)
+            better = retained_holders(opened.census, self.max_objects)
         if sum(h.bytes for h in better) > held:
             del self.holders[len(self.holders) - len(found) :]
             self.holders += [
@@ -329,6 +334,11 @@ RETAINED_FROM = 2**19
 """Growth below which no object is weighed: a walk of every object costs a second or two and
 leaves the interpreter's small-object arenas larger (tens of MiB of resident memory on a
 training process), a price worth paying for a leak of half a MiB or more, not for noise."""
+CENSUS_FROM = RETAINED_FROM // 8
+"""Growth past a phase's base at which every object alive is noted for a later search by
+retained size (:data:`RETAINED_FROM`): the census walks every module's globals (tens of
+milliseconds in a torch process), a cost a phase that does not grow never pays; what was
+made before it, an eighth of the least growth searched at most, is not counted as new."""
 ATTRIBUTIONS = 6
 """Searches a phase may take: where its growth passes the budget, each doubling, and its end."""
 SEARCHES = 24
@@ -356,6 +366,9 @@ class _Open:
     start: Sample
     base: Sample | None = None
     base_snapshot: Snapshot | None = None
+    census: Snapshot | None = None
+    """Every object alive once the phase had grown :data:`CENSUS_FROM` past its base: what a
+    search by retained size counts from."""
     named_at: int | None = None
     attributions: int = 0
     oom: bool = False
