@@ -251,3 +251,21 @@ def test_every_object_is_counted_only_once_a_phase_has_grown(monkeypatch, leak):
     assert censuses.count(True) == (1 if leak else 0)
     named = [h for h in attribution.holders if "_items" in h.path]
     assert bool(named) == bool(leak)
+
+
+def test_growth_past_the_budget_at_once_is_searched_by_objects_from_the_next_naming():
+    """A phase that grows from nothing past its budget between two readings has no census to
+    count objects from yet: that reading names the tensors' holders with one search, no
+    search by retained size that could find nothing; the census taken there serves the next
+    naming, which names the list the objects went to."""
+    cache = Cache()
+    attribution = PhaseAttribution(growth="1MiB")
+    with Recorder("cpu", attribute=attribution) as rec, rec.phase("validation"):
+        for batch in range(8):
+            if batch >= 4:
+                cache._items.append([bytearray(1024) for _ in range(2048)])
+            before = attribution.searches
+            rec.checkpoint("VALIDATION_BATCH", batch=batch)
+            if batch == 4:
+                assert attribution.searches == before + 1
+    assert any("_items" in h.path for h in attribution.holders)

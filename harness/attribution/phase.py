@@ -180,16 +180,18 @@ class PhaseAttribution:
         if self.growth is None or opened.attributions >= ATTRIBUTIONS - 1:
             return False
         grown = self._growth(opened.base, sample)
-        counted = opened.census is None and grown is not None and grown >= CENSUS_FROM
-        if counted:
-            opened.census = self._snapshot(objects=True)
+        if grown is None:
+            return False
         bar = self.growth if opened.named_at is None else max(self.growth, 2 * opened.named_at)
-        if grown is None or grown <= bar:
-            return counted
-        opened.named_at = grown
-        opened.attributions += 1
-        self._name(sample, opened, grown)
-        return True
+        named = grown > bar
+        if named:
+            opened.named_at = grown
+            opened.attributions += 1
+            self._name(sample, opened, grown)
+        if opened.census is None and grown >= CENSUS_FROM:  # after: it counts from here on
+            opened.census = self._snapshot(objects=True)
+            return True
+        return named
 
     def _name(self, sample: Sample, opened: _Open, growth: int | None) -> None:
         """Name what holds the phase's growth since its base. When the tensors' holders hold
@@ -200,11 +202,11 @@ class PhaseAttribution:
         held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
         if growth is None or growth < RETAINED_FROM or 2 * held >= growth:
             return
+        if opened.census is None:  # grown from under CENSUS_FROM at once: no object counted
+            return
         if self._stepped_aside():
             return
         self.searches += 1
-        if opened.census is None:  # grown from under CENSUS_FROM at once: no object counted
-            return
         if self.lines is not None and self.lines.open_now:
             with self.lines.paused():
                 better = retained_holders(opened.census, self.max_objects)
