@@ -342,10 +342,6 @@ SCHEDULE = (
 """How children are sampled, in words, for the timeline header and the report."""
 
 
-_NO_TEXT: tuple[dict[str, int], str | None] = ({}, None)
-"""No live process, and its text."""
-
-
 class ChildSampler:
     """Reads ``pid``'s live descendants (this process by default) on the schedule above;
     ``notes`` says what it cannot do here."""
@@ -353,7 +349,7 @@ class ChildSampler:
     def __init__(self, pid: int | None = None) -> None:
         self.reader = ChildrenReader(pid)
         self.notes = self.reader.notes
-        self._text: tuple[dict[str, int], str | None] = _NO_TEXT
+        self._text: tuple[dict[str, int], str | None] = ({}, None)
         """The last live processes and their text (they change far less often than read)."""
 
     def read(
@@ -365,9 +361,6 @@ class ChildSampler:
         reading = self.reader.read(rollup=rollup, rollup_if_new=True)
         if reading is None:
             return None
-        if not reading.processes:
-            self._text = _NO_TEXT
-            return {}, None
         pids = reading.pids
         if pids != self._text[0]:
             self._text = pids, processes_text(pids)
