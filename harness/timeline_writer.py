@@ -295,11 +295,7 @@ class TimelineWriter:
         """:meth:`write` for a sample a recorder made, its line built from a kept frame
         (:meth:`_LineFormat.recorded`); ``unread``: none of its metrics was read (a loop's
         batch between two stride readings)."""
-        line = self._format.recorded(sample, unread) or _any_line(sample)
-        try:  # not through _write: one call less on the short path of long loops
-            self._file.append(line)
-        except OSError as error:
-            raise self._failed(error) from None
+        self._write(self._format.recorded(sample, unread) or _any_line(sample))
         if sample.edge == END:
             self._trim()
 
