@@ -47,9 +47,7 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
     shown = _rows_to_show(samples, metric)
     gap = ["...", "", "", "", ""] if children else ["...", "", "", ""]
     for i, s in enumerate(samples):
-        value = s.get(metric)
-        if value is None:
-            value = s.get("rss")
+        value = _reading(s, metric)
         key = (s.phase, s.epoch)
         if value is not None:
             starts.setdefault(key, value)
@@ -80,6 +78,12 @@ def checkpoint_table(samples: Sequence[Sample], metric: str) -> list[str]:
     ]
 
 
+def _reading(sample: Sample, metric: str) -> int | None:
+    """``sample``'s ``metric``, else its ``rss`` (a probe that reads no heap)."""
+    value = sample.get(metric)
+    return sample.get("rss") if value is None else value
+
+
 def _rows_to_show(samples: Sequence[Sample], metric: str) -> dict[int, bool]:
     """Indices of samples worth a row: every named one, the first of a batch run and its last
     with a reading (a batch between two of the probe's stride readings has none), or its last
@@ -94,7 +98,7 @@ def _rows_to_show(samples: Sequence[Sample], metric: str) -> dict[int, bool]:
         nxt = samples[i + 1] if i + 1 < len(samples) else None
         if prev is None or prev.label != s.label:
             shown[i], read = True, None
-        if s.get(metric) is not None or s.get("rss") is not None:
+        if _reading(s, metric) is not None:
             read = i
         if nxt is None or nxt.label != s.label:
             shown[i if read is None else read] = True
