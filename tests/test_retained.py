@@ -294,6 +294,37 @@ def arrays(leak: bool):
     return store
 
 
+class Link:
+    def __init__(self, value, below):
+        self.value, self.below = value, below
+
+
+class Tracker:
+    def __init__(self):
+        self.head = None
+
+
+def chain(leak: bool):
+    tracker, net = Tracker(), model()
+    for _ in range(BATCHES):
+        out = net(batch()).detach()
+        tracker.head = Link(out, tracker.head if leak else None)
+    return tracker
+
+
+class Running:
+    def __init__(self):
+        self.outputs = np.zeros((0, 64), dtype=np.float32)
+
+
+def regrown(leak: bool):
+    running, net = Running(), model()
+    for _ in range(BATCHES):
+        out = net(batch()).detach().numpy()
+        running.outputs = np.concatenate([running.outputs, out]) if leak else out
+    return running
+
+
 UNSEEN = {
     "callbacks": (callbacks, r":held$", r"function"),
     "deques": (deques, r":held$", r"deque"),
@@ -305,6 +336,8 @@ UNSEEN = {
     "undrained": (undrained, r"Queue\.queue$", r"tensor"),
     "partials": (partials, r":held$", r"partial"),
     "arrays": (arrays, r"Store\.arrays$", r"ndarray"),
+    "chain": (chain, r"Tracker\.head$", r""),
+    "regrown": (regrown, r"Running\.outputs$", r""),
 }
 
 
@@ -351,6 +384,26 @@ def test_during_a_run_the_accumulation_point_replaces_the_slices():
     assert last[-1].path.endswith("._forward_hooks"), last
     assert last[-1].bytes >= SHARE * last[-1].growth
     assert sum(h.bytes for h in last if h.growth == last[-1].growth) <= 2 * last[-1].growth
+
+
+@pytest.mark.parametrize("leak", [True, False])
+def test_an_array_regrown_into_an_old_objects_attribute_is_named_by_it(leak):
+    """The object that holds the array was made before the phase's census (after the
+    recorder's freeze), so it is not new: what it refers to that the census did not note (by
+    id and size) is, and what it held then (a table it never changes) is not."""
+    net, attribution = model(), PhaseAttribution(growth="256KB", warmup=2)
+    with Recorder(attribute=attribution) as recorder, recorder.phase("validation"):
+        running = Running()
+        running.table = np.ones(1 << 18)  # 2 MiB, made before the census, never new
+        for i in range(BATCHES):
+            out = net(torch.randn(256, 64)).detach().numpy()
+            running.outputs = np.concatenate([running.outputs, out]) if leak else out
+            recorder.checkpoint("VALIDATION_BATCH", batch=i)
+    assert not [h for h in attribution.holders if "table" in h.path], attribution.holders
+    named = [h for h in attribution.holders if h.path.endswith("Running.outputs")]
+    assert bool(named) == leak, attribution.holders
+    if leak:
+        assert named[-1].bytes >= SHARE * named[-1].growth, named
 
 
 class Vertex:

@@ -30,13 +30,16 @@ import torch
 from harness.attribution.dominators import UNREACHED, immediate_dominators, retained
 from harness.attribution.graph import NODE_BYTES, saved_tensors
 from harness.attribution.holder import Holder
+from harness.attribution.names import namespace
 from harness.attribution.quiet import unobserved
 from harness.attribution.snapshot import (
     ORDERED,
+    UNTRACKED_FROM,
     Snapshot,
     module_collections,
     storage_id,
     storage_of,
+    untracked,
 )
 from harness.attribution.walk import SKIP, UNROOTED, Walk, kind_of
 from harness.attribution.weights import is_ours, size_of
@@ -44,12 +47,12 @@ from harness.attribution.weights import is_ours, size_of
 SPREAD = 0.8
 """A node whose largest child in the dominator tree retains less than this part of what the
 node retains is an accumulation point: its memory is spread over its children."""
+RECURSIVE = 3
+"""Objects of one type met going down the dominator tree that make it a recursive structure."""
 SUSPECT = 0.1
 """A top of the dominator tree retaining less than this part of the new memory is not named."""
 _HOLDERS = 3
 R = TypeVar("R")
-_SMALL = 256
-"""Untracked objects lighter than this (names, keys, numbers) are not weighed."""
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict)
 
 
@@ -279,9 +282,11 @@ class _Search:
     def _untracked(self, young: list[Any]) -> None:
         """The untracked objects (arrays, strings, dicts of them, which ``gc`` does not list)
         added since ``before``: the items a list, dict or deque gained past its length then (all
-        of a new one's), and what new objects refer to; each a node weighing itself and what it
-        holds in turn (an array view's owner too). Small ones (names, keys) are left out."""
-        old = self.before.lengths if self.before is not None else {}
+        of a new one's), what new objects refer to, and what old ones refer to that ``before``
+        did not note (an array regrown into an attribute); each a node weighing itself and what
+        it holds in turn (an array view's owner too). Small ones (names, keys) are left out."""
+        before = self.before
+        old = before.lengths if before is not None else {}
         globals_ = module_collections()
         for holder, table in globals_:
             self.walk.parent.setdefault(id(holder), table)  # untracked: no walk reached it
@@ -292,7 +297,26 @@ class _Search:
                     items = holder.values() if isinstance(holder, dict) else holder
                     self._add(holder, itertools.islice(items, start, None))
             elif id(holder) in self.new and kind_of(type(holder)) != "tensor":
-                self._add(holder, gc.get_referents(holder))
+                self._add(holder, _contents(holder, gc.get_referents(holder)))
+        if before is not None:
+            self._replaced(before, young)
+
+    def _replaced(self, before: Snapshot, young: list[Any]) -> None:
+        """The untracked objects old ones refer to that ``before`` did not note: an array
+        regrown by ``self.outputs = np.concatenate(...)``, whose holder is not new."""
+        pairs = [
+            (holder, item)
+            for holder in young
+            if id(holder) not in self.new and not is_ours(holder)
+            for item in untracked(_contents(holder, gc.get_referents(holder)))
+        ]
+        had = before.had([item for _, item in pairs])
+        by_holder: dict[int, tuple[Any, list[Any]]] = {}
+        for (holder, item), old in zip(pairs, had.tolist(), strict=True):
+            if not old:
+                by_holder.setdefault(id(holder), (holder, []))[1].append(item)
+        for holder, items in by_holder.values():
+            self._add(holder, items)
 
     def _add(self, holder: Any, items: Iterable[Any]) -> None:
         above: int | None = None
@@ -309,11 +333,12 @@ class _Search:
                 inner += [r for r in gc.get_referents(part) if not gc.is_tracked(r)]
                 if type(part).__name__ == "ndarray" and getattr(part, "base", None) is not None:
                     inner.append(part.base)  # a view: its owner's buffer
-            if weight < _SMALL:
+            if weight < UNTRACKED_FROM:
                 continue
             above = self._place(holder) if above is None else above
             if above is None:
                 return
+            self.walk.parent.setdefault(id(item), holder)  # named through its holder
             at = self.graph.node(id(item), item)
             self.graph.nodes[at].weight = weight
             self.graph.edge(above, at)
@@ -369,12 +394,22 @@ class _Search:
     # -- naming ------------------------------------------------------------------------------
 
     def _descend(self, node: int, kept: list[int], children: list[list[int]]) -> int:
-        """From ``node`` down the dominator tree while one child retains most of it."""
+        """From ``node`` down the dominator tree while one child retains most of it. A descent
+        that meets a :data:`RECURSIVE`-th object of one type (a dict excepted: an instance's
+        namespace comes with each) is inside a recursive structure, a linked chain that
+        sheds a slice at each link: it accumulates at the first object of that type."""
+        first: dict[type, tuple[int, int]] = {}
         while children[node]:
             largest = max(children[node], key=lambda n: kept[n])
-            if kept[largest] < SPREAD * kept[node] or self.graph.nodes[largest].obj is None:
+            obj = self.graph.nodes[largest].obj
+            if kept[largest] < SPREAD * kept[node] or obj is None:
                 break
             node = largest
+            if type(obj) is not dict:
+                at, met = first.get(type(obj), (node, 0))
+                if met + 1 >= RECURSIVE:
+                    return at
+                first[type(obj)] = (at, met + 1)
         return node
 
     def _below(self, node: int) -> tuple[int, int]:
@@ -408,6 +443,15 @@ class _Search:
             graph_bytes=graph_bytes,
             note=note,
         )
+
+
+def _contents(holder: Any, referents: list[Any]) -> list[Any]:
+    """``referents`` of ``holder``, the values of its namespace in place of the namespace
+    (a dict of untracked values is itself untracked): each is then named as an attribute."""
+    for at, item in enumerate(referents):
+        if type(item) is dict and not gc.is_tracked(item) and namespace(holder) is item:
+            return [*referents[:at], *item.values(), *referents[at + 1 :]]
+    return referents
 
 
 def _kind(obj: Any) -> str:

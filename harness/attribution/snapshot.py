@@ -20,6 +20,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.attribution.quiet import unobserved
 from harness.attribution.sites import allocator_blocks
+from harness.attribution.weights import size_of
 
 StorageKey = tuple[str, int | None, int]
 
@@ -49,6 +50,10 @@ class Snapshot:
     its readings exactly."""
     lengths: Mapping[int, int] = field(default_factory=dict, repr=False)
     """The lengths of the lists, dicts and deques among them and in module globals."""
+    untracked: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64), repr=False)
+    """The id and size of each object ``gc`` does not track (an array, a string) of
+    :data:`UNTRACKED_FROM` bytes or more that those objects referred to, sorted by id: an
+    array a leak made and put in an old object's attribute is told from the one there then."""
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -66,7 +71,7 @@ class Snapshot:
 
     def nbytes(self) -> int:
         """What malloc holds for this snapshot (its ids of objects dominate)."""
-        return int(self.objects.nbytes) + sys.getsizeof(self.lengths)
+        return int(self.objects.nbytes + self.untracked.nbytes) + sys.getsizeof(self.lengths)
 
     def listed(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` (int64) were among :attr:`objects`."""
@@ -74,6 +79,16 @@ class Snapshot:
             return np.zeros(len(ids), bool)
         at = np.minimum(np.searchsorted(self.objects, ids), len(self.objects) - 1)
         return np.asarray(self.objects[at] == ids)
+
+    def had(self, objects: list[object]) -> np.ndarray:
+        """Which of the untracked ``objects`` were among :attr:`untracked` (by id and size: an
+        id reused by an object of another size is another object)."""
+        if not len(self.untracked) or not objects:
+            return np.zeros(len(objects), bool)
+        ids = np.fromiter(map(id, objects), np.int64, len(objects))
+        sizes = np.fromiter(map(size_of, objects), np.int64, len(objects))
+        at = np.minimum(np.searchsorted(self.untracked[:, 0], ids), len(self.untracked) - 1)
+        return np.asarray((self.untracked[at, 0] == ids) & (self.untracked[at, 1] == sizes))
 
     def alive_storages(self) -> set[int]:
         """The storages (:func:`storage_id`) noted then that are still alive."""
@@ -93,9 +108,11 @@ def live_tensors(objects: bool = False) -> Snapshot:
     everything = gc.get_objects()
     ids = np.zeros(0, np.int64)
     sizes: dict[int, int] = {}
+    untracked = np.zeros((0, 2), np.int64)
     if objects:
         ids = np.sort(np.fromiter(map(id, everything), np.int64, len(everything)))
         sizes = lengths(everything)
+        untracked = untracked_referents(everything)
     for obj in everything:
         kind = type(obj)
         is_tensor = tensor_types.get(kind)
@@ -113,7 +130,31 @@ def live_tensors(objects: bool = False) -> Snapshot:
                 storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((key, size) for key, size, _ in allocator_blocks())
     del everything
-    return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes)
+    return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes, untracked)
+
+
+UNTRACKED_FROM = 256
+"""Untracked objects lighter than this (names, keys, numbers) are neither noted nor weighed."""
+_LIGHT = frozenset({int, float, bool, type(None), type})
+
+
+def untracked_referents(young: list[object]) -> np.ndarray:
+    """The id and size of each untracked object of :data:`UNTRACKED_FROM` bytes or more that
+    ``young`` refer to, directly or through an untracked dict, sorted by id (see
+    :attr:`Snapshot.untracked`)."""
+    seen = {}
+    referred = untracked(gc.get_referents(*young))
+    spaces = [o for o in referred if type(o) is dict]  # an instance's, of untracked values
+    for obj in [*referred, *untracked(gc.get_referents(*spaces))]:
+        size = size_of(obj)
+        if size >= UNTRACKED_FROM:
+            seen[id(obj)] = size
+    return np.array(sorted(seen.items()), np.int64).reshape(-1, 2)
+
+
+def untracked(objects: list[object]) -> list[object]:
+    """Those of ``objects`` that ``gc`` does not track and may weigh something."""
+    return [o for o in objects if type(o) not in _LIGHT and not gc.is_tracked(o)]
 
 
 def lengths(young: list[object]) -> dict[int, int]:
