@@ -404,6 +404,26 @@ def test_an_array_regrown_into_an_old_objects_attribute_is_named_by_it(leak):
     assert bool(named) == leak, attribution.holders
     if leak:
         assert named[-1].bytes >= SHARE * named[-1].growth, named
+        assert (named[-1].container, named[-1].items) == ("ndarray", 1), named
+
+
+@pytest.mark.parametrize("leak", [True, False])
+def test_a_buffer_grown_in_place_is_named_by_what_holds_it(leak):
+    """A buffer made before the phase's census that grows in place is no new object: what it
+    grew by since the census is weighed on it."""
+    net, attribution = model(), PhaseAttribution(growth="256KB", warmup=2)
+    with Recorder(attribute=attribution) as recorder, recorder.phase("validation"):
+        saved = {"outputs": io.BytesIO()}
+        for i in range(BATCHES):
+            out = net(torch.randn(256, 64)).detach()
+            if not leak:
+                saved["outputs"] = io.BytesIO()
+            torch.save(out, saved["outputs"])
+            recorder.checkpoint("VALIDATION_BATCH", batch=i)
+    named = [h for h in attribution.holders if h.path.endswith("saved['outputs']")]
+    assert bool(named) == leak, attribution.holders
+    if leak:
+        assert named[-1].bytes >= SHARE * named[-1].growth, named
 
 
 class Vertex:

@@ -284,7 +284,8 @@ class _Search:
         added since ``before``: the items a list, dict or deque gained past its length then (all
         of a new one's), what new objects refer to, and what old ones refer to that ``before``
         did not note (an array regrown into an attribute); each a node weighing itself and what
-        it holds in turn (an array view's owner too). Small ones (names, keys) are left out."""
+        it holds in turn (an array view's owner too). Small ones (names, keys) are left out.
+        An old object that grew in place (a buffer written to) weighs what it grew by."""
         before = self.before
         old = before.lengths if before is not None else {}
         globals_ = module_collections()
@@ -299,24 +300,38 @@ class _Search:
             elif id(holder) in self.new and kind_of(type(holder)) != "tensor":
                 self._add(holder, _contents(holder, gc.get_referents(holder)))
         if before is not None:
-            self._replaced(before, young)
+            kept = [
+                h
+                for h in young
+                if id(h) not in self.new and kind_of(type(h)) != "tensor" and not is_ours(h)
+            ]
+            self._replaced(before, kept)
+            self._grown(before, kept)
 
-    def _replaced(self, before: Snapshot, young: list[Any]) -> None:
-        """The untracked objects old ones refer to that ``before`` did not note: an array
+    def _replaced(self, before: Snapshot, old: list[Any]) -> None:
+        """The untracked objects ``old`` ones refer to that ``before`` did not note: an array
         regrown by ``self.outputs = np.concatenate(...)``, whose holder is not new."""
         pairs = [
             (holder, item)
-            for holder in young
-            if id(holder) not in self.new and not is_ours(holder)
+            for holder in old
             for item in untracked(_contents(holder, gc.get_referents(holder)))
         ]
         had = before.had([item for _, item in pairs])
         by_holder: dict[int, tuple[Any, list[Any]]] = {}
-        for (holder, item), old in zip(pairs, had.tolist(), strict=True):
-            if not old:
+        for (holder, item), seen in zip(pairs, had.tolist(), strict=True):
+            if not seen:
                 by_holder.setdefault(id(holder), (holder, []))[1].append(item)
         for holder, items in by_holder.values():
             self._add(holder, items)
+
+    def _grown(self, before: Snapshot, old: list[Any]) -> None:
+        """What each of the ``old`` objects grew by in place since ``before`` (a buffer
+        written to), weighed on its own node."""
+        for holder, grown in zip(old, before.grown(old).tolist(), strict=True):
+            if grown >= UNTRACKED_FROM:
+                node = self._place(holder)
+                if node:
+                    self.graph.nodes[node].weight += grown
 
     def _add(self, holder: Any, items: Iterable[Any]) -> None:
         above: int | None = None
@@ -430,7 +445,7 @@ class _Search:
         path = self.walk.path_of(obj) or f"<unnamed {type(obj).__name__}>"
         items = _length(obj)
         if items is None:
-            items = len(children[node])
+            items = len(children[node]) or 1  # a leaf: the object itself, as a tensor is
         note = _items(self.graph, children[node], kept)
         if not self.walk.rooted(obj):
             note = "; ".join(filter(None, (note, "kept only by a reference cycle, or by C code")))

@@ -48,6 +48,9 @@ class Snapshot:
     """The ids of the objects ``gc`` tracked then (those it hid after a freeze excepted),
     sorted: an array, whose bytes are all malloc's, so that a recorder can leave them out of
     its readings exactly."""
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    """The size of each of :attr:`objects` then (:func:`~harness.attribution.weights.size_of`):
+    a buffer that grew in place since is told by its size."""
     lengths: Mapping[int, int] = field(default_factory=dict, repr=False)
     """The lengths of the lists, dicts and deques among them and in module globals."""
     untracked: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64), repr=False)
@@ -71,7 +74,8 @@ class Snapshot:
 
     def nbytes(self) -> int:
         """What malloc holds for this snapshot (its ids of objects dominate)."""
-        return int(self.objects.nbytes + self.untracked.nbytes) + sys.getsizeof(self.lengths)
+        held = self.objects.nbytes + self.sizes.nbytes + self.untracked.nbytes
+        return int(held) + sys.getsizeof(self.lengths)
 
     def listed(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` (int64) were among :attr:`objects`."""
@@ -90,6 +94,16 @@ class Snapshot:
         at = np.minimum(np.searchsorted(self.untracked[:, 0], ids), len(self.untracked) - 1)
         return np.asarray((self.untracked[at, 0] == ids) & (self.untracked[at, 1] == sizes))
 
+    def grown(self, objects: list[object]) -> np.ndarray:
+        """How many bytes each of ``objects`` grew by in place since (0 for one not among
+        :attr:`objects`, or smaller now)."""
+        if not len(self.objects) or not objects:
+            return np.zeros(len(objects), np.int64)
+        ids = np.fromiter(map(id, objects), np.int64, len(objects))
+        now = np.fromiter(map(size_of, objects), np.int64, len(objects))
+        at = np.minimum(np.searchsorted(self.objects, ids), len(self.objects) - 1)
+        return np.where(self.objects[at] == ids, np.maximum(now - self.sizes[at], 0), 0)
+
     def alive_storages(self) -> set[int]:
         """The storages (:func:`storage_id`) noted then that are still alive."""
         return {key for key, ref in self.storages.items() if not ref.expired()}
@@ -106,12 +120,15 @@ def live_tensors(objects: bool = False) -> Snapshot:
     graphs: dict[int, int] = {}
     tensor_types: dict[type, bool] = {}
     everything = gc.get_objects()
-    ids = np.zeros(0, np.int64)
-    sizes: dict[int, int] = {}
+    ids = sizes = np.zeros(0, np.int64)
+    counted: dict[int, int] = {}
     untracked = np.zeros((0, 2), np.int64)
     if objects:
-        ids = np.sort(np.fromiter(map(id, everything), np.int64, len(everything)))
-        sizes = lengths(everything)
+        ids = np.fromiter(map(id, everything), np.int64, len(everything))
+        order = np.argsort(ids)
+        ids = ids[order]
+        sizes = np.fromiter(map(size_of, everything), np.int64, len(everything))[order]
+        counted = lengths(everything)
         untracked = untracked_referents(everything)
     for obj in everything:
         kind = type(obj)
@@ -130,7 +147,7 @@ def live_tensors(objects: bool = False) -> Snapshot:
                 storages[storage._cdata] = StorageWeakRef(storage)
     blocks = frozenset((key, size) for key, size, _ in allocator_blocks())
     del everything
-    return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes, untracked)
+    return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes, counted, untracked)
 
 
 UNTRACKED_FROM = 256
