@@ -89,6 +89,21 @@ def test_nested_containers_are_described_where_the_tensors_gather(global_cache):
     assert (holder.container, holder.items, holder.tensors) == ("list", 5, 10)
 
 
+class Owner:
+    pass
+
+
+def test_a_key_that_is_no_plain_value_is_shown_by_its_type(global_cache):
+    """A path is the same text from run to run: a key whose ``repr`` holds an address (an
+    object, a weak reference) is shown by its type."""
+    for key, shown in ((Owner(), "<Owner>"), ((1, "a"), "(1, 'a')")):
+        before = live_tensors()
+        CACHE[key] = {"history": [floats(64) for _ in range(3)]}
+        [holder] = attribute(before)
+        assert holder.path == f"{MODULE}.CACHE[{shown}]['history']"
+        CACHE.clear()
+
+
 def make_closure():
     kept = [floats(100), floats(100)]
 

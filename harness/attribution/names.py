@@ -189,7 +189,7 @@ class Names:
         key = self.slot(mapping, child)
         owner = self.parent.get(id(mapping))
         if owner is None or owner is SKIP or owner is UNROOTED:
-            return f"[{key!r}]", False
+            return f"[{_key_text(key)}]", False
         if isinstance(owner, type):
             if owner.__dict__.get(key) is child:
                 return f"{owner.__name__}.{key}", True
@@ -200,7 +200,20 @@ class Names:
             module.__dict__.get(store) is mapping for store in _MODULE_STORES
         ):
             return f"{self.module_name(module)}.{key}", True
-        return f"[{key!r}]", False
+        return f"[{_key_text(key)}]", False
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as a path shows it: its ``repr`` where that is its value (a string, a number,
+    a tuple of them), else its type (a weak reference's ``repr`` holds addresses, a tensor's
+    its numbers)."""
+    parts = key if type(key) is tuple else (key,)
+    if all(type(k) in _PLAIN_KEYS for k in parts):
+        return repr(key)
+    return f"<{type(key).__name__}>"
+
+
+_PLAIN_KEYS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def _frame_locals(frame: types.FrameType) -> dict[str, Any]:
