@@ -426,6 +426,24 @@ def test_a_buffer_grown_in_place_is_named_by_what_holds_it(leak):
         assert named[-1].bytes >= SHARE * named[-1].growth, named
 
 
+@pytest.mark.parametrize("leak", [True, False])
+def test_a_storage_resized_in_place_is_named_by_its_tensor(leak):
+    """A tensor made before the phase's census whose storage grows by ``resize_`` is no new
+    tensor: what its storage grew by since the census is weighed on it."""
+    net, attribution = model(), PhaseAttribution(growth="256KB", warmup=2)
+    with Recorder(attribute=attribution) as recorder, recorder.phase("validation"):
+        gathered = torch.zeros(0, 64)
+        for i in range(BATCHES):
+            out = net(torch.randn(256, 64)).detach()
+            rows = len(gathered) + len(out) if leak else len(out)
+            gathered.resize_(rows, 64)[-len(out) :] = out
+            recorder.checkpoint("VALIDATION_BATCH", batch=i)
+    named = [h for h in attribution.holders if h.path.endswith(":gathered") and h.bytes > 2**18]
+    assert bool(named) == leak, attribution.holders
+    if leak:
+        assert named[-1].bytes >= SHARE * named[-1].growth, named
+
+
 class Vertex:
     """A node of a random object graph: a payload of its own and the blobs it refers to."""
 

@@ -307,6 +307,7 @@ class _Search:
             ]
             self._replaced(before, kept)
             self._grown(before, kept)
+            self._resized(before, young)
 
     def _replaced(self, before: Snapshot, old: list[Any]) -> None:
         """The untracked objects ``old`` ones refer to that ``before`` did not note: an array
@@ -332,6 +333,21 @@ class _Search:
                 node = self._place(holder)
                 if node:
                     self.graph.nodes[node].weight += grown
+
+    def _resized(self, before: Snapshot, young: list[Any]) -> None:
+        """What the storage of each old tensor grew by in place since ``before``
+        (``resize_``), weighed on a storage node below the tensor."""
+        if not before.storage_sizes:
+            return
+        for tensor in young:
+            if id(tensor) in self.new or kind_of(type(tensor)) != "tensor":
+                continue
+            then = before.storage_sizes.get(storage_id(tensor) or 0)
+            key, now = storage_of(tensor)
+            if then is not None and key is not None and now - then >= UNTRACKED_FROM:
+                node = self._place(tensor)
+                if node:
+                    self._storage(node, key, now - then)
 
     def _add(self, holder: Any, items: Iterable[Any]) -> None:
         above: int | None = None

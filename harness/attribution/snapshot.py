@@ -53,6 +53,9 @@ class Snapshot:
     a buffer that grew in place since is told by its size."""
     lengths: Mapping[int, int] = field(default_factory=dict, repr=False)
     """The lengths of the lists, dicts and deques among them and in module globals."""
+    storage_sizes: Mapping[int, int] = field(default_factory=dict, repr=False)
+    """The bytes of each of :attr:`storages` then: a storage resized in place (``resize_``)
+    is told by its size."""
     untracked: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64), repr=False)
     """The id and size of each object ``gc`` does not track (an array, a string) of
     :data:`UNTRACKED_FROM` bytes or more that those objects referred to, sorted by id: an
@@ -122,6 +125,7 @@ def live_tensors(objects: bool = False) -> Snapshot:
     everything = gc.get_objects()
     ids = sizes = np.zeros(0, np.int64)
     counted: dict[int, int] = {}
+    storage_sizes: dict[int, int] = {}
     untracked = np.zeros((0, 2), np.int64)
     if objects:
         ids = np.fromiter(map(id, everything), np.int64, len(everything))
@@ -145,9 +149,22 @@ def live_tensors(objects: bool = False) -> Snapshot:
                 continue
             if storage._cdata not in storages:
                 storages[storage._cdata] = StorageWeakRef(storage)
+                if objects:
+                    storage_sizes[storage._cdata] = storage.nbytes()
     blocks = frozenset((key, size) for key, size, _ in allocator_blocks())
     del everything
-    return Snapshot(tensors, blocks, time.time(), storages, graphs, ids, sizes, counted, untracked)
+    return Snapshot(
+        tensors,
+        blocks,
+        time.time(),
+        storages,
+        graphs,
+        objects=ids,
+        sizes=sizes,
+        lengths=counted,
+        storage_sizes=storage_sizes,
+        untracked=untracked,
+    )
 
 
 UNTRACKED_FROM = 256
