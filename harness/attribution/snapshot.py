@@ -78,7 +78,7 @@ class Snapshot:
     def nbytes(self) -> int:
         """What malloc holds for this snapshot (its ids of objects dominate)."""
         held = self.objects.nbytes + self.sizes.nbytes + self.untracked.nbytes
-        return int(held) + sys.getsizeof(self.lengths)
+        return int(held) + sys.getsizeof(self.lengths) + sys.getsizeof(self.storage_sizes)
 
     def listed(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` (int64) were among :attr:`objects`."""
