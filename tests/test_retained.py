@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import harness.attribution.retained as retained_module
 from harness import Recorder
 from harness.attribution import PhaseAttribution, live_tensors
 from harness.attribution.retained import retained_holders, retained_of
@@ -386,11 +387,14 @@ def test_during_a_run_the_accumulation_point_replaces_the_slices():
     assert sum(h.bytes for h in last if h.growth == last[-1].growth) <= 2 * last[-1].growth
 
 
-@pytest.mark.parametrize("leak", [True, False])
-def test_an_array_regrown_into_an_old_objects_attribute_is_named_by_it(leak):
+@pytest.mark.parametrize(("leak", "chunk"), [(True, None), (False, None), (True, 1)])
+def test_an_array_regrown_into_an_old_objects_attribute_is_named_by_it(monkeypatch, leak, chunk):
     """The object that holds the array was made before the phase's census (after the
     recorder's freeze), so it is not new: what it refers to that the census did not note (by
-    id and size) is, and what it held then (a table it never changes) is not."""
+    id and size) is, and what it held then (a table it never changes) is not. Old objects
+    are read a chunk at a time: the same holder whatever the chunk's size."""
+    if chunk is not None:
+        monkeypatch.setattr(retained_module, "_CHUNK", chunk)
     net, attribution = model(), PhaseAttribution(growth="256KB", warmup=2)
     with Recorder(attribute=attribution) as recorder, recorder.phase("validation"):
         running = Running()

@@ -54,6 +54,7 @@ SUSPECT = 0.1
 _HOLDERS = 3
 R = TypeVar("R")
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict)
+_CHUNK = 4096
 
 
 @dataclass
@@ -311,19 +312,21 @@ class _Search:
 
     def _replaced(self, before: Snapshot, old: list[Any]) -> None:
         """The untracked objects ``old`` ones refer to that ``before`` did not note: an array
-        regrown by ``self.outputs = np.concatenate(...)``, whose holder is not new."""
-        pairs = [
-            (holder, item)
-            for holder in old
-            for item in untracked(_contents(holder, gc.get_referents(holder)))
-        ]
-        had = before.had([item for _, item in pairs])
-        by_holder: dict[int, tuple[Any, list[Any]]] = {}
-        for (holder, item), seen in zip(pairs, had.tolist(), strict=True):
-            if not seen:
-                by_holder.setdefault(id(holder), (holder, []))[1].append(item)
-        for holder, items in by_holder.values():
-            self._add(holder, items)
+        regrown by ``self.outputs = np.concatenate(...)``, whose holder is not new. Read
+        :data:`_CHUNK` holders at a time, so that a large heap costs no large list."""
+        for start in range(0, len(old), _CHUNK):
+            pairs = [
+                (holder, item)
+                for holder in old[start : start + _CHUNK]
+                for item in untracked(_contents(holder, gc.get_referents(holder)))
+            ]
+            had = before.had([item for _, item in pairs])
+            by_holder: dict[int, tuple[Any, list[Any]]] = {}
+            for (holder, item), seen in zip(pairs, had.tolist(), strict=True):
+                if not seen:
+                    by_holder.setdefault(id(holder), (holder, []))[1].append(item)
+            for holder, items in by_holder.values():
+                self._add(holder, items)
 
     def _grown(self, before: Snapshot, old: list[Any]) -> None:
         """What each of the ``old`` objects grew by in place since ``before`` (a buffer
