@@ -82,30 +82,21 @@ class Snapshot:
 
     def listed(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` (int64) were among :attr:`objects`."""
-        if not len(self.objects):
-            return np.zeros(len(ids), bool)
-        at = np.minimum(np.searchsorted(self.objects, ids), len(self.objects) - 1)
-        return np.asarray(self.objects[at] == ids)
+        return _find(self.objects, ids)[1]
 
     def had(self, objects: list[object]) -> np.ndarray:
         """Which of the untracked ``objects`` were among :attr:`untracked` (by id and size: an
         id reused by an object of another size is another object)."""
-        if not len(self.untracked) or not objects:
-            return np.zeros(len(objects), bool)
-        ids = np.fromiter(map(id, objects), np.int64, len(objects))
-        sizes = np.fromiter(map(size_of, objects), np.int64, len(objects))
-        at = np.minimum(np.searchsorted(self.untracked[:, 0], ids), len(self.untracked) - 1)
-        return np.asarray((self.untracked[at, 0] == ids) & (self.untracked[at, 1] == sizes))
+        at, found = _find(self.untracked[:, 0], _ids(objects))
+        return found & (self.untracked[at, 1] == _sizes(objects)) if len(at) else found
 
     def grown(self, objects: list[object]) -> np.ndarray:
         """How many bytes each of ``objects`` grew by in place since (0 for one not among
         :attr:`objects`, or smaller now)."""
-        if not len(self.objects) or not objects:
+        at, found = _find(self.objects, _ids(objects))
+        if not len(at):
             return np.zeros(len(objects), np.int64)
-        ids = np.fromiter(map(id, objects), np.int64, len(objects))
-        now = np.fromiter(map(size_of, objects), np.int64, len(objects))
-        at = np.minimum(np.searchsorted(self.objects, ids), len(self.objects) - 1)
-        return np.where(self.objects[at] == ids, np.maximum(now - self.sizes[at], 0), 0)
+        return np.where(found, np.maximum(_sizes(objects) - self.sizes[at], 0), 0)
 
     def alive_storages(self) -> set[int]:
         """The storages (:func:`storage_id`) noted then that are still alive."""
@@ -128,10 +119,9 @@ def live_tensors(objects: bool = False) -> Snapshot:
     storage_sizes: dict[int, int] = {}
     untracked = np.zeros((0, 2), np.int64)
     if objects:
-        ids = np.fromiter(map(id, everything), np.int64, len(everything))
+        ids = _ids(everything)
         order = np.argsort(ids)
-        ids = ids[order]
-        sizes = np.fromiter(map(size_of, everything), np.int64, len(everything))[order]
+        ids, sizes = ids[order], _sizes(everything)[order]
         counted = lengths(everything)
         untracked = untracked_referents(everything)
     for obj in everything:
@@ -165,6 +155,23 @@ def live_tensors(objects: bool = False) -> Snapshot:
         storage_sizes=storage_sizes,
         untracked=untracked,
     )
+
+
+def _find(keys: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``ids`` is in the sorted ``keys``, and whether it is there (no positions
+    where ``keys`` is empty)."""
+    if not len(keys):
+        return np.zeros(0, np.intp), np.zeros(len(ids), bool)
+    at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+    return at, np.asarray(keys[at] == ids)
+
+
+def _ids(objects: list[object]) -> np.ndarray:
+    return np.fromiter(map(id, objects), np.int64, len(objects))
+
+
+def _sizes(objects: list[object]) -> np.ndarray:
+    return np.fromiter(map(size_of, objects), np.int64, len(objects))
 
 
 UNTRACKED_FROM = 256
