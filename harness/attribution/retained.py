@@ -301,14 +301,18 @@ class _Search:
             elif id(holder) in self.new and kind_of(type(holder)) != "tensor":
                 self._add(holder, _contents(holder, gc.get_referents(holder)))
         if before is not None:
-            kept = [
-                h
-                for h in young
-                if id(h) not in self.new and kind_of(type(h)) != "tensor" and not is_ours(h)
-            ]
+            kept: list[Any] = []
+            tensors: list[Any] = []
+            for h in young:
+                if id(h) in self.new:
+                    continue
+                if kind_of(type(h)) == "tensor":
+                    tensors.append(h)
+                elif not is_ours(h):
+                    kept.append(h)
             self._replaced(before, kept)
             self._grown(before, kept)
-            self._resized(before, young)
+            self._resized(before, tensors)
 
     def _replaced(self, before: Snapshot, old: list[Any]) -> None:
         """The untracked objects ``old`` ones refer to that ``before`` did not note: an array
@@ -337,14 +341,12 @@ class _Search:
                 if node:
                     self.graph.nodes[node].weight += grown
 
-    def _resized(self, before: Snapshot, young: list[Any]) -> None:
-        """What the storage of each old tensor grew by in place since ``before``
+    def _resized(self, before: Snapshot, tensors: list[Any]) -> None:
+        """What the storage of each of the old ``tensors`` grew by in place since ``before``
         (``resize_``), weighed on a storage node below the tensor."""
         if not before.storage_sizes:
             return
-        for tensor in young:
-            if id(tensor) in self.new or kind_of(type(tensor)) != "tensor":
-                continue
+        for tensor in tensors:
             then = before.storage_sizes.get(storage_id(tensor) or 0)
             key, now = storage_of(tensor)
             if then is not None and key is not None and now - then >= UNTRACKED_FROM:
