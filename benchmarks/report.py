@@ -309,7 +309,8 @@ def misses(
             "Done: a long loop reads memory on a stride (each of a label's first 32 batches, "
             "then every 8th; every checkpoint that is not a batch's), and the batches between "
             "two readings take a short path: no system call, a line from a frame kept for its "
-            "label, the store's row added at the next reading. Before: `peak` from `getrusage` "
+            "label and written with the next reading's, the store's row added at that reading. "
+            "Before: `peak` from `getrusage` "
             "while the high-water mark is at `rss`, the store's append through its columns, a "
             "leaner recorder path. The recorded/plain ratio of the repetitions spans "
             f"{low:.3f} to {high:.3f}."
@@ -605,7 +606,10 @@ def checkpoint_parts(parts: dict | None) -> list[str]:
         "own; the holders of a growth past its budget are named at the next reading, up to 7 "
         "batches later; `rss` alone (the fallback metric where `allocated` is missing) is "
         "seen at the readings only, and so are the children (each one's live heap and "
-        "`anon`), a sample between two readings keeping the last reading's live processes.",
+        "`anon`), a sample between two readings keeping the last reading's live processes; "
+        "the lines of the batches between two readings are written with the next reading's, "
+        "so a reader of the live file lags by up to 7 lines and a SIGKILL loses those after "
+        "the last reading (never a reading).",
         table(["part", "mean µs per checkpoint"], rows),
     ]
 

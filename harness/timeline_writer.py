@@ -5,8 +5,11 @@ Each line is copied into a window of the file mapped into memory (:data:`WINDOW`
 its end, moved on as it fills), not written with a system call: the page cache holds the bytes
 as soon as they are copied, so a process killed mid-run (even by SIGKILL or the OOM killer)
 leaves complete lines that all parse, plus at most one torn last line and the zeros reserved
-past it, which :func:`~harness.timeline.read_timeline` reads as the file's end. Only a machine
-that goes down loses the lines its disk had not been given. The space a window needs is
+past it, which :func:`~harness.timeline.read_timeline` reads as the file's end. One kind of
+line waits in memory: a loop's batch between two stride readings (:data:`~harness.sample.STRIDE`)
+has its line written with the next line, so SIGKILL loses those of the batches after the last
+reading (fewer than the stride's step), never a reading. Only a machine that goes down loses
+the lines its disk had not been given. The space a window needs is
 reserved before it is mapped (``posix_fallocate``), so a full disk or a file size limit is an
 ``OSError`` there, never a ``SIGBUS``; at a phase's end (a sample whose ``edge`` is ``END``)
 and on close the file is cut back to the bytes written. Pages written are dropped from the
@@ -270,10 +273,13 @@ class TimelineWriter:
             raise OSError(error.errno, text, error.filename or str(path)) from None
         self._file = _Appended(fd)
         self._format = _LineFormat(schema.FIELDS)
-        # closed when dropped, like a file, and cut to what was written
-        self._close = weakref.finalize(self, self._file.close)
+        self._waiting: list[Sample] = []  # unread batches whose lines go with the next line
+        # closed when dropped, like a file, with the waiting lines, and cut to what was written
+        self._close = weakref.finalize(self, _finish, self._file, self._format, self._waiting)
 
     def _write(self, line: bytes) -> None:
+        if self._waiting:
+            line = _waited(self._format, self._waiting) + line
         try:
             self._file.append(line)
         except OSError as error:
@@ -293,9 +299,14 @@ class TimelineWriter:
 
     def write_recorded(self, sample: Sample, *, unread: bool = False) -> None:
         """:meth:`write` for a sample a recorder made, its line built from a kept frame
-        (:meth:`_LineFormat.recorded`); ``unread``: none of its metrics was read (a loop's
-        batch between two stride readings)."""
-        self._write(self._format.recorded(sample, unread) or _any_line(sample))
+        (:meth:`_LineFormat.recorded`). ``unread``: none of its metrics was read (a loop's
+        batch between two stride readings); its line waits for the next line written, or
+        the writer's close or end, and is built then with the others, on caches that the
+        first leaves warm: a training step leaves them cold for each alone."""
+        if unread:
+            self._waiting.append(sample)
+            return
+        self._write(self._format.recorded(sample) or _any_line(sample))
         if sample.edge == END:
             self._trim()
 
@@ -316,9 +327,33 @@ class TimelineWriter:
         self._trim()
 
     def close(self) -> None:
-        """Cut the file to the bytes written and close it, which ends this writer's hold on
-        its name."""
-        self._close()
+        """Write the lines still waiting, cut the file to the bytes written and close it,
+        which ends this writer's hold on its name."""
+        try:
+            if self._waiting and os.getpid() == self._file.owner:
+                self._write(b"")
+        finally:
+            self._close()
+
+
+def _waited(line_format: _LineFormat, waiting: list[Sample]) -> bytes:
+    """The lines of the unread batches ``waiting``, which it empties."""
+    lines = [line_format.recorded(sample, unread=True) or _any_line(sample) for sample in waiting]
+    waiting.clear()
+    return b"".join(lines)
+
+
+def _finish(file: _Appended, line_format: _LineFormat, waiting: list[Sample]) -> None:
+    """Close ``file`` (a writer dropped, or the interpreter's exit), with the lines still
+    ``waiting`` where they can be written, and only by the process that made them: a forked
+    copy's file and lines are its parent's."""
+    try:
+        if waiting and os.getpid() == file.owner:
+            file.append(_waited(line_format, waiting))
+    except OSError:
+        pass  # a full disk, say: the file keeps the lines it had
+    finally:
+        file.close()
 
 
 class _Appended:

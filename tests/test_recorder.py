@@ -488,10 +488,13 @@ def test_cuda_recorder_collects_and_emulates_capacity_with_a_real_oom(tmp_path):
     assert torch.cuda.get_per_process_memory_fraction(0) == 1.0
 
 
-def test_a_loops_batches_between_readings_are_in_the_store_and_the_file_as_they_come(tmp_path):
+def test_a_loops_batches_between_readings_are_in_the_store_and_in_the_file_by_the_next_line(
+    tmp_path,
+):
     """The batches between two stride readings take a short path: each returned sample is the
-    store's and the timeline's (read back while the run lives, so each line is in the file at
-    its checkpoint), phase and epoch inherited, nothing read, whatever the label's text."""
+    store's at once, and the timeline's with the next line written (read back while the run
+    lives: the file holds every reading as it comes, and the unread batches before it), phase
+    and epoch inherited, nothing read, whatever the label's text."""
     path = tmp_path / "t.jsonl"
     returned = []
     with Recorder("cpu", timeline=path) as rec:
@@ -501,7 +504,10 @@ def test_a_loops_batches_between_readings_are_in_the_store_and_the_file_as_they_
                     returned.append(rec.checkpoint('BATCH "50%" é', batch=batch))
                     assert len(rec.samples) == len(returned) + 1 + 2 * (epoch == 3)
                     live = read_timeline(path).samples
-                    assert live[-1] == returned[-1] and live[-1].time == returned[-1].time
+                    read = [s for s in returned if s.get("allocated") is not None]
+                    assert live[-1] == read[-1] and live[-1].time == read[-1].time
+                    assert live == list(rec.samples)[: len(live)]
+                    assert len(live) == len(rec.samples) - (returned[-1].batch - read[-1].batch)
         assert list(rec.samples) == read_timeline(path).samples
     unread = [s for s in returned if s.get("allocated") is None]
     assert [s.batch for s in unread] == [b for b in range(33, 60) if b % 8] * 2

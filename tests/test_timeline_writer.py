@@ -203,6 +203,88 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_file(tmp_path):
     assert [s.batch for s in read_timeline(path).samples] == [0, 1, 2]
 
 
+def _unread(batch: int) -> Sample:
+    return Sample("TRAIN_BATCH", "train", 0, batch, 1.5, {"rss": None})
+
+
+def test_an_unread_batchs_line_waits_for_the_next_line_or_the_close(tmp_path):
+    """A loop's batch between two stride readings is written with the next line, in order,
+    and by the close when no line follows."""
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    writer.write(_sample(0))
+    writer.write_recorded(_unread(1), unread=True)
+    writer.write_recorded(_unread(2), unread=True)
+    assert [s.batch for s in read_timeline(path).samples] == [0]
+    writer.write_recorded(_sample(3))
+    writer.write_recorded(_unread(4), unread=True)
+    assert [s.batch for s in read_timeline(path).samples] == [0, 1, 2, 3]
+    writer.close()
+    samples = read_timeline(path).samples
+    assert [s.batch for s in samples] == [0, 1, 2, 3, 4]
+    assert samples[1] == _unread(1) and samples[4].metrics == {"rss": None}
+
+
+def test_a_forked_copy_never_writes_its_parents_waiting_lines(tmp_path):
+    """A DataLoader worker's copy of the writer holds its parent's waiting lines: neither its
+    close nor its exit writes them (the parent does, once)."""
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    writer.write(_sample(0))
+    writer.write_recorded(_unread(1), unread=True)
+    for ending in ("close", "exit"):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            # the close, or the finaliser that the interpreter's exit or a drop runs
+            writer.close() if ending == "close" else writer._close()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert [s.batch for s in read_timeline(path).samples] == [0]
+    writer.close()
+    assert [s.batch for s in read_timeline(path).samples] == [0, 1]
+
+
+RECORDER_CHILD = """
+import sys
+from harness import Recorder
+
+rec = Recorder("cpu", timeline=sys.argv[1])
+batch = 0
+while batch < int(sys.argv[2]):
+    rec.checkpoint("TRAIN_BATCH", phase="train", batch=batch)
+    batch += 1
+    print(batch, flush=True)
+"""
+
+
+def test_a_recorder_killed_mid_loop_loses_no_reading_only_the_batches_after_the_last(tmp_path):
+    """SIGKILL lands in a long loop: every reading made reads back, with every batch before
+    the last one; what is lost is only the unread batches after it (fewer than the stride's
+    step), whose lines waited for the next reading."""
+    path = tmp_path / "killed.jsonl"
+    reported = killed(RECORDER_CHILD.replace("int(sys.argv[2])", "2**40"), path, 300)
+    samples = read_timeline(path).samples
+    assert [s.batch for s in samples] == list(range(len(samples)))
+    assert samples[-1].get("allocated") is not None
+    assert len(samples) > reported - schema.STRIDE.every
+
+
+def test_a_recorder_never_closed_writes_its_waiting_lines_at_the_interpreters_exit(tmp_path):
+    """A script that never closes its recorder still leaves every batch it recorded (no end
+    record: it reads as a run that did not finish)."""
+    path = tmp_path / "t.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", RECORDER_CHILD, str(path), "61"],
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    timeline = read_timeline(path)
+    assert [s.batch for s in timeline.samples] == list(range(61)) and timeline.end is None
+    assert timeline.samples[-1].get("allocated") is None  # batch 60 is not on the stride
+
+
 def _resident(path: Path) -> int:
     """Bytes of ``path``'s mappings resident in this process (``/proc/self/smaps``)."""
     total, inside = 0, False
