@@ -254,6 +254,14 @@ class ChildrenReader:
         except OSError:
             return False
 
+    def idle(self) -> bool:
+        """Whether this process has no child now and had none at the last reading (one
+        ``waitid``): no descendant, nothing to read. The next child is listed at once."""
+        if self._own and not self._live and not procfs.has_children():
+            self._marks = None
+            return True
+        return False
+
     def read(self, *, rollup: bool = False, rollup_if_new: bool = False) -> TreeReading | None:
         """The live descendants now (``uss``, ``pss`` and ``shared`` of every one with
         ``rollup``; with ``rollup_if_new``, of a new one that publishes no reading, as a child
@@ -261,9 +269,7 @@ class ChildrenReader:
         where they cannot be measured."""
         if not self.available:
             return None
-        if self._own and not self._live and not procfs.has_children():
-            # No child, and so no descendant: nothing to list. The next child is listed at once.
-            self._marks = None
+        if self.idle():
             return TreeReading(absent=tuple(self._seen), rollup=rollup)
         listed = self._changed() or rollup or self._since >= LIST_EVERY or not self._own
         if listed:
@@ -358,7 +364,10 @@ class ChildSampler:
         """A checkpoint's children metrics and ``processes`` text (none of either while no
         child lives); ``rollup`` asks for USS/PSS now, ``latest`` for every child's latest
         live heap, fresh or not. None where children cannot be measured."""
-        reading = self.reader.read(rollup=rollup, rollup_if_new=True)
+        reader = self.reader
+        if reader.available and reader.idle():  # the common case, in short
+            return {}, None
+        reading = reader.read(rollup=rollup, rollup_if_new=True)
         if reading is None:
             return None
         pids = reading.pids

@@ -6,8 +6,11 @@ Off Linux (no ``/proc``) every reader answers None or nothing; callers say so.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
+
+from harness.malloc import libc_function
 
 PROC = "/proc"
 _ROLLUP_FIELDS = {
@@ -97,14 +100,42 @@ def has_children() -> bool:
     """Whether this process has a child: one ``waitid`` that waits for none and reaps none
     (about 1 µs, against 25 µs or more for listing every thread's ``children`` file). Each
     thread waits for the children of every thread of its process, so a child any thread
-    started counts, and so does one that exited and is not yet reaped."""
+    started counts, and so does one that exited and is not yet reaped. Called through
+    ``ctypes`` where this kernel takes the call: no child is then a return value, not an
+    exception, which inside training is half the cost (18 against 33 µs)."""
+    if _WAITID is not None:
+        return _WAITID(os.P_ALL, 0, None, _WAITED) == 0
+    return _waits_for_one()
+
+
+def _waits_for_one() -> bool:
+    """:func:`has_children` through ``os.waitid``."""
     try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT | _WALL)
+        os.waitid(os.P_ALL, 0, _WAITED)
     except ChildProcessError:
         return False
     except OSError:  # a kernel that refuses the call: list them
         return True
     return True
+
+
+def _waitid() -> Callable[..., int] | None:
+    """The C library's ``waitid``, where this kernel takes :data:`_WAITED` (asked once through
+    ``os.waitid``: an error other than no child means it does not)."""
+    waitid = libc_function(
+        "waitid", ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p, ctypes.c_int
+    )
+    try:
+        os.waitid(os.P_ALL, 0, _WAITED)
+    except ChildProcessError:
+        pass
+    except OSError:
+        return None
+    return waitid
+
+
+_WAITED = os.WEXITED | os.WNOHANG | os.WNOWAIT | _WALL
+_WAITID = _waitid()
 
 
 def _children(pid: int) -> list[int]:
