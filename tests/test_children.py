@@ -288,6 +288,10 @@ from harness import children, procfs
 def listed(pid):
     raise AssertionError("listed the children files of a process without children")
 
+if sys.argv[1] == "os.waitid":
+    procfs._WAITID = None  # a kernel that refused the C library's call
+else:
+    assert procfs._WAITID is not None  # Linux takes it
 listing, procfs._children = procfs._children, listed
 reader = children.ChildrenReader()
 assert reader.read() == children.TreeReading() and procfs.descendants(os.getpid()) == []
@@ -306,10 +310,13 @@ assert not procfs.has_children() and reader.read().absent == (seen.role,)
 """
 
 
-def test_without_children_one_call_says_so_and_a_threads_child_is_seen():
+@pytest.mark.parametrize("waitid", ["libc", "os.waitid"])
+def test_without_children_one_call_says_so_and_a_threads_child_is_seen(waitid):
     """In a process of its own, without children: nothing is listed; then a child that
-    another thread started is read, and one that exited is not."""
-    done = subprocess.run([sys.executable, "-c", LONE], capture_output=True, text=True)
+    another thread started is read, and one that exited is not; through the C library's
+    ``waitid`` or Python's."""
+    command = [sys.executable, "-c", LONE, waitid]
+    done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
