@@ -50,9 +50,9 @@ def test_checkpoint(benchmark, probe, timeline, tmp_path):
 
 
 def test_checkpoint_between(benchmark, tmp_path):
-    """A loop's batch checkpoint with a timeline, past a label's first batches: seven in eight
-    read no memory (the stride, :data:`harness.sample.STRIDE`), so the median is one of those;
-    the eighth costs what ``test_checkpoint[cpu-timeline]`` does."""
+    """A loop's batch checkpoint with a timeline, past a label's first batches: all but one in
+    :data:`harness.sample.STRIDE`'s ``every`` read no memory, so the median is one of those; the
+    one read costs what ``test_checkpoint[cpu-timeline]`` does, and writes the others' lines."""
     batches = itertools.count()
     with Recorder("cpu", timeline=tmp_path / "t.jsonl") as rec:
         benchmark.pedantic(

@@ -12,6 +12,17 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from harness.sample import STRIDE
+
+STRIDE_TEXT = f"each of a label's first {STRIDE.first} batches, then every {STRIDE.every}th"
+"""Where a long loop reads memory, in words."""
+
+
+def read_of(batches: int) -> int:
+    """How many of a loop's ``batches`` the stride reads."""
+    return sum(STRIDE.reads(run) for run in range(batches))
+
+
 Bench = Mapping[str, Any]
 MB = 2**20
 
@@ -306,8 +317,8 @@ def misses(
             f"{overhead['checkpoints_s'] * 1e3:.0f} ms, "
             f"{overhead['own'] * 100:.1f}% of a plain epoch: "
             f"{overhead['checkpoint_s'] * 1e6:.1f} µs each inside the epoch{idle}.{where} "
-            "Done: a long loop reads memory on a stride (each of a label's first 32 batches, "
-            "then every 8th; every checkpoint that is not a batch's), and the batches between "
+            f"Done: a long loop reads memory on a stride ({STRIDE_TEXT}; every checkpoint "
+            "that is not a batch's), and the batches between "
             "two readings take a short path: no system call, a line from a frame kept for its "
             "label and written with the next reading's, the store's row added at that reading. "
             "Before: `peak` from `getrusage` "
@@ -597,18 +608,20 @@ def checkpoint_parts(parts: dict | None) -> list[str]:
         f"{parts['windows'][0]} training and {parts['windows'][1]} validation windows); the "
         "rest is the recorder's Python (argument checks, the readings corrected for the "
         "store's own size, the returned sample). Each part is its mean over every checkpoint: "
-        "the system reads run on the stride (each of a label's first 32 batches of a loop, then "
-        "every 8th, and every checkpoint that is not a batch's). What the stride costs, hidden: "
+        f"the system reads run on the stride ({STRIDE_TEXT}, and every checkpoint that is not "
+        "a batch's). What the stride costs, hidden: "
         "between two readings a batch has no memory readings, so the leak trend is fitted on "
-        "the batches read (each of the first 32, then one in 8: 50 of 176 validation batches, "
-        "116 of 704 training ones); a spike between two readings is still in the next one's "
+        f"the batches read ({read_of(176)} of 176 validation batches, {read_of(704)} of 704 "
+        "training ones); a spike between two readings is still in the next one's "
         "`peak` (the high-water mark is reset only when read), at that batch rather than its "
-        "own; the holders of a growth past its budget are named at the next reading, up to 7 "
-        "batches later; `rss` alone (the fallback metric where `allocated` is missing) is "
+        "own; the holders of a growth past its budget are named at the next reading, up to "
+        f"{STRIDE.every - 1} batches later; `rss` alone (the fallback metric where "
+        "`allocated` is missing) is "
         "seen at the readings only, and so are the children (each one's live heap and "
         "`anon`), a sample between two readings keeping the last reading's live processes; "
         "the lines of the batches between two readings are written with the next reading's, "
-        "so a reader of the live file lags by up to 7 lines and a SIGKILL loses those after "
+        f"so a reader of the live file lags by up to {STRIDE.every - 1} lines and a SIGKILL "
+        "loses those after "
         "the last reading (never a reading).",
         table(["part", "mean µs per checkpoint"], rows),
     ]

@@ -117,7 +117,7 @@ class CpuProbe(Probe):
     metric is ``rss``, so the trim runs before every reading.
 
     A long loop reads all three on a stride (:data:`~harness.sample.STRIDE`: each of a
-    label's first 32 batches, then every 8th): between, a checkpoint makes no system call and
+    label's first 32 batches, then every 16th): between, a checkpoint makes no system call and
     its readings are ``None``. ``allocated`` is judged on the batches read; ``peak`` loses
     nothing, since the high-water mark is reset only when it is read. Without ``mallinfo2``
     every checkpoint reads ``rss``, the primary metric then.

@@ -43,7 +43,7 @@ class Stride:
     checkpoint. The rules fit what was read."""
 
     first: int = 32
-    every: int = 8
+    every: int = 16
 
     def reads(self, run: int) -> bool:
         """Whether a label's ``run``-th batch (counted from 0) is read."""

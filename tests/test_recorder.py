@@ -14,6 +14,7 @@ from harness import DeviceOutOfMemory, Recorder, Sample, judge, malloc, probes, 
 from harness.cli import main
 from harness.labels import Raised
 from harness.probes import CpuProbe
+from harness.sample import STRIDE
 
 MiB = 2**20
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -510,7 +511,7 @@ def test_a_loops_batches_between_readings_are_in_the_store_and_in_the_file_by_th
                     assert len(live) == len(rec.samples) - (returned[-1].batch - read[-1].batch)
         assert list(rec.samples) == read_timeline(path).samples
     unread = [s for s in returned if s.get("allocated") is None]
-    assert [s.batch for s in unread] == [b for b in range(33, 60) if b % 8] * 2
+    assert [s.batch for s in unread] == [b for b in range(33, 60) if b % STRIDE.every] * 2
     assert {(s.phase, s.epoch, s.note, s.processes, s.event, s.edge) for s in unread} == {
         ("val 100%", None, None, None, None, None),
         ("val 100%", 3, None, None, None, None),
@@ -529,7 +530,7 @@ def test_a_probe_that_reads_some_metrics_between_stride_readings_keeps_them(tmp_
     with Recorder(probe, timeline=tmp_path / "t.jsonl") as rec:
         for batch in range(48):
             rec.checkpoint("TRAIN_BATCH", batch=batch)
-    between = [s for s in rec.samples if s.batch > 32 and s.batch % 8]
+    between = [s for s in rec.samples if s.batch > STRIDE.first and s.batch % STRIDE.every]
     assert between and all(s.get("allocated") is None and s.get("rss") for s in between)
     assert list(rec.samples) == read_timeline(tmp_path / "t.jsonl").samples
 
@@ -537,7 +538,7 @@ def test_a_probe_that_reads_some_metrics_between_stride_readings_keeps_them(tmp_
 @pytest.mark.parametrize("leak", [0, 4096])
 def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(leak):
     """mallinfo2 walks malloc's free lists (67 µs a checkpoint inside a TFT epoch), so a loop
-    reads the CPU's memory at each of a label's first 32 batches, then at every 8th, and at
+    reads the CPU's memory at each of a label's first 32 batches, then at every 16th, and at
     every checkpoint that is not a batch's; the leak rule fits the batches read and says
     which, and the peak between two readings is the next one's (its window is reset only
     when read)."""
@@ -559,15 +560,15 @@ def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(lea
     assert rec.header["stride"] == {
         "metrics": ["allocated", "rss", "peak"],
         "first": 32,
-        "every": 8,
+        "every": 16,
     }
     batches = [s for s in rec.samples if s.label == "VALIDATION_BATCH"]
-    expected = [*range(32), *range(32, 200, 8)]
+    expected = [*range(32), *range(32, 200, 16)]
     for metric in ("allocated", "rss", "peak"):
         assert [s.batch for s in batches if s.get(metric)] == expected * 2
     others = [s for s in rec.samples if s.label != "VALIDATION_BATCH"]
     assert all(s.get("allocated") and s.get("rss") for s in others)
-    before, after = (next(s for s in batches if s.batch == b) for b in (96, 104))
+    before, after = (next(s for s in batches if s.batch == b) for b in (96, 112))
     assert after.get("peak") - before.get("rss") > 48 * MiB
     stats = [p for p in verdict.phases if p.phase == "validation"]
     assert [(p.metric, p.batches, p.judged) for p in stats] == [
