@@ -141,6 +141,7 @@ class Recorder:
         except BaseException:
             self.probe.close()
             raise
+        self._wait = None if self._timeline is None else self._timeline.wait
         self._store = SampleStore()
         self._unread_samples: list[Sample] = []  # not yet in the store: see samples
         self._phases: list[tuple[str, int | None]] = []
@@ -182,9 +183,47 @@ class Recorder:
         the innermost :meth:`phase`'s. ``note`` is text (an OOM message); ``event`` says what
         happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not.
         """
-        if batch is not None and self._strided and not (collect or note or event):
-            sample = self._unread(label, phase, epoch, batch)
-            if sample is not None:
+        if (
+            batch is not None
+            and self._strided
+            and not (collect or note or event)
+            and type(label) is str
+            and label in _PLAIN
+            and (phase is None or (type(phase) is str and phase in _CHECKED))
+            and (epoch is None or (type(epoch) is int and 0 <= epoch < _LIMIT))
+            and type(batch) is int
+            and 0 <= batch < _LIMIT
+        ):
+            # A loop's batch whose arguments are known good: between two stride readings it
+            # takes the short path, which touches little, so that it costs little on the
+            # caches a training step leaves cold: no reading (neither the probe's nor the
+            # children's, whose live processes are the last reading's), no call beyond the
+            # sample's time (STRIDE.reads is inlined), its store row and line made later.
+            runs = self._runs
+            run = runs.get(label, 0)
+            if run >= _FIRST and run % _EVERY:
+                runs[label] = run + 1
+                sample = _new(Sample)  # make_sample's two steps, a call less
+                _set(
+                    sample,
+                    "__dict__",
+                    {
+                        "label": label,
+                        "phase": self._phase if phase is None else phase,
+                        "epoch": self._epoch if epoch is None else epoch,
+                        "batch": batch,
+                        "time": time.time(),
+                        "metrics": self._unread_metrics.copy(),
+                        "collected": False,
+                        "note": None,
+                        "processes": self._processes,
+                        "event": None,
+                        "edge": None,
+                    },
+                )
+                self._unread_samples.append(sample)
+                if self._wait is not None:
+                    self._wait(sample)
                 return sample
         if event is not None or type(label) is not str or label not in _PLAIN:
             event = labels.given_event(label, event)
@@ -194,53 +233,6 @@ class Recorder:
         )
 
     __call__ = checkpoint
-
-    def _unread(
-        self, label: str, phase: str | None, epoch: int | None, batch: int
-    ) -> Sample | None:
-        """A loop's batch between two stride readings, recorded without a reading (neither the
-        probe's nor the children's, whose live processes are the last reading's): its sample,
-        or None where this checkpoint is read or has arguments not yet found good
-        (:meth:`_record` then takes it). The short path of long loops: it touches
-        little, so that it costs little on the caches a training step leaves cold."""
-        if not (
-            type(label) is str
-            and label in _PLAIN
-            and (phase is None or (type(phase) is str and phase in _CHECKED))
-            and (epoch is None or (type(epoch) is int and 0 <= epoch < _LIMIT))
-            and type(batch) is int
-            and 0 <= batch < _LIMIT
-        ):
-            return None
-        run = self._runs.get(label, 0)
-        if STRIDE.reads(run):
-            return None
-        self._runs[label] = run + 1
-        sample = _new(Sample)  # make_sample's two steps, a call less
-        _set(
-            sample,
-            "__dict__",
-            {
-                "label": label,
-                "phase": self._phase if phase is None else phase,
-                "epoch": self._epoch if epoch is None else epoch,
-                "batch": batch,
-                "time": time.time(),
-                "metrics": self._unread_metrics.copy(),
-                "collected": False,
-                "note": None,
-                "processes": self._processes,
-                "event": None,
-                "edge": None,
-            },
-        )
-        self._unread_samples.append(sample)
-        if self._timeline is not None and self.timeline_error is None:
-            try:
-                self._timeline.write_recorded(sample, unread=True)
-            except OSError as error:
-                self._lost(error)
-        return sample
 
     def _record(
         self,
@@ -460,6 +452,7 @@ class Recorder:
         """Keep the first failed timeline write; the timeline gets no more lines."""
         reason = os.strerror(error.errno) if error.errno else str(error)
         self.timeline_error = UnwritableReport(error.filename or self.timeline_path or "", reason)
+        self._wait = None
 
     @property
     def closed(self) -> bool:
@@ -507,9 +500,10 @@ _CHECKED: set[str] = set()
 """Labels and phase names already found valid, so a checkpoint checks each name once."""
 _new = object.__new__
 _set = object.__setattr__
+_FIRST, _EVERY = STRIDE.first, STRIDE.every
 _PLAIN: set[str] = set()
 """Labels found valid that name no event and no phase's edge: a loop's batches, which may be
-recorded on :meth:`Recorder._unread`'s short path."""
+recorded on :meth:`Recorder.checkpoint`'s short path."""
 _MAX_CHECKED = 4096
 
 

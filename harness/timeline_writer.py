@@ -274,6 +274,11 @@ class TimelineWriter:
         self._file = _Appended(fd)
         self._format = _LineFormat(schema.FIELDS)
         self._waiting: list[Sample] = []  # unread batches whose lines go with the next line
+        self.wait = self._waiting.append
+        """``wait(sample)``: a loop's batch between two stride readings, none of whose metrics
+        was read. Its line waits for the next line written, or the writer's close or end, and
+        is built then with the others, on caches that the first leaves warm: a training step
+        leaves them cold for each alone."""
         # closed when dropped, like a file, with the waiting lines, and cut to what was written
         self._close = weakref.finalize(self, _finish, self._file, self._format, self._waiting)
 
@@ -297,15 +302,9 @@ class TimelineWriter:
         if sample.edge == END:
             self._trim()
 
-    def write_recorded(self, sample: Sample, *, unread: bool = False) -> None:
+    def write_recorded(self, sample: Sample) -> None:
         """:meth:`write` for a sample a recorder made, its line built from a kept frame
-        (:meth:`_LineFormat.recorded`). ``unread``: none of its metrics was read (a loop's
-        batch between two stride readings); its line waits for the next line written, or
-        the writer's close or end, and is built then with the others, on caches that the
-        first leaves warm: a training step leaves them cold for each alone."""
-        if unread:
-            self._waiting.append(sample)
-            return
+        (:meth:`_LineFormat.recorded`)."""
         self._write(self._format.recorded(sample) or _any_line(sample))
         if sample.edge == END:
             self._trim()

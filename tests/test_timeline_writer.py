@@ -213,11 +213,11 @@ def test_an_unread_batchs_line_waits_for_the_next_line_or_the_close(tmp_path):
     path = tmp_path / "t.jsonl"
     writer = TimelineWriter(path, HEADER)
     writer.write(_sample(0))
-    writer.write_recorded(_unread(1), unread=True)
-    writer.write_recorded(_unread(2), unread=True)
+    writer.wait(_unread(1))
+    writer.wait(_unread(2))
     assert [s.batch for s in read_timeline(path).samples] == [0]
     writer.write_recorded(_sample(3))
-    writer.write_recorded(_unread(4), unread=True)
+    writer.wait(_unread(4))
     assert [s.batch for s in read_timeline(path).samples] == [0, 1, 2, 3]
     writer.close()
     samples = read_timeline(path).samples
@@ -231,7 +231,7 @@ def test_a_forked_copy_never_writes_its_parents_waiting_lines(tmp_path):
     path = tmp_path / "t.jsonl"
     writer = TimelineWriter(path, HEADER)
     writer.write(_sample(0))
-    writer.write_recorded(_unread(1), unread=True)
+    writer.wait(_unread(1))
     for ending in ("close", "exit"):
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child)

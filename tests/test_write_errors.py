@@ -75,6 +75,26 @@ def test_a_full_disk_mid_run_stops_the_timeline_not_the_run(tmp_path, monkeypatc
     assert finished.verdict.status == "PASS"
 
 
+def test_a_full_disk_in_a_long_loop_keeps_no_line_waiting(tmp_path, monkeypatch):
+    """Once the timeline is lost, a long loop's batches between two stride readings go to the
+    store alone: none waits in memory for a line that will never be written."""
+    real = timeline_writer._Appended.append
+    appended = []
+
+    def fills_up(self, line):
+        if len(appended) == 40:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, line)
+        appended.append(line)
+
+    monkeypatch.setattr(timeline_writer._Appended, "append", fills_up)
+    with Recorder("cpu", timeline=tmp_path / "run.jsonl", rules=RULES) as recorder:
+        record(recorder, batches=400)
+        assert recorder.timeline_error is not None
+        assert recorder._timeline is not None and not recorder._timeline._waiting
+        assert [s.batch for s in recorder.samples][1:-1] == list(range(400))
+
+
 MANY = """
 import pytest
 
