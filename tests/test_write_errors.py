@@ -50,17 +50,23 @@ def test_an_end_record_on_a_full_disk_is_the_runs_write_error(tmp_path, monkeypa
     assert (tmp_path / "run.md").exists()
 
 
-def test_a_full_disk_mid_run_stops_the_timeline_not_the_run(tmp_path, monkeypatch):
-    written = []
+def fills_up(monkeypatch: pytest.MonkeyPatch, appends: int) -> list[bytes]:
+    """The timeline's disk full after ``appends`` appends, which the returned list keeps."""
+    written: list[bytes] = []
     real = timeline_writer._Appended.append
 
-    def fills_up(self, line):
-        if len(written) == 3:
+    def append(self, line):
+        if len(written) == appends:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(self, line)
         written.append(line)
 
-    monkeypatch.setattr(timeline_writer._Appended, "append", fills_up)
+    monkeypatch.setattr(timeline_writer._Appended, "append", append)
+    return written
+
+
+def test_a_full_disk_mid_run_stops_the_timeline_not_the_run(tmp_path, monkeypatch):
+    written = fills_up(monkeypatch, 3)
     with Recorder("cpu", timeline=tmp_path / "run.jsonl", rules=RULES) as recorder:
         record(recorder)
         assert len(recorder.samples) == 10 and len(written) == 3
@@ -78,16 +84,7 @@ def test_a_full_disk_mid_run_stops_the_timeline_not_the_run(tmp_path, monkeypatc
 def test_a_full_disk_in_a_long_loop_keeps_no_line_waiting(tmp_path, monkeypatch):
     """Once the timeline is lost, a long loop's batches between two stride readings go to the
     store alone: none waits in memory for a line that will never be written."""
-    real = timeline_writer._Appended.append
-    appended = []
-
-    def fills_up(self, line):
-        if len(appended) == 40:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(self, line)
-        appended.append(line)
-
-    monkeypatch.setattr(timeline_writer._Appended, "append", fills_up)
+    fills_up(monkeypatch, 40)
     with Recorder("cpu", timeline=tmp_path / "run.jsonl", rules=RULES) as recorder:
         record(recorder, batches=400)
         assert recorder.timeline_error is not None
