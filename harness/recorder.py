@@ -197,8 +197,9 @@ class Recorder:
             # A loop's batch whose arguments are known good: between two stride readings it
             # takes the short path, which touches little, so that it costs little on the
             # caches a training step leaves cold: no reading (neither the probe's nor the
-            # children's, whose live processes are the last reading's), no call beyond the
-            # sample's time (STRIDE.reads is inlined), its store row and line made later.
+            # children's, whose live processes are the last reading's), no Python function
+            # called (STRIDE.reads is inlined: _FIRST, _EVERY), its store row and line made
+            # at the next reading.
             runs = self._runs
             run = runs.get(label, 0)
             if run >= _FIRST and run % _EVERY:
