@@ -63,7 +63,7 @@ def render(doc: Mapping[str, Any], context: Mapping[str, Any]) -> str:
         goals(scale_cells(scale), checkpoint, overhead, loops, peer, verdict, workers),
         misses(checkpoint, raw, overhead, loops, peer, verdict),
         *("\n\n".join(filter(None, (text, load_range(b)))) for text, b in measured if text),
-        sensitivity_section(context["sensitivity"], context["noise"]),
+        sensitivity_section(context["sensitivity"], context["noise"], context.get("shapes", ())),
     ]
     return "\n\n".join(s for s in sections if s) + "\n"
 
@@ -87,6 +87,22 @@ def sensitivity_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 f"{r['flagged']}/{r['runs']}",
                 f"{r['median_slope']:.0f}",
                 f"{r['max_growth'] / 1000:.1f}",
+                f"{r['seconds_per_run']:.2f}",
+            ]
+            for r in rows
+        ),
+    )
+
+
+def shapes_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    return table(
+        ["shape", "failed for a leak", "median growth / true", "median onset", "s/run"],
+        (
+            [
+                r["shape"],
+                f"{r['failed']}/{r['runs']}",
+                f"{r['growth']:.2f}",
+                "-" if r["onset"] is None else f"{r['onset']:.0f}",
                 f"{r['seconds_per_run']:.2f}",
             ]
             for r in rows
@@ -1248,7 +1264,9 @@ def exit_text(step: Mapping[str, Any]) -> str:
     return f"{step['exit']}: {step['error']}" if "error" in step else str(step["exit"])
 
 
-def sensitivity_section(sensitivity: Sequence[Mapping], noise: Sequence[Mapping]) -> str:
+def sensitivity_section(
+    sensitivity: Sequence[Mapping], noise: Sequence[Mapping], shapes: Sequence[Mapping] = ()
+) -> str:
     parts = ["## Sensitivity and noise floor"]
     if sensitivity:
         parts += [
@@ -1256,6 +1274,15 @@ def sensitivity_section(sensitivity: Sequence[Mapping], noise: Sequence[Mapping]
             "(`benchmarks/sensitivity.py`: default TFT, batch 1, a checkpoint per batch, "
             "`max_growth` 64KiB, warm-up 5).",
             sensitivity_table(sensitivity),
+        ]
+    if shapes:
+        parts += [
+            "The shapes growth takes, read on the recorder's stride (`benchmarks/sensitivity.py "
+            "--shapes`: the same TFT loop, a seed a run, `max_growth` 4MB, warm-up 5; the kept "
+            "tensors' bytes are the true growth after the warm-up). A leak must fail wherever it "
+            "starts; a cache that fills and a bounded window never fail (their growth past the "
+            "budget is a `cache` warning).",
+            shapes_table(shapes),
         ]
     if noise:
         parts += [

@@ -25,7 +25,7 @@ import torch
 from bench_checkpoint import noise_floor
 from common import ROOT
 from report import render
-from sensitivity import sensitivity
+from sensitivity import sensitivity, shape_sensitivity
 
 BENCHMARKS = Path(__file__).parent
 FILES = (
@@ -97,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "versions": versions(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "sensitivity": sensitivity(args.sensitivity_runs) if args.sensitivity_runs else [],
+        "shapes": shape_sensitivity(args.sensitivity_runs) if args.sensitivity_runs else [],
         "noise": noise_floor(),
     }
     context["loads"] = (load_before, os.getloadavg()[0])

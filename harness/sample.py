@@ -45,9 +45,10 @@ class Stride:
     first: int = 32
     every: int = 16
 
-    def reads(self, run: int) -> bool:
-        """Whether a label's ``run``-th batch (counted from 0) is read."""
-        return run < self.first or run % self.every == 0
+    def reads(self, run: Any) -> Any:
+        """Whether a label's ``run``-th batch (counted from 0) is read; of each, for an array of
+        them."""
+        return (run < self.first) | (run % self.every == 0)
 
 
 STRIDE = Stride()

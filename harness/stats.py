@@ -1,12 +1,14 @@
-"""Robust statistics for memory series: Theil-Sen slope, Mann-Kendall trend test, robust levels.
+"""Robust statistics for memory series: Theil-Sen slope, Mann-Kendall trend test, a series per
+batch, and a broken line that says where growth bends.
 
-Everything is plain numpy. Series longer than :data:`MAX_POINTS` are reduced first: the points
-are cut, in order, into ``MAX_POINTS`` consecutive blocks whose sizes differ by at most one
-(as ``numpy.array_split`` cuts them), and each block becomes one point, the median of its ``x``
-and the median of its ``y``. That keeps the pairwise statistics at O(MAX_POINTS²) whatever the
-length of the run, and removes spikes shorter than half a block. :func:`trend` computes the
-differences ``y[j] - y[i]`` over the pairs ``i < j`` once, for both the Theil-Sen slope and the
-Mann-Kendall statistic.
+Everything is plain numpy. A series is readings ``y`` at batches ``x``; where memory is read on
+a stride, a reading stands for the batches around it, so the slope and the broken line weigh
+batches, not readings: they are fitted to the :func:`per_batch` series (the readings joined by
+straight lines, one point a batch). Series longer than :data:`MAX_POINTS` are reduced first:
+the points are cut, in order, into ``MAX_POINTS`` consecutive blocks whose sizes differ by at
+most one (as ``numpy.array_split`` cuts them), and each block becomes one point, the median of
+its ``x`` and the median of its ``y``. That keeps the pairwise statistics at O(MAX_POINTS²)
+whatever the length of the run, and removes spikes shorter than half a block.
 """
 
 from __future__ import annotations
@@ -135,19 +137,153 @@ def _mann_kendall(ys: np.ndarray, dy: np.ndarray) -> tuple[int, float, float]:
     return s, z, 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def trend(x: Series, y: Series, *, max_points: int = MAX_POINTS) -> Trend:
-    """Theil-Sen line and Mann-Kendall test of ``y`` against ``x`` (points ordered by ``x``).
-    A long series is reduced before its whole numbers are turned into floats (their block
-    medians are the same either way), so it is never copied whole."""
-    xs, ys = reduce(*_arrays(x, y), max_points=max_points)
+GRID = 8192
+"""The most points a :func:`per_batch` has: one a batch up to this many batches."""
+
+
+def per_batch(x: Series, y: Series, *, points: int = GRID) -> tuple[np.ndarray, np.ndarray]:
+    """Readings ``y`` at batches ``x`` (strictly ascending) as a series with one point a batch
+    (at most ``points``, evenly spaced over the batches), each unread batch on the straight line
+    between the readings around it: what an estimator fitted to it weighs is the same whether
+    every batch was read or every sixteenth. More readings than ``points`` are first reduced to
+    block medians."""
+    xs, ys = reduce(*_arrays(x, y), max_points=points)
     xs, ys = xs.astype(np.float64, copy=False), ys.astype(np.float64, copy=False)
-    i, j = _pairs(len(xs))
-    dy = ys[j] - ys[i]
-    s, z, p = _mann_kendall(ys, dy)
-    slope, intercept = _theil_sen(xs, ys, dy, i, j)
+    if len(xs) < 2:
+        return xs, ys
+    grid = np.linspace(xs[0], xs[-1], min(int(xs[-1] - xs[0]) + 1, points))
+    return grid, np.interp(grid, xs, ys)
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A continuous line of three pieces through levels ``y`` at batches ``x`` (the first
+    batch, the two knots, the last); :meth:`at` reads it, extending the end pieces."""
+
+    x: tuple[float, float, float, float]
+    y: tuple[float, float, float, float]
+
+    def at(self, batch: float) -> float:
+        """The level at ``batch``."""
+        x, y = self.x, self.y
+        k = 0 if batch <= x[1] else 1 if batch <= x[2] else 2
+        if x[k + 1] == x[k]:
+            return y[k + 1]
+        return y[k] + (y[k + 1] - y[k]) * (batch - x[k]) / (x[k + 1] - x[k])
+
+
+PIECES = 64
+"""Block medians a :func:`broken_line` places its knots by."""
+SHORTEST = PIECES // 16
+"""The fewest blocks a piece of a :func:`broken_line` spans: a sixteenth of the series."""
+END_POINTS = 256
+"""The most points an end piece's Theil-Sen line is fitted to."""
+
+
+def broken_line(x: Series, y: Series, *, end: float | None = None) -> Broken:
+    """A continuous three-piece line through ``y`` at ``x`` (a :func:`per_batch`: evenly spaced,
+    ascending), extended to ``end`` (by default the last ``x``).
+
+    The knots are where the least-squares three-piece line closest to the :data:`PIECES` block
+    medians bends, each piece at least :data:`SHORTEST` blocks long (a series too short for
+    three bends nowhere: its knots sit a third and two thirds along). The levels are read
+    locally and robustly: at the first ``x``, at the end of the first piece, at the start of
+    the last and at the last ``x``, each the Theil-Sen line of the points within a sixteenth of
+    the series on that side, there, kept within those points' range (which a line through a
+    sawtooth's tooth would leave); so no level is moved by a step elsewhere, nor by spikes the
+    median leaves out. The last level goes on to ``end`` along its line."""
+    xs, ys = (v.astype(np.float64) for v in _arrays(x, y))
+    first, last = (float(xs[0]), float(xs[-1])) if len(xs) else (0.0, 0.0)
+    end = last if end is None else max(float(end), last)
+    if len(xs) < 2 or last == first:
+        level = float(np.median(ys)) if len(ys) else 0.0
+        return Broken((first, first, end, end), (level,) * 4)
+    c, e = _knots(xs, ys) or (first + (last - first) / 3, first + 2 * (last - first) / 3)
+    edge = max((last - first) / 16, 1.0)
+    start, _ = _level(xs, ys, first, first + edge)
+    bend, _ = _level(xs, ys, c, c - edge)
+    flat, _ = _level(xs, ys, e, e + edge)
+    final, slope = _level(xs, ys, last, last - edge)
+    return Broken((first, c, e, end), (start, bend, flat, final + slope * (end - last)))
+
+
+def settled(x: Series, y: Series, level: float, band: float) -> float:
+    """The first ``x`` from which the :data:`PIECES` block medians of ``y`` (a
+    :func:`per_batch` series) all stay within ``band`` of ``level``: where the series settled
+    there (the last ``x`` where it never does)."""
+    bx, by = reduce(*_arrays(x, y), max_points=PIECES)
+    outside = np.flatnonzero(np.abs(by - level) > band)
+    if not len(outside):
+        return float(bx[0]) if len(bx) else 0.0
+    if outside[-1] == len(bx) - 1:
+        return float(np.asarray(x)[-1])
+    return float(bx[outside[-1] + 1])
+
+
+def _level(xs: np.ndarray, ys: np.ndarray, at: float, to: float) -> tuple[float, float]:
+    """The level at ``at`` of the Theil-Sen line of the points between ``at`` and ``to``, kept
+    within their range, and the line's slope."""
+    window = (xs >= min(at, to)) & (xs <= max(at, to))
+    x, y = xs[window], ys[window]
+    slope, intercept = _line(x, y)
+    return float(np.clip(intercept + slope * at, y.min(), y.max())), slope
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil-Sen slope and intercept of at most :data:`END_POINTS` block medians of ``(x, y)``."""
+    return theil_sen(*reduce(x, y, max_points=END_POINTS))
+
+
+def _knots(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float] | None:
+    """Where the least-squares three-piece line through the block medians of ``(xs, ys)`` bends;
+    None when the series has too few blocks for three pieces."""
+    bx, by = reduce(xs, ys, max_points=PIECES)
+    k = len(bx)
+    lo, hi = np.triu_indices(k, SHORTEST)  # knot pairs at least SHORTEST blocks apart
+    keep = (lo >= SHORTEST) & (hi <= k - 1 - SHORTEST)
+    lo, hi = lo[keep], hi[keep]
+    if not len(lo):
+        return None
+    centre = float(np.median(by))
+    scale = float(np.abs(by - centre).max()) or 1.0
+    u = (bx - bx[0]) / (bx[-1] - bx[0])  # well conditioned whatever the units
+    v = (by - centre) / scale
+    design = np.empty((len(lo), k, 4))
+    design[:, :, 0] = 1.0
+    design[:, :, 1] = u
+    design[:, :, 2] = np.maximum(u - u[lo][:, None], 0.0)
+    design[:, :, 3] = np.maximum(u - u[hi][:, None], 0.0)
+    across = design.transpose(0, 2, 1)
+    beta = np.linalg.solve(across @ design, across @ v[:, None])
+    residual = (((design @ beta)[..., 0] - v) ** 2).sum(axis=1)
+    best = int(np.argmin(residual))
+    return float(bx[lo[best]]), float(bx[hi[best]])
+
+
+def trend(x: Series, y: Series, *, spans: int | None = None) -> Trend:
+    """Theil-Sen line and Mann-Kendall test of readings ``y`` at batches ``x`` (strictly
+    ascending).
+
+    The line is of the :func:`per_batch` series cut into ``spans`` equal spans of batches (as
+    many as there are readings by default; at most :data:`MAX_POINTS`), each span its median:
+    read at every batch, those are the readings themselves; read on a stride, a span stands for
+    its batches, read or not, so the slope weighs batches, not readings. The test is of the
+    same spans with ``spans`` given, else of the readings themselves. ``noise`` is the
+    readings' spread around the line."""
+    xs, ys = reduce(*_arrays(x, y), max_points=GRID)
+    xs, ys = xs.astype(np.float64, copy=False), ys.astype(np.float64, copy=False)
+    bx, by = reduce(*per_batch(xs, ys), max_points=min(spans or len(xs), MAX_POINTS))
+    i, j = _pairs(len(bx))
+    dy = by[j] - by[i]
+    slope, intercept = _theil_sen(bx, by, dy, i, j)
+    if spans is None:  # the readings tested, not the spans
+        by = reduce(xs, ys, max_points=MAX_POINTS)[1]
+        i, j = _pairs(len(by))
+        dy = by[j] - by[i]
+    s, z, p = _mann_kendall(by, dy)
     residuals = ys - (slope * xs + intercept)
     noise = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
-    return Trend(slope, intercept, s, z, p, noise if len(ys) else 0.0, len(xs))
+    return Trend(slope, intercept, s, z, p, noise if len(ys) else 0.0, len(bx))
 
 
 def reduce(
@@ -170,24 +306,6 @@ def _block_medians(values: np.ndarray, blocks: int) -> np.ndarray:
             np.median(values[cut:].reshape(blocks - longer, size), axis=1),
         ]
     )
-
-
-def edge_window(n: int, *, fraction: float = 1 / 8, minimum: int = 5) -> int:
-    """How many points at each end :func:`robust_delta` takes a median over."""
-    return max(1, min(n // 2, max(minimum, int(n * fraction))))
-
-
-def robust_delta(y: Series, *, fraction: float = 1 / 8, minimum: int = 5) -> float:
-    """Median of the last points minus the median of the first points of ``y``.
-
-    Each end window holds ``fraction`` of the points (at least ``minimum``, at most half), so
-    spikes making up less than ``fraction / 2`` of the points cannot carry either median.
-    """
-    ys = _numbers(y)
-    if len(ys) < 2:
-        return 0.0
-    k = edge_window(len(ys), fraction=fraction, minimum=minimum)
-    return float(np.median(ys[-k:]) - np.median(ys[:k]))
 
 
 def _arrays(x: Series, y: Series) -> tuple[np.ndarray, np.ndarray]:

@@ -181,13 +181,16 @@ class Finding:
 class PhaseStats:
     """One ``(phase, epoch)`` group's numbers, in bytes of ``metric``.
 
-    ``start``/``end`` are its first and last readings; ``growth`` (after warm-up, the larger of
-    slope x span and the robust delta), ``slope`` (per batch), ``p_value`` (Mann-Kendall, for
-    increase) and ``noise`` (robust residual spread) describe the series ``label``; ``peak`` is
-    the highest reading and ``peak_rise`` its rise above ``start``, in ``peak_metric``.
-    ``batches`` counts the series' batches and ``judged`` those read after warm-up; ``budget`` is
-    ``max_growth``; ``baseline`` is the loop's fitted start level (the median of its first
-    ``baseline_batches`` judged readings), what a leak's re-check compares against.
+    ``start``/``end`` are its first and last readings; ``growth`` (after warm-up, the fitted
+    line's rise to the loop's last batch), ``slope`` (per batch, after the onset), ``p_value``
+    (Mann-Kendall, for increase) and ``noise`` (robust residual spread) describe the series
+    ``label``; ``onset`` is the batch where its growth started, when after the first judged
+    one, and ``stopped`` the batch where it stopped for good (a plateau); ``peak`` is the
+    highest reading and
+    ``peak_rise`` its rise above ``start``, in ``peak_metric``. ``batches`` counts the series'
+    batches and ``judged`` those read after warm-up; ``budget`` is ``max_growth``; ``baseline``
+    is the loop's fitted start level (the line fitted to its first ``baseline_batches`` judged
+    batches, at the first), what a leak's re-check compares against.
     """
 
     phase: str | None
@@ -209,6 +212,8 @@ class PhaseStats:
     peak_metric: str | None = None
     baseline: float | None = None
     baseline_batches: int | None = None
+    onset: float | None = None
+    stopped: float | None = None
 
 
 RAISED = "error"

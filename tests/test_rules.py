@@ -70,7 +70,7 @@ def test_linear_leak_in_validation_fails_with_its_slope():
     )
     assert stats.status == "FAIL" and stats.budget == 5_000_000
     assert stats.slope == pytest.approx(64 * KB, rel=0.01)
-    assert stats.p_value < 1e-20
+    assert stats.p_value < 1e-15  # tested on the stride's readings: 41 of the 176
     growth = [c for c in verdict.checks if c.rule == "max_growth"]
     assert [(c.scope, c.status) for c in growth] == [("validation epoch 0", "FAIL")]
 
@@ -136,7 +136,7 @@ def test_a_persistent_step_after_warmup_counts_as_growth():
     values[90:] += 20 * MB
     verdict = judge(loop(values), Rules(max_growth="10MB"))
     assert kinds(verdict) == ["leak"]
-    assert 20 * MB <= verdict.findings[0].bytes < 23 * MB
+    assert verdict.findings[0].bytes == pytest.approx(20 * MB, abs=64 * KB)
 
 
 def test_warmup_batches_are_excluded():
@@ -145,7 +145,9 @@ def test_warmup_batches_are_excluded():
     rules = Rules(max_growth="5MB", warmup=20)
     assert judge(loop(values), rules).status == "PASS"
     assert judge(loop(values), rules).phases[0].judged == N - 20
-    assert kinds(judge(loop(values), replace(rules, warmup=0))) == ["leak"]
+    # without the warm-up, growth that stops early and stays flat is a bounded cache
+    assert kinds(judge(loop(values), replace(rules, warmup=0))) == ["cache"]
+    assert kinds(judge(loop(values), replace(rules, warmup=0, cache_is_leak=True))) == ["leak"]
 
 
 def test_too_few_batches_after_warmup_is_an_error_not_a_pass():
@@ -295,8 +297,13 @@ def test_drift_leaves_out_the_first_epoch_by_default():
     assert judge(samples, Rules(max_drift="50MB")).status == "PASS"  # epoch 2 vs 1: +30MB
     assert judge(samples, Rules(max_drift="20MB")).of_kind("drift")[0].evidence[0].epoch == 1
     two = [s for s in samples if s.epoch != 2]
-    checks = judge(two, Rules(max_drift="1MB")).checks
-    assert not [c for c in checks if c.rule == "max_drift"]
+    verdict = judge(two, Rules(max_drift="1MB"))
+    (check,) = [c for c in verdict.checks if c.rule == "max_drift"]
+    said = "1 epoch left to judge after warmup_epochs=1 (epochs seen: 0, 1); drift compares two"
+    assert check.status == "SKIP" and check.details.startswith(said)
+    assert (
+        verdict.status == "ERROR" and verdict.error == f"max_drift judged nothing: {check.details}"
+    )
 
 
 def test_teardown_compares_the_collected_end_with_the_session_start():

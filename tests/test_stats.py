@@ -5,7 +5,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.stats import mann_kendall, reduce, robust_delta, theil_sen, trend
+from harness.stats import (
+    broken_line,
+    mann_kendall,
+    per_batch,
+    reduce,
+    settled,
+    theil_sen,
+    trend,
+)
 
 
 def test_theil_sen_recovers_a_line_exactly():
@@ -49,20 +57,13 @@ def test_mann_kendall_corrects_for_ties_and_direction():
     assert mann_kendall([1]) == (0, 0.0, 0.5)
 
 
-def test_robust_delta_ignores_isolated_spikes_at_the_ends():
-    y = np.zeros(160)
-    y[[0, 2, -1, -3, -5]] = 1e9
-    assert robust_delta(y) == 0.0
-    assert robust_delta(np.arange(100.0)) == 88.0  # medians of the first and last 12
-
-
 def test_long_series_are_reduced_to_block_medians():
     x = np.arange(5000.0)
     y = 2.0 * x
     y[::50] += 1e12
     rx, ry = reduce(x, y, max_points=100)
     assert len(rx) == len(ry) == 100
-    t = trend(x, y, max_points=100)
+    t = trend(x, y, spans=100)
     assert t.n == 100
     assert t.slope == pytest.approx(2.0)
     assert t.p < 1e-10
@@ -71,7 +72,7 @@ def test_long_series_are_reduced_to_block_medians():
 def test_trend_noise_is_the_residual_spread():
     rng = np.random.default_rng(1)
     x = np.arange(2000)
-    t = trend(x, 5.0 * x + rng.normal(0, 100, 2000), max_points=2000)
+    t = trend(x, 5.0 * x + rng.normal(0, 100, 2000))
     assert t.noise == pytest.approx(100, rel=0.1)
 
 
@@ -94,4 +95,27 @@ def test_statistics_are_shift_invariant_and_scale_equivariant(ys, shift, scale):
     assert theil_sen(x, y * scale)[0] == pytest.approx(slope * scale, rel=1e-9, abs=1e-6)
     assert mann_kendall(y + shift) == mann_kendall(y)
     assert mann_kendall(y * scale) == mann_kendall(y)
-    assert robust_delta(y + shift) == pytest.approx(robust_delta(y), abs=1e-3)
+
+
+def test_a_series_per_batch_joins_the_readings_with_straight_lines():
+    x, y = per_batch([0, 1, 2, 18, 34], [0, 10, 20, 180, 180])
+    assert x.tolist() == list(range(35))
+    assert y[10] == pytest.approx(100) and y[30] == pytest.approx(180)
+    x, y = per_batch(np.arange(0, 10**6, 10), np.zeros(10**5))
+    assert len(x) <= 8192 and 0 <= x[0] < 200 and 999_800 < x[-1] <= 999_990  # block medians
+
+
+def test_a_broken_line_finds_where_growth_starts_and_reads_its_ends_robustly():
+    x = np.arange(700.0)
+    y = np.where(x >= 400, (x - 400) * 100.0, 0.0)
+    y[[3, 650]] += 1e9  # spikes at either end move no level
+    line = broken_line(x, y, end=720)
+    assert line.x[1] == pytest.approx(400, abs=700 / 64) or line.x[2] == pytest.approx(400, abs=11)
+    assert line.y[0] == pytest.approx(0, abs=1) and line.at(699) == pytest.approx(29_900, rel=1e-3)
+    assert line.y[3] == pytest.approx(32_000, rel=1e-3)  # the last piece extended to the end
+
+
+def test_a_series_settles_where_it_stays_near_its_last_level():
+    x = np.arange(200.0)
+    assert settled(x, np.minimum(x, 50.0), 50.0, 5.0) == pytest.approx(45, abs=200 / 64)
+    assert settled(x, x, 199.0, 1.0) > 195  # a leak settles nowhere before its last batches

@@ -12,7 +12,15 @@ import numpy as np
 
 from harness.chart import CHART_POINTS, memory_chart, shows_capacity
 from harness.markdown import Markdown, code, fenced, plain, strong, table, text
-from harness.report.run import Run, as_int, checkpoint_name, oom_events, oom_labelled, unbatched
+from harness.report.run import (
+    Run,
+    as_int,
+    checkpoint_name,
+    oom_events,
+    oom_labelled,
+    turns,
+    unbatched,
+)
 from harness.report.workers import (
     PROFILE_NOTE,
     budget_note,
@@ -114,6 +122,12 @@ def single_chart(run: Run) -> list[str]:
         caption += "; out of memory at " + ", ".join(
             f"#{i} ({text(checkpoint_name(run.samples[i]))})" for i in ooms[:3]
         )
+    marked = turns(run)
+    if marked:
+        caption += "; " + ", ".join(
+            f"{note} at #{i} ({text(checkpoint_name(run.samples[i]))})"
+            for i, note in list(marked.items())[:3]
+        )
     lines = ["## Memory Over the Run", "", *block, "", caption + "."]
     guide = phase_guide(run)
     if guide:
@@ -160,7 +174,9 @@ def single_analysis(run: Run) -> list[str]:
     lines += [
         "Per phase and epoch, every figure in the row's metric: batches judged (after the "
         f"warm-up of {run.verdict.rules.warmup}) of those recorded; start and end readings; "
-        "growth and slope after the warm-up (robust: Theil-Sen slope, medians of the ends); "
+        "growth after the warm-up (the fitted level at the loop's last batch less at its first "
+        "judged one, every batch weighed alike, read or not) and slope (per batch, after the "
+        "growth's onset where it starts late); "
         "peak rise is the highest reading's rise above the start (the high-water mark where "
         "the probe has one, in the metric it marks, named when it is another one); budget is "
         "`max_growth`. Phases outside the rules' `phase` are shown unjudged."
@@ -209,6 +225,8 @@ def profile_rows(run: Run) -> list[tuple[str, int, list[str]]]:
                 keep[int(positions[high])] = ["highest of the loop"]
         for k in chosen:
             keep.setdefault(int(positions[k]), [])
+    for i, mark in turns(run).items():
+        keep.setdefault(i, []).append(mark)
     listed = set(keep) | set(ooms) | set(unbatched(run)) | set(run.columns.notes)
     rows = []
     for i in sorted(listed):

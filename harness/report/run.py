@@ -19,7 +19,7 @@ from harness.records import HolderRecord
 from harness.rules.columns import Columns
 from harness.sample import Sample
 from harness.store import NONE
-from harness.verdict import Verdict
+from harness.verdict import Kind, Verdict
 
 SHOWN_FALLBACK = "rss"
 START_LABELS = ("SESSION_START", "session START", "TEST_START")
@@ -185,3 +185,40 @@ def as_int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return int(value) if math.isfinite(value) else None
+
+
+def turns(run: Run) -> dict[int, str]:
+    """Where the growth of a loop with a leak or cache finding started and stopped: the
+    position of the loop's last reading at or before that batch, and its note (``leak from
+    batch 400``, ``flat from batch 31 (bounded cache)``)."""
+    named: dict[tuple[str | None, int | None], Kind] = {
+        (f.phase, f.epoch): f.kind
+        for f in run.verdict.findings
+        if f.kind in (Kind.LEAK, Kind.CACHE)
+    }
+    c = run.columns
+    present = c.present(run.metric)
+    found: dict[int, str] = {}
+    for stats in run.verdict.phases:
+        kind = named.get((stats.phase, stats.epoch))
+        if kind is None or stats.metric != run.metric:
+            continue
+        marks = [(stats.onset, f"{kind} from batch {{}}")]
+        if kind == Kind.CACHE:
+            marks.append((stats.stopped, "flat from batch {} (bounded cache)"))
+        loop = np.flatnonzero(
+            (c.batch != NONE)
+            & (c.phase == c.strings.index(stats.phase))
+            & (c.epoch == (NONE if stats.epoch is None else stats.epoch))
+            & (c.label == c.strings.index(stats.label))
+        )
+        batches = c.batch[loop]
+        in_order = bool((batches[1:] > batches[:-1]).all())
+        for at, note in marks:
+            if at is None or not len(loop):
+                continue
+            k = int(np.searchsorted(batches, at)) if in_order else round(at)
+            read = np.flatnonzero(present[loop[: min(k, len(loop) - 1) + 1]])
+            if len(read):
+                found[int(loop[read[-1]])] = note.format(f"{at:.0f}")
+    return found

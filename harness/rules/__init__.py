@@ -29,7 +29,6 @@ from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS
 from harness.rules.mistakes import nothing_recorded, recorded_nothing, unmatched_phase
 from harness.rules.registry import Rule, register_rule, registered, unregister_rule
 from harness.sample import Sample
-from harness.stats import edge_window
 from harness.verdict import (
     CONFIGURATION,
     KINDS,
@@ -226,7 +225,7 @@ def _judge_group(
         start=ctx.samples[group.start].get(metric) if metric and group.start is not None else None,
         end=ctx.samples[group.end].get(metric) if metric and group.end is not None else None,
         growth=fit.growth if fit else None,
-        slope=fit.trend.slope if fit else None,
+        slope=fit.rate if fit else None,
         p_value=fit.trend.p if fit else None,
         noise=fit.trend.noise if fit else None,
         peak=peak.value if peak else None,
@@ -234,7 +233,9 @@ def _judge_group(
         budget=ctx.rules.max_growth,
         peak_metric=peak.base if peak else None,
         baseline=fit.baseline if fit else None,
-        baseline_batches=edge_window(len(group.judged)) if fit else None,
+        baseline_batches=round(fit.line.x[1] - fit.line.x[0]) + 1 if fit else None,
+        onset=fit.onset if fit else None,
+        stopped=fit.stopped if fit else None,
     )
     return found, stats
 

@@ -21,8 +21,8 @@ from typing import NamedTuple, overload
 import numpy as np
 
 from harness.rules.columns import Columns, Key
+from harness.rules.fit import Fit
 from harness.sample import STRIDE, Sample
-from harness.stats import Trend, edge_window, robust_delta, trend
 from harness.store import NONE
 from harness.units import format_size
 from harness.verdict import Check, CheckStatus, Evidence, Rules
@@ -40,27 +40,6 @@ class Peak(NamedTuple):
     base: str
     value: int
     rise: int
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A series after warm-up: its trend, growth (the larger of slope x span and the robust
-    delta), batch span and starting level (median of the first edge window)."""
-
-    trend: Trend
-    growth: float
-    span: float
-    baseline: float
-
-    @classmethod
-    def of(cls, x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> Fit | None:
-        if len(x) < 2:
-            return None
-        xs, ys = np.asarray(x), np.asarray(y)  # whole numbers stay so: trend reduces first
-        t = trend(xs, ys)
-        span = float(xs[-1]) - float(xs[0])
-        baseline = float(np.median(ys[: edge_window(len(ys))]))
-        return cls(t, max(t.slope * span, robust_delta(ys)), span, baseline)
 
 
 class Positions(Sequence[int]):
@@ -121,7 +100,9 @@ class Positions(Sequence[int]):
 class Group:
     """One ``(phase, epoch)`` with per-batch samples: positions of all its samples, its series
     (the batches of its label where the metric was read, of ``batches``), the judged part of
-    it (after warm-up), the metric, the fit and the peak."""
+    it (after warm-up), the metric, the fit and the peak. Where the label's batch numbers do not
+    ascend (shuffled, or restarting with each of several loaders) the loop is fitted in the
+    checkpoints' order."""
 
     key: Key
     indices: Sequence[int]
@@ -228,26 +209,31 @@ class Context(CheckLog):
         if metric is None:
             return group
         group.batches = len(series)
-        present = columns.present(metric)
-        if not present[series].all():
-            series = series[present[series]]
         batches = columns.batch[series]
         batches[batches == NONE] = 0
-        if len(batches) > 1 and bool((batches[1:] < batches[:-1]).any()):
-            ordered = np.argsort(batches, kind="stable")
-            series, batches = series[ordered], batches[ordered]
+        # a loop is fitted by its batch numbers where they ascend, else in the checkpoints' order
+        in_order = len(batches) < 2 or bool((batches[1:] > batches[:-1]).all())
+        x = batches if in_order else np.arange(len(series))
+        end = x[-1]  # the loop's last batch, read or not
+        runs = np.arange(len(series))  # each batch's number in the loop, from 0
+        present = columns.present(metric)
+        if not present[series].all():
+            read = present[series]
+            series, x, runs = series[read], x[read], runs[read]
         group.series = Positions(series)
         if not len(series):
             return group
-        cut = int(np.searchsorted(batches, batches[0] + self.rules.warmup))
-        judged = series[cut:]  # batches ascend: those after warm-up are a suffix
+        cut = int(np.searchsorted(x, x[0] + self.rules.warmup))
+        judged = series[cut:]  # x ascends: those after warm-up are a suffix
         group.judged = Positions(judged)
         read = present[indices]
         group.start = int(indices[np.argmax(read)])
         group.end = int(indices[len(read) - 1 - np.argmax(read[::-1])])
         del read
-        group.fit = Fit.of(batches[cut:], columns.values(metric)[judged])
-        del batches
+        group.fit = Fit.of(
+            x[cut:], columns.values(metric)[judged], end=end, in_order=in_order, runs=runs[cut:]
+        )
+        del x, runs
         group.peak = self._peak(indices, group.start, metric)
         return group
 

@@ -2,9 +2,11 @@
 
 Leak (P0, ``max_growth``): after ``warmup`` batches, the series is a leak when the
 Mann-Kendall test finds an increasing trend (one-sided p < :data:`ALPHA`, at least
-:data:`MIN_TREND_POINTS` batches), its growth exceeds the budget, and no re-check clears it.
-The re-check follows PyTorch's own CUDA leak check: memory released when the phase ended is
-still a leak *inside* the phase (``released``); a collected reading still above the budget
+:data:`MIN_TREND_POINTS` batches), its growth (:mod:`harness.rules.fit`) exceeds the budget,
+its growth did not stop early for good (a plateau is a bounded cache, a warning, unless
+``cache_is_leak``), and no re-check clears it. The re-check follows PyTorch's own CUDA leak
+check: memory released when the phase ended (back within the budget, half the growth given
+back) is still a leak *inside* the phase (``released``); a collected reading still above the budget
 confirms it (``retained``); a collected reading back within the budget clears it (reclaimed by
 collection); without one the in-loop evidence stands (``unchecked``). See ``docs/rules.md``.
 """
@@ -41,16 +43,23 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         )
         return []
     t = fit.trend
+    since = fit.since if fit.growth > limit else ""  # where a growth within budget began is noise
     summary = (
-        f"{format_size(fit.growth, signed=True)} over {fit.span:g} batches after warm-up, "
-        f"{rate(t.slope)}, trend p={t.p:.2g}"
+        f"{format_size(fit.growth, signed=True)} over {fit.span:g} batches after warm-up"
+        f"{since}, {rate(fit.rate)}, trend p={t.p:.2g}"
     )
     if len(group.series) < group.batches:
         summary += f" ({metric} read at {len(group.series)} of {group.batches} batches)"
+    if not fit.in_order:
+        summary += " (batch numbers do not ascend: fitted in the checkpoints' order)"
     if not (t.p < ALPHA and fit.growth > limit):
         ctx.check("max_growth", group.scope, "PASS", summary, fit.growth, limit)
         return []
-    released, recheck, went_on = after_loop(ctx, group, judged[-1], metric, fit.baseline + limit)
+    if fit.stopped is not None and not ctx.rules.cache_is_leak:
+        return [plateau(ctx, group, summary, limit)]
+    # released: back within the budget, having given back at least half of what the loop grew
+    back = fit.baseline + min(limit, fit.growth / 2)
+    released, recheck, went_on = after_loop(ctx, group, judged[-1], metric, back)
     evidence = [ctx.evidence(i, metric) for i in (judged[0], judged[-1])]
     if released is not None:
         outcome = Outcome.RELEASED
@@ -75,8 +84,9 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
     tail = f"; {note}" if note else ""
     ctx.check("max_growth", group.scope, "FAIL", summary + tail, fit.growth, limit)
     message = (
-        f"leak in {group.scope}: {rate(t.slope)}, {format_size(fit.growth, signed=True)} "
-        f"> max_growth {ctx.rules.shown('max_growth')} (trend p={t.p:.2g}){tail}"
+        f"leak in {group.scope}{fit.since}: {rate(fit.rate)}, "
+        f"{format_size(fit.growth, signed=True)} > max_growth {ctx.rules.shown('max_growth')} "
+        f"(trend p={t.p:.2g}){tail}"
     )
     return [
         Finding(
@@ -85,11 +95,43 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
             group.epoch,
             round(fit.growth),
             message,
-            t.slope,
+            fit.rate,
             tuple(evidence),
             outcome=outcome,
         )
     ]
+
+
+def plateau(ctx: Context, group: Group, summary: str, limit: int) -> Finding:
+    """The finding for a loop whose growth past ``limit`` stopped early and stayed flat: a
+    bounded cache (a warning; ``cache_is_leak=True`` keeps it a leak)."""
+    fit = group.fit
+    assert fit is not None and fit.stopped is not None
+    stopped = f"grew {format_size(fit.growth, signed=True)} until batch {fit.stopped:.0f}"
+    held = f"then stayed flat for {fit.flat:.0f} batches"
+    ctx.check(
+        "max_growth",
+        group.scope,
+        "WARN",
+        f"{summary}; {stopped}, {held}: a bounded cache",
+        fit.growth,
+        limit,
+    )
+    message = (
+        f"bounded cache in {group.scope}: {stopped}, {held} (a cache that fills and stops "
+        "growing, not a leak; cache_is_leak=True fails it)"
+    )
+    evidence = tuple(ctx.evidence(i, group.metric) for i in (group.judged[0], group.judged[-1]))
+    return Finding(
+        Kind.CACHE,
+        group.phase,
+        group.epoch,
+        round(fit.growth),
+        message,
+        0.0,
+        evidence,
+        rule="max_growth",
+    )
 
 
 @register_rule("max_peak", scope="phase", option="max_peak")

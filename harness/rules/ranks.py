@@ -7,10 +7,10 @@ not. :func:`judge_ranks` runs every registered rule marked ``across_ranks`` over
 
 ``rank_outlier``, per ``(phase, epoch)`` that at least two ranks judged:
 
-- growth (after warm-up: the larger of slope x span and the robust delta, as the leak rule
-  measures it): a rank with an increasing trend (p < :data:`~harness.rules.loop.ALPHA`) whose
-  growth exceeds the other ranks' median by more than the gap, and is more than twice that
-  median, is a ``leak`` finding naming the rank;
+- growth (after warm-up, as the leak rule measures it: :mod:`harness.rules.fit`): a rank with
+  an increasing trend (p < :data:`~harness.rules.loop.ALPHA`) whose growth exceeds the other
+  ranks' median by more than the gap, and is more than twice that median, is a ``leak``
+  finding naming the rank;
 - peak rise: the same test on ``peak_rise`` (no trend needed) is a ``peak`` finding, unless
   that rank's growth stood out already (its peak is then the same memory).
 

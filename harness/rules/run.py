@@ -26,6 +26,7 @@ from harness.sample import Sample
 from harness.store import NONE
 from harness.units import format_size
 from harness.verdict import Finding, Kind
+from harness.wording import plural
 
 
 @register_rule("max_drift", option="max_drift")
@@ -40,10 +41,12 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
     for i in sorted(readings[first].tolist()):
         firsts.setdefault(samples[i].label, {})[int(cols.epoch[i])] = i
     failures: list[Finding] = []
+    compared = False
     for label, by_epoch in firsts.items():
         epochs = sorted(by_epoch)[ctx.rules.warmup_epochs :]
         if len(epochs) < 2:
             continue
+        compared = True
         ref = by_epoch[epochs[0]]
         worst: tuple[float, int, int, str, float, list[str]] | None = None
         for e in epochs[1:]:
@@ -93,6 +96,8 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
                     rule="max_drift",
                 )
             )
+    if not compared:
+        ctx.check("max_drift", "run", "SKIP", _too_few_epochs(ctx, firsts))
     if not failures:
         return []
     worst_finding = max(failures, key=lambda f: f.bytes or 0)
@@ -101,6 +106,20 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
             worst_finding, message=f"{worst_finding.message} ({len(failures)} labels drift)"
         )
     return [worst_finding]
+
+
+def _too_few_epochs(ctx: Context, firsts: dict[str, dict[int, int]]) -> str:
+    """Why drift compared nothing: the epochs left after ``warmup_epochs``, or no reading
+    outside a loop that carries an epoch."""
+    seen = sorted({e for by_epoch in firsts.values() for e in by_epoch})
+    if not seen:
+        return "no reading outside a loop carries an epoch (drift compares epochs' first readings)"
+    left = max(len(by_epoch) - ctx.rules.warmup_epochs for by_epoch in firsts.values())
+    return (
+        f"{plural(max(left, 0), 'epoch')} left to judge after warmup_epochs="
+        f"{ctx.rules.warmup_epochs} (epochs seen: {', '.join(map(str, seen))}); drift compares "
+        "two or more"
+    )
 
 
 @register_rule("teardown", option="teardown")

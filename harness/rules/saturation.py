@@ -13,11 +13,11 @@ leak. ``cache_is_leak=True`` keeps every leak blocking.
 
 Projection (P0 leak, ``project_to``): a short test sees a few hundred batches of a run that
 takes many thousands. A phase's series whose trend is significant (p < ``ALPHA``, at least
-``MIN_TREND_POINTS`` batches after warm-up) has its Theil-Sen slope multiplied by
-``project_to`` batches; the phase fails when that exceeds ``max_projected``, or ``max_growth``
-when that is not set. Slopes under :data:`SLOPE_FLOOR` are not projected: a clean CPU loop's
-heap drifts by 17 to 62 B/batch (3 to 11 KB over 176 batches), which a long enough run would
-turn into any size.
+``MIN_TREND_POINTS`` batches after warm-up) has its rate (after its onset; none once its
+growth stopped on a plateau) multiplied by ``project_to`` batches; the phase fails when that
+exceeds ``max_projected``, or ``max_growth`` when that is not set. Slopes under
+:data:`SLOPE_FLOOR` are not projected: a clean CPU loop's heap drifts by 17 to 62 B/batch (3
+to 11 KB over 176 batches), which a long enough run would turn into any size.
 """
 
 from __future__ import annotations
@@ -63,18 +63,22 @@ def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
         )
         return []
     t = fit.trend
-    projected = t.slope * batches
+    # the rate the loop grows at by its end: after its onset, nothing once growth stopped
+    slope = 0.0 if fit.stopped is not None else fit.rate
+    projected = slope * batches
     summary = (
-        f"{rate(t.slope)} x {batches} batches = {format_size(projected, signed=True)} "
+        f"{rate(slope)} x {batches} batches = {format_size(projected, signed=True)} "
         f"(trend p={t.p:.2g}, {format_size(fit.growth, signed=True)} over {fit.span:g} "
         "batches here)"
     )
-    if not (t.p < ALPHA and t.slope >= SLOPE_FLOOR and projected > limit):
+    if fit.stopped is not None:
+        summary += f"; growth stopped at batch {fit.stopped:.0f}"
+    if not (t.p < ALPHA and slope >= SLOPE_FLOOR and projected > limit):
         ctx.check("project_to", group.scope, "PASS", summary, projected, limit)
         return []
     ctx.check("project_to", group.scope, "FAIL", summary, projected, limit)
     message = (
-        f"projected leak in {group.scope}: {rate(t.slope)} x {batches} batches = "
+        f"projected leak in {group.scope}{fit.since}: {rate(slope)} x {batches} batches = "
         f"{format_size(projected, signed=True)} > {budget} {ctx.rules.shown(budget)} "
         f"(trend p={t.p:.2g}; {format_size(fit.growth, signed=True)} over {fit.span:g} "
         "batches in this run)"
@@ -87,7 +91,7 @@ def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
             group.epoch,
             round(projected),
             message,
-            t.slope,
+            slope,
             evidence,
             rule="project_to",
         )
@@ -153,14 +157,16 @@ def saturating(ctx: Context, phase: str | None) -> list[Group] | None:
 
 def cached_between(ctx: Context, start: int, end: int, metric: str) -> tuple[float, list[str]]:
     """The growth of ``metric`` that bounded caches account for between positions ``start``
-    and ``end``: the epochs, lying wholly between them, of each phase whose leak the verdict
-    calls a bounded cache (its growth saturates, and the leak rules failed it), from their
-    first reading to their last; and those phases' names."""
+    and ``end``: the epochs, lying wholly between them, of each phase whose growth the verdict
+    calls a bounded cache (it saturates across epochs, and the leak rules failed it or a loop
+    of it filled and stayed flat), from their first reading to their last; and those phases'
+    names."""
     total, phases = 0.0, []
     failed = {c.scope for c in ctx.checks if c.rule in LEAK_RULES and c.status == "FAIL"}
     for phase in dict.fromkeys(g.phase for g in ctx.groups):
         groups = saturating(ctx, phase) or []
-        if not failed & {g.scope for g in groups}:
+        filled = any(g.fit is not None and g.fit.stopped is not None for g in groups)
+        if not (filled or failed & {g.scope for g in groups}):
             continue
         for group in groups:
             first, last = group.indices[0], group.indices[-1]
