@@ -218,6 +218,17 @@ def test_memory_freed_when_the_phase_ends_is_still_a_leak_inside_it():
     assert leak.evidence[-1].label == "VALIDATION_END"
 
 
+def test_memory_still_held_after_the_phase_is_not_said_released():
+    grown = 40 * KB * 170  # 6.6 MiB after warm-up; the END gives back a sixth of it
+    samples = loop(noisy(40 * KB), end=BASE + 5 * grown // 6 - 2 * MB)
+    (leak,) = judge(samples, Rules(max_growth="5MB")).findings
+    assert leak.kind == "leak" and "released" not in leak.message
+    assert "no collected re-check after the loop" in leak.message
+    freed = loop(noisy(40 * KB), end=BASE + grown // 3)  # two thirds given back
+    (leak,) = judge(freed, Rules(max_growth="5MB")).findings
+    assert "released when the phase ended" in leak.message
+
+
 def test_growth_only_collection_gives_back_is_not_a_leak():
     samples = with_after(loop(noisy(64 * KB)), ("AFTER_GC", "validation", BASE + 100 * KB, True))
     verdict = judge(samples, Rules(max_growth="5MB"))
