@@ -507,7 +507,7 @@ NAMED = {
     "lru_cache_keyed_by_tensors": r"Encoder\.encode|lru_cache",
     "reference_cycles_with_gc_disabled": r"Node\.(value|me)",
     "metric_state_never_reset": r"MeanAbsoluteError\.sum_error",
-    "exceptions_stored_with_frames": r"errors|checked_step:out",
+    "exceptions_stored_with_frames": r"stored_errors:errors \(list, \d+ items",
     "cpu_results_kept_without_detach": r"kept_on_host",
     "jit_trace_per_batch_kept": r"traces",
     "layers_appending_activations": r"model\.\d\.activations",

@@ -60,8 +60,9 @@ def attribute(
     - a module global: ``module.name``;
     - a closure cell: ``function:name``, the function whose variable it is (the closure's
       enclosing function);
-    - a local of a frame (running, suspended in a generator, or kept by a traceback):
-      ``function:name``.
+    - a local of a running frame or of a suspended generator: ``function:name``. A frame that
+      only a traceback keeps is an ordinary object: what holds the traceback is named
+      (``train:errors``, the list of stored exceptions).
 
     The object that reference points to is the *holder*. Tensors under one holder form one
     :class:`Holder`, described at the deepest container they all share (``Cache.items['attn']``,

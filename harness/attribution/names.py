@@ -127,8 +127,9 @@ class Names:
         module = self.module_dicts.get(id(parent))
         if module is not None:
             return f"{module}.{self.slot(parent, child)}", True
-        if isinstance(parent, types.FrameType):
-            return f"{_qualname(parent.f_code)}:{self.slot(self.locals(parent), child)}", True
+        if isinstance(parent, types.FrameType):  # a root only while it runs, not in a traceback
+            live = self.parent.get(id(parent), SKIP) is None
+            return f"{_qualname(parent.f_code)}:{self.slot(self.locals(parent), child)}", live
         if isinstance(parent, _GENERATORS):
             frame = getattr(parent, "gi_frame", None) or getattr(parent, "cr_frame", None)
             frame = frame or getattr(parent, "ag_frame", None)
