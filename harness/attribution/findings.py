@@ -105,8 +105,8 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
             continue
         phase, epoch = getattr(finding, "phase", None), getattr(finding, "epoch", None)
         chosen = [h for h in found if h.phase == phase]
-        if kind == "drift":  # named at a later epoch's start, against the first judged one
-            chosen = [h for h in chosen if h.label and labels.edge_of(h.label) == labels.START]
+        if kind == "drift":  # named at a later epoch's start and end, against the first judged
+            chosen = [h for h in chosen if h.label and labels.edge_of(h.label) is not None]
         if epoch is not None and any(h.epoch == epoch for h in chosen):
             chosen = [h for h in chosen if h.epoch == epoch]
         if kind == "teardown" or not chosen:

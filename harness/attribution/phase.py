@@ -159,6 +159,9 @@ class PhaseAttribution:
             self.attribute(sample, opened.snapshot if opened else self._first, grown)
             return True
         if edge == labels.END:
+            drifting = self._epochs.get(sample.phase)
+            if drifting is not None and drifting.named_at is not None:
+                self._drift_at_end(sample, drifting)
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
             if opened.named_at is None or opened.base is None:  # what the phase left
@@ -207,11 +210,7 @@ class PhaseAttribution:
         if self._stepped_aside():
             return
         self.searches += 1
-        if self.lines is not None and self.lines.open_now:
-            with self.lines.paused():
-                better = retained_holders(opened.census, self.max_objects)
-        else:
-            better = retained_holders(opened.census, self.max_objects)
+        better = self._retained(opened.census)
         if sum(h.bytes for h in better) > held:
             del self.holders[len(self.holders) - len(found) :]
             self.holders += [
@@ -301,20 +300,58 @@ class PhaseAttribution:
     def _drift(self, sample: Sample, snapshot: Snapshot) -> None:
         """At a phase's start in a later epoch: name what it keeps that the phase's first judged
         epoch (after ``warmup_epochs``) did not, once the difference passes ``drift`` and again
-        each time it doubles."""
+        each time it doubles, over everything made since that epoch started (between phases
+        too)."""
         assert self.drift is not None
         epochs = self._epochs.setdefault(sample.phase, _Epochs())
         epochs.seen.add(sample.epoch)
         if epochs.reference is None:
             if len(epochs.seen) > self.warmup_epochs:
-                epochs.reference = (snapshot, sample)
+                epochs.reference = (self._snapshot(objects=True), sample)
             return
         drift = self._growth(epochs.reference[1], sample)
         bar = self.drift if epochs.named_at is None else 2 * epochs.named_at
         if drift is None or drift <= bar or epochs.attributions >= ATTRIBUTIONS:
             return
-        epochs.named_at, epochs.attributions = drift, epochs.attributions + 1
-        self.attribute(sample, epochs.reference[0], drift)
+        epochs.named_at = drift
+        self._name_drift(sample, epochs, drift)
+
+    def _drift_at_end(self, sample: Sample, epochs: _Epochs) -> None:
+        """At the end of an epoch after a drift was named: name it again, with this epoch's
+        generation made, while the phase's holders are alive."""
+        assert epochs.reference is not None
+        drift = self._growth(epochs.reference[1], sample)
+        if drift is not None and drift > 0 and epochs.attributions < ATTRIBUTIONS:
+            self._name_drift(sample, epochs, drift)
+
+    def _name_drift(self, sample: Sample, epochs: _Epochs, drift: int) -> None:
+        """Name a drift's holders now: the tensors new since its reference, and, once two
+        generations of it exist (two epochs after the reference), what retains everything new
+        since then, at its accumulation point: the list that keeps every epoch's optimizer, not
+        one epoch's optimizer among them."""
+        assert epochs.reference is not None
+        epochs.attributions += 1
+        found = self.attribute(sample, epochs.reference[0], drift)
+        generations = len([e for e in epochs.seen if e is not None]) - self.warmup_epochs - 1
+        if sample.edge == labels.END:
+            generations += 1  # the epoch that ends made one too
+        if generations < 2 or drift < RETAINED_FROM or self._stepped_aside():
+            return
+        self.searches += 1
+        better = self._retained(epochs.reference[0])
+        if 2 * sum(h.bytes for h in better) >= sum(h.bytes for h in found):
+            del self.holders[len(self.holders) - len(found) :]
+            self.holders += [
+                replace(h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=drift)
+                for h in better
+            ]
+
+    def _retained(self, census: Snapshot) -> list[Holder]:
+        """:func:`retained_holders` since ``census``, the dearer search's bookkeeping paused."""
+        if self.lines is not None and self.lines.open_now:
+            with self.lines.paused():
+                return retained_holders(census, self.max_objects)
+        return retained_holders(census, self.max_objects)
 
     def _snapshot(self, objects: bool = False) -> Snapshot:
         """The live tensors, with the dearer search's own bookkeeping paused."""

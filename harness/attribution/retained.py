@@ -190,6 +190,7 @@ class _Search:
 
     def holders(self, kept: list[int], limit: int) -> list[Holder]:
         """At most ``limit`` holders, each at its accumulation point, none inside another."""
+        self._fold(kept)
         children = self.children
         total = kept[0]
         found: list[Holder | None] = []
@@ -201,6 +202,39 @@ class _Search:
         if len(found) < limit:
             found += self._alike(children[0], kept, total)[: limit - len(found)]
         return [replace(h, growth=total) for h in found if h is not None and h.bytes > 0]
+
+    def _fold(self, kept: list[int]) -> None:
+        """Put each top of the dominator tree that a container also holds among others of its
+        type under that container (and add what it retains to the container's and its
+        dominators'): a running loop's local that names the latest item of a list (``best =
+        deepcopy(model); kept.append(best)``) does not make that item a holder of its own, so
+        the list is the accumulation point of all its items, not the holder of all but one."""
+        nodes, successors, children = self.graph.nodes, self.graph.successors, self.children
+        dominator = [0] * len(children)
+        for node, below in enumerate(children):
+            for child in below:
+                dominator[child] = node
+        referrers: dict[int, list[int]] = {top: [] for top in children[0]}
+        for node, after in enumerate(successors):
+            for child in after:
+                if node and child in referrers:
+                    referrers[child].append(node)
+        for top, holding in referrers.items():
+            kind = type(nodes[top].obj)
+            found = [
+                c
+                for c in dict.fromkeys(holding)
+                if type(nodes[c].obj) in _SIZED
+                and any(s != top and type(nodes[s].obj) is kind for s in successors[c])
+            ]
+            if nodes[top].obj is None or len(found) != 1:
+                continue
+            children[0].remove(top)
+            children[found[0]].append(top)
+            up = found[0]
+            while up:
+                kept[up] += kept[top]
+                up = dominator[up]
 
     def _alike(self, tops: list[int], kept: list[int], total: int) -> list[Holder]:
         """Objects of one type that only C code or a reference cycle keeps, each a slice too

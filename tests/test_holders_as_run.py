@@ -1,0 +1,152 @@
+"""Holders named as users meet their leaks: through ``pytest --memreport`` with real markers
+(epochs, ``max_drift``, warm-up), each leak naming what a user must cut with at least half of
+the growth, and its clean twin passing."""
+
+import re
+
+import pytest
+
+CASES = """
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+
+
+DRIFT = pytest.mark.memleak(phase="train", max_growth="64MB", max_drift="4MB", warmup=2)
+
+
+class Monitor:
+    def __init__(self):
+        self.schedulers = []
+
+
+def epochs_with_fresh_optimizers(memtrace, keep):
+    model, monitor = make_model(), Monitor()
+    for epoch in range(4):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+        if keep:
+            monitor.schedulers.append(scheduler)
+        with memtrace.phase("train", epoch=epoch):
+            for i in range(12):
+                loss = model(torch.randn(8, 256)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                memtrace.checkpoint("TRAIN_BATCH", batch=i)
+        scheduler.step()
+
+
+@DRIFT
+def test_leak_each_epochs_optimizer_kept(memtrace):
+    epochs_with_fresh_optimizers(memtrace, keep=True)
+
+
+@DRIFT
+def test_clean_each_epochs_optimizer_dropped(memtrace):
+    epochs_with_fresh_optimizers(memtrace, keep=False)
+
+
+class Keeper:
+    def __init__(self):
+        self.copies = []
+
+
+def epochs_with_copies(memtrace, keep):
+    model, keeper = make_model(), Keeper()
+    for epoch in range(4):
+        with memtrace.phase("train", epoch=epoch):
+            for i in range(12):
+                with torch.no_grad():
+                    model(torch.randn(8, 256))
+                memtrace.checkpoint("TRAIN_BATCH", batch=i)
+        best = copy.deepcopy(model)  # between phases
+        if keep:
+            keeper.copies.append(best)
+
+
+@DRIFT
+def test_leak_a_copy_kept_after_each_epoch(memtrace):
+    epochs_with_copies(memtrace, keep=True)
+
+
+@DRIFT
+def test_clean_a_copy_made_and_dropped(memtrace):
+    epochs_with_copies(memtrace, keep=False)
+
+
+class GuardedEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = make_model()
+
+    def forward(self, x):
+        h = self.inner(x)
+        if h.abs().max() > 0:
+            raise ValueError("activation out of range")
+        return h
+
+
+def stored_errors(memtrace, keep_traceback):
+    encoder, errors = GuardedEncoder(), []
+    with memtrace.phase("validation", epoch=0):
+        for i in range(60):
+            try:
+                encoder(torch.randn(64, 256))
+            except ValueError as error:
+                errors.append(error if keep_traceback else repr(error))
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_leak_exceptions_kept_with_their_tracebacks(memtrace):
+    stored_errors(memtrace, keep_traceback=True)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_clean_exceptions_kept_as_text(memtrace):
+    stored_errors(memtrace, keep_traceback=False)
+"""
+
+NAMED = {
+    "each_epochs_optimizer_kept": r"Monitor\.schedulers \(list, \d+ items",
+    "a_copy_kept_after_each_epoch": r"Keeper\.copies \(list, \d+ items",
+    "exceptions_kept_with_their_tracebacks": r"stored_errors:errors \(list, 60 items",
+}
+HELD = re.compile(r"held: ([\d.]+) of ([\d.]+) [KMG]iB")
+
+
+def outcomes(pytester: pytest.Pytester, *args: str) -> dict[str, tuple[str, str]]:
+    """Each case's outcome and failure text, run through the plugin."""
+    pytester.makepyfile(test_cases=CASES)
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "--memreport", *args)
+    reports = result.reprec.getreports("pytest_runtest_logreport")  # type: ignore[attr-defined]
+    return {
+        r.nodeid.split("::test_")[-1]: (r.outcome, str(r.longrepr or ""))
+        for r in reports
+        if r.when == "call"
+    }
+
+
+@pytest.mark.parametrize("explain", [False, True], ids=["plain", "explain"])
+def test_each_leak_names_what_holds_it_with_most_of_the_growth_and_its_twin_passes(
+    pytester, explain
+):
+    found = outcomes(pytester, *(["--memreport-explain"] if explain else []))
+    assert len(found) == 2 * len(NAMED)
+    for name, (outcome, text) in found.items():
+        if name.startswith("clean_"):
+            assert outcome == "passed", (name, text)
+            continue
+        assert outcome == "failed", name
+        holder = re.search(r"held by (.+)", text)
+        assert holder and re.match(NAMED[name[len("leak_") :]], holder[1]), (name, text)
+        held, whole = map(float, HELD.search(text).groups())
+        assert held >= 0.5 * whole, (name, text)
