@@ -137,8 +137,9 @@ class PhaseAttribution:
         return kept + (self.lines.own_bytes() if self.lines is not None else 0)
 
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
-        """What was alive when ``phase`` last started, else when the run's first phase did:
-        tensors older than that are never named for the phase's growth."""
+        """What was alive when ``phase`` last ended its warm-up, else when it started, else
+        when the run's first phase did: tensors older than that (a warm-up's one-time ones)
+        are never named for the phase's growth."""
         return self._starts.get(phase, self._first)
 
     def observe(self, sample: Sample) -> bool:
@@ -164,8 +165,11 @@ class PhaseAttribution:
                 self._drift_at_end(sample, drifting)
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
-            if opened.named_at is None or opened.base is None:  # what the phase left
+            if opened.base_snapshot is None:  # what the phase left, in its warm-up
                 self.attribute(sample, opened.snapshot, self._growth(opened.start, sample))
+            elif opened.named_at is None:  # what the phase left after its warm-up
+                assert opened.base is not None
+                self.attribute(sample, opened.base_snapshot, self._growth(opened.base, sample))
             else:  # the growth named during the loop, confirmed at its end
                 self._name(sample, opened, self._growth(opened.base, sample))
             return True
@@ -178,7 +182,7 @@ class PhaseAttribution:
             if not opened.warm(sample, self.warmup):
                 return False
             opened.base = sample
-            opened.base_snapshot = self._snapshot()
+            opened.base_snapshot = self._starts[sample.phase] = self._snapshot()
             return True
         if self.growth is None or opened.attributions >= ATTRIBUTIONS - 1:
             return False
