@@ -113,9 +113,33 @@ def test_leak_exceptions_kept_with_their_tracebacks(memtrace):
 @pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
 def test_clean_exceptions_kept_as_text(memtrace):
     stored_errors(memtrace, keep_traceback=False)
+
+
+TABLE = torch.ones(100_000)
+
+
+def views_of_a_table(memtrace, keep):
+    picked = []
+    with memtrace.phase("validation", epoch=0):
+        for i in range(60):
+            rows = [TABLE[j : j + 10] for j in range(200)]  # views: no storage of their own
+            if keep:
+                picked.extend(rows)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_leak_views_of_a_table_kept(memtrace):
+    views_of_a_table(memtrace, keep=True)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_clean_views_of_a_table_dropped(memtrace):
+    views_of_a_table(memtrace, keep=False)
 """
 
 NAMED = {
+    "views_of_a_table_kept": r"views_of_a_table:picked \(list, \d+ items",
     "each_epochs_optimizer_kept": r"Monitor\.schedulers \(list, \d+ items",
     "a_copy_kept_after_each_epoch": r"Keeper\.copies \(list, \d+ items",
     "exceptions_kept_with_their_tracebacks": r"stored_errors:errors \(list, 60 items",

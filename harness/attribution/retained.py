@@ -5,7 +5,8 @@ named at their *accumulation point*, where the retained size stops sitting in on
 spreads over many (a list of 176 batches, a hook dict, a cache).
 
 Weights: a tensor's storage counts once per storage (a node that every tensor over it refers
-to), an autograd graph by its nodes and what they saved (as :mod:`~harness.attribution.graph`
+to), the tensor itself its C++ part (:data:`~harness.attribution.weights.TENSOR_BYTES`, a view's
+too), an autograd graph by its nodes and what they saved (as :mod:`~harness.attribution.graph`
 weighs them), a numpy array by its buffer, ``bytes``, ``str`` and every other object by
 ``sys.getsizeof`` where its type measures itself in C. The graph's roots are those of a
 :class:`~harness.attribution.walk.Walk` (module globals, live frames, then what only C code or a
@@ -42,7 +43,7 @@ from harness.attribution.snapshot import (
     untracked,
 )
 from harness.attribution.walk import SKIP, UNROOTED, Walk, kind_of
-from harness.attribution.weights import is_ours, size_of
+from harness.attribution.weights import TENSOR_BYTES, is_ours, size_of
 
 SPREAD = 0.8
 """A node whose largest child in the dominator tree retains less than this part of what the
@@ -312,6 +313,7 @@ class _Search:
         entry.weight += size_of(obj)
         if kind_of(type(obj)) == "tensor":
             entry.tensors += 1
+            entry.weight += TENSOR_BYTES
             self._tensor(node, obj)
 
     def _untracked(self, young: list[Any]) -> None:

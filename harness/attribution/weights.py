@@ -6,6 +6,12 @@ import sys
 import types
 from typing import Any
 
+TENSOR_BYTES = 512
+"""What a tensor object costs beyond its storage's bytes: its C++ ``TensorImpl``, sizes and
+autograd record, which ``sys.getsizeof`` leaves out. Measured as the live heap's growth (glibc's
+``mallinfo2``) over 20,000 kept tensors each, less the list's slot: 512 B a view of an older
+tensor, 508 B a 0-d tensor beyond its 64-byte allocation, 336 to 382 B a small tensor with a
+storage of its own; a container of many small views holds that much for each."""
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType)
 _PACKAGE = __name__.partition(".")[0]
 _SELF_CHECK = f"{_PACKAGE}.selfcheck"
