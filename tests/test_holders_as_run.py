@@ -7,6 +7,7 @@ import re
 import pytest
 
 CASES = """
+import contextlib
 import copy
 
 import pytest
@@ -136,9 +137,30 @@ def test_leak_views_of_a_table_kept(memtrace):
 @pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
 def test_clean_views_of_a_table_dropped(memtrace):
     views_of_a_table(memtrace, keep=False)
+
+
+def operators(memtrace, profiler):
+    x = torch.randn(8, 8)
+    with profiler:
+        with memtrace.phase("validation", epoch=0):
+            for i in range(60):
+                for _ in range(50):
+                    x = (x * 1.0001).relu_()
+                memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_leak_profiler_left_recording(memtrace):
+    operators(memtrace, torch.profiler.profile(record_shapes=True))
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_clean_profiler_not_started(memtrace):
+    operators(memtrace, contextlib.nullcontext())
 """
 
 NAMED = {
+    "profiler_left_recording": r"<torch profiler> \(events in C\+\+",
     "views_of_a_table_kept": r"views_of_a_table:picked \(list, \d+ items",
     "each_epochs_optimizer_kept": r"Monitor\.schedulers \(list, \d+ items",
     "a_copy_kept_after_each_epoch": r"Keeper\.copies \(list, \d+ items",

@@ -17,6 +17,7 @@ from harness.attribution.retained import retained_holders
 from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
+from harness.attribution.torch_state import torch_holders
 from harness.options import Rules, check_count
 from harness.sample import Sample
 from harness.units import parse_size
@@ -165,10 +166,9 @@ class PhaseAttribution:
                 self._drift_at_end(sample, drifting)
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
-            if opened.base_snapshot is None:  # what the phase left, in its warm-up
+            if opened.base is None:  # what the phase left, in its warm-up
                 self.attribute(sample, opened.snapshot, self._growth(opened.start, sample))
             elif opened.named_at is None:  # what the phase left after its warm-up
-                assert opened.base is not None
                 self.attribute(sample, opened.base_snapshot, self._growth(opened.base, sample))
             else:  # the growth named during the loop, confirmed at its end
                 self._name(sample, opened, self._growth(opened.base, sample))
@@ -205,37 +205,48 @@ class PhaseAttribution:
         under half of a growth of :data:`RETAINED_FROM` or more, weigh every object made since
         the phase's census instead (:func:`~harness.attribution.retained.retained_holders`):
         what retains the most, at its accumulation point, replaces them where it holds more."""
-        found = self.attribute(sample, opened.base_snapshot, growth)
+        found = self.attribute(sample, opened.base_snapshot, growth, cpp=False)
         held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
-        if growth is None or growth < RETAINED_FROM or 2 * held >= growth:
-            return
-        if opened.census is None:  # grown from under CENSUS_FROM at once: no object counted
-            return
-        if self._stepped_aside():
-            return
-        self.searches += 1
-        better = self._retained(opened.census)
-        if sum(h.bytes for h in better) > held:
-            del self.holders[len(self.holders) - len(found) :]
-            self.holders += [
-                replace(
-                    h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=growth
-                )
-                for h in better
-            ]
+        if (
+            growth is not None
+            and growth >= RETAINED_FROM
+            and 2 * held < growth
+            and opened.census is not None  # none when grown from under CENSUS_FROM at once
+            and not self._stepped_aside()
+        ):
+            self.searches += 1
+            better = self._retained(opened.census)
+            if sum(h.bytes for h in better) > held:
+                del self.holders[len(self.holders) - len(found) :]
+                found = self._tag(sample, growth, better)
+        self._tag(sample, growth, self._cpp(found, growth))
 
     def attribute(
-        self, sample: Sample, before: Snapshot | None, growth: int | None = None
+        self, sample: Sample, before: Snapshot | None, growth: int | None = None, cpp: bool = True
     ) -> list[Holder]:
         """Attribute now against ``before``; the holders, tagged with ``sample``'s place and
-        the phase's ``growth`` so far, are added to :attr:`holders` and returned."""
+        the phase's ``growth`` so far, are added to :attr:`holders` and returned. Where
+        Python holders hold under half of the growth, what torch keeps in C++ while a feature
+        is on (a recording profiler) is named for the rest, unless ``cpp`` is false."""
         found = self.search(before, self._python.get(sample.phase))
+        return self._tag(sample, growth, found + (self._cpp(found, growth) if cpp else []))
+
+    def _tag(self, sample: Sample, growth: int | None, found: list[Holder]) -> list[Holder]:
+        """``found`` tagged with ``sample``'s place and the ``growth`` then, added to
+        :attr:`holders`."""
         tagged = [
             replace(h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=growth)
             for h in found
         ]
-        self.holders.extend(tagged)
+        self.holders += tagged
         return tagged
+
+    @staticmethod
+    def _cpp(found: list[Holder], growth: int | None) -> list[Holder]:
+        """What torch keeps in C++ while a feature is on, for the growth that Python holders in
+        ``found`` leave, where they hold under half of it."""
+        held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
+        return torch_holders(growth - held) if growth is not None and 2 * held < growth else []
 
     def search(self, before: Snapshot | None, python: Any = None) -> list[Holder]:
         """Who holds what is new since ``before``, with this attribution's settings; with
@@ -345,10 +356,7 @@ class PhaseAttribution:
         better = self._retained(epochs.reference[0])
         if 2 * sum(h.bytes for h in better) >= sum(h.bytes for h in found):
             del self.holders[len(self.holders) - len(found) :]
-            self.holders += [
-                replace(h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=drift)
-                for h in better
-            ]
+            self._tag(sample, drift, better)
 
     def _retained(self, census: Snapshot) -> list[Holder]:
         """:func:`retained_holders` since ``census``, the dearer search's bookkeeping paused."""
