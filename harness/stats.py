@@ -158,10 +158,13 @@ def per_batch(x: Series, y: Series, *, points: int = GRID) -> tuple[np.ndarray, 
 @dataclass(frozen=True)
 class Broken:
     """A continuous line of three pieces through levels ``y`` at batches ``x`` (the first
-    batch, the two knots, the last); :meth:`at` reads it, extending the end pieces."""
+    batch, the two knots, the last), the end levels read over ``edge`` batches; :meth:`at`
+    reads it, extending the end pieces."""
 
     x: tuple[float, float, float, float]
     y: tuple[float, float, float, float]
+    edge: float = 0.0
+    """The batches from each end over which its level was read."""
 
     def at(self, batch: float) -> float:
         """The level at ``batch``."""
@@ -204,7 +207,7 @@ def broken_line(x: Series, y: Series, *, end: float | None = None) -> Broken:
     bend, _ = _level(xs, ys, c, c - edge)
     flat, _ = _level(xs, ys, e, e + edge)
     final, slope = _level(xs, ys, last, last - edge)
-    return Broken((first, c, e, end), (start, bend, flat, final + slope * (end - last)))
+    return Broken((first, c, e, end), (start, bend, flat, final + slope * (end - last)), edge)
 
 
 def settled(x: Series, y: Series, level: float, band: float) -> float:

@@ -189,8 +189,8 @@ class PhaseStats:
     highest reading and
     ``peak_rise`` its rise above ``start``, in ``peak_metric``. ``batches`` counts the series'
     batches and ``judged`` those read after warm-up; ``budget`` is ``max_growth``; ``baseline``
-    is the loop's fitted start level (the line fitted to its first ``baseline_batches`` judged
-    batches, at the first), what a leak's re-check compares against.
+    is the loop's start level (read over its first ``baseline_batches`` judged batches), what a
+    leak's re-check compares against.
     """
 
     phase: str | None

@@ -142,8 +142,8 @@ def recheck_note(run: Run, finding: Finding) -> Markdown | None:
     where = text(checkpoint_name(Sample(after.label, after.phase, after.epoch, after.batch)))
     against = (
         f"against the loop's fitted start level of {format_mib(level)} ({code(stats.metric)}, "
-        f"the line fitted to the first {plural(stats.baseline_batches or 0, 'batch', 'batches')}"
-        " after the warm-up, at the first): "
+        f"read over the first {plural(stats.baseline_batches or 0, 'batch', 'batches')} after "
+        "the warm-up): "
         f"{format_size(value - level, signed=True)}"
     )
     if finding.outcome == Outcome.RELEASED:

@@ -233,7 +233,7 @@ def _judge_group(
         budget=ctx.rules.max_growth,
         peak_metric=peak.base if peak else None,
         baseline=fit.baseline if fit else None,
-        baseline_batches=round(fit.line.x[1] - fit.line.x[0]) + 1 if fit else None,
+        baseline_batches=round(fit.line.edge) + 1 if fit else None,
         onset=fit.onset if fit else None,
         stopped=fit.stopped if fit else None,
     )
