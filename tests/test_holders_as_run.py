@@ -36,7 +36,7 @@ def epochs_with_fresh_optimizers(memtrace, keep):
         if keep:
             monitor.schedulers.append(scheduler)
         with memtrace.phase("train", epoch=epoch):
-            for i in range(12):
+            for i in range(8):
                 loss = model(torch.randn(8, 256)).pow(2).mean()
                 optimizer.zero_grad()
                 loss.backward()
@@ -64,7 +64,7 @@ def epochs_with_copies(memtrace, keep):
     model, keeper = make_model(), Keeper()
     for epoch in range(4):
         with memtrace.phase("train", epoch=epoch):
-            for i in range(12):
+            for i in range(8):
                 with torch.no_grad():
                     model(torch.randn(8, 256))
                 memtrace.checkpoint("TRAIN_BATCH", batch=i)

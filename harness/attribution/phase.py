@@ -163,7 +163,7 @@ class PhaseAttribution:
         if edge == labels.END:
             drifting = self._epochs.get(sample.phase)
             if drifting is not None and drifting.named_at is not None:
-                self._drift_at_end(sample, drifting)
+                self._drift_named(sample, drifting)  # with this epoch's generation made
             if opened is None or not (self.at_end or opened.named_at is not None):
                 return False
             if opened.base is None:  # what the phase left, in its warm-up
@@ -314,9 +314,8 @@ class PhaseAttribution:
 
     def _drift(self, sample: Sample, snapshot: Snapshot) -> None:
         """At a phase's start in a later epoch: name what it keeps that the phase's first judged
-        epoch (after ``warmup_epochs``) did not, once the difference passes ``drift`` and again
-        each time it doubles, over everything made since that epoch started (between phases
-        too)."""
+        epoch (after ``warmup_epochs``) did not, over everything made since that epoch started
+        (between phases too); see :meth:`_drift_named`."""
         assert self.drift is not None
         epochs = self._epochs.setdefault(sample.phase, _Epochs())
         epochs.seen.add(sample.epoch)
@@ -324,35 +323,37 @@ class PhaseAttribution:
             if len(epochs.seen) > self.warmup_epochs:
                 epochs.reference = (self._snapshot(objects=True), sample)
             return
-        drift = self._growth(epochs.reference[1], sample)
-        bar = self.drift if epochs.named_at is None else 2 * epochs.named_at
-        if drift is None or drift <= bar or epochs.attributions >= ATTRIBUTIONS:
-            return
-        epochs.named_at = drift
-        self._name_drift(sample, epochs, drift)
+        self._drift_named(sample, epochs)
 
-    def _drift_at_end(self, sample: Sample, epochs: _Epochs) -> None:
-        """At the end of an epoch after a drift was named: name it again, with this epoch's
-        generation made, while the phase's holders are alive."""
-        assert epochs.reference is not None
+    def _drift_named(self, sample: Sample, epochs: _Epochs) -> None:
+        """Name a drift at a later epoch's start or end where it passes ``drift`` for the
+        first time, where it has doubled since it was last named, or where two later epochs
+        first exist (two generations of what drifts: what holds them all is then named)."""
+        assert epochs.reference is not None and self.drift is not None
         drift = self._growth(epochs.reference[1], sample)
-        if drift is not None and drift > 0 and epochs.attributions < ATTRIBUTIONS:
+        if drift is None or drift <= self.drift or epochs.attributions >= ATTRIBUTIONS:
+            return
+        if epochs.named_at is None or drift > 2 * epochs.named_at or self._due(epochs):
+            epochs.named_at = max(drift, epochs.named_at or 0)
             self._name_drift(sample, epochs, drift)
+
+    def _due(self, epochs: _Epochs) -> bool:
+        """Whether a search by retained size is due: two later epochs exist, and none ran."""
+        assert epochs.reference is not None
+        later = [e for e in epochs.seen if e is not None and e > (epochs.reference[1].epoch or 0)]
+        return len(later) >= 2 and not epochs.retained
 
     def _name_drift(self, sample: Sample, epochs: _Epochs, drift: int) -> None:
         """Name a drift's holders now: the tensors new since its reference, and, once two
-        generations of it exist (two epochs after the reference), what retains everything new
-        since then, at its accumulation point: the list that keeps every epoch's optimizer, not
-        one epoch's optimizer among them."""
+        later epochs exist, what retains everything new since then, at its accumulation point:
+        the list that keeps every epoch's optimizer, not one epoch's optimizer among them."""
         assert epochs.reference is not None
         epochs.attributions += 1
         found = self.attribute(sample, epochs.reference[0], drift)
-        generations = len([e for e in epochs.seen if e is not None]) - self.warmup_epochs - 1
-        if sample.edge == labels.END:
-            generations += 1  # the epoch that ends made one too
-        if generations < 2 or drift < RETAINED_FROM or self._stepped_aside():
+        if not self._due(epochs) or drift < RETAINED_FROM or self._stepped_aside():
             return
         self.searches += 1
+        epochs.retained = True
         better = self._retained(epochs.reference[0])
         if 2 * sum(h.bytes for h in better) >= sum(h.bytes for h in found):
             del self.holders[len(self.holders) - len(found) :]
@@ -399,13 +400,15 @@ searches, not for a few per epoch."""
 
 @dataclass
 class _Epochs:
-    """A phase across epochs: the epochs seen, the start of its first judged one (snapshot and
-    reading) and the drift named so far."""
+    """A phase across epochs: the epochs seen, the start of its first judged one (every object
+    alive then, and its reading), the drift named so far and whether a search by retained size
+    named it."""
 
     seen: set[int | None] = field(default_factory=set)
     reference: tuple[Snapshot, Sample] | None = None
     named_at: int | None = None
     attributions: int = 0
+    retained: bool = False
 
 
 @dataclass
