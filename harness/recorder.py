@@ -270,13 +270,16 @@ class Recorder:
             self.probe.release()
         probe = self.probe
         full = self._reads_all(label, batch, collect)
-        metrics = probe.sample() if full else probe.sample_between()
+        own = 0
         if probe.host and full:
             # Less the recorder's own sample store, which grows with every checkpoint, and the
-            # dearer search's bookkeeping: neither may be judged as the run's growth.
+            # dearer search's bookkeeping (asked first: it forgets what was freed since):
+            # neither may be judged as the run's growth.
             own = store.nbytes()
             if self.attribution is not None:
                 own += self.attribution.own_bytes()
+        metrics = probe.sample() if full else probe.sample_between()
+        if own:
             for name, value in metrics.items():
                 if value is not None:
                     metrics[name] = value - own

@@ -8,6 +8,11 @@ Python object reaches, a library cache), and Python objects (``tracemalloc``).
 On CPU the operators are seen through a ``TorchDispatchMode``, about 10 to 30 µs per operator:
 this is why it is opt-in. On CUDA the allocator's own history
 (:func:`~harness.attribution.sites.record_sites`) gives the sites, and is recorded too.
+
+Explaining changes no verdict: a recorder leaves what malloc holds for this bookkeeping out of
+each reading (:meth:`Lines.own_bytes`), and a forked child (a DataLoader worker, judged on its
+own live heap) inherits none of it: tracing pauses while the process forks, and the child
+notes nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_leaves
 
 from harness.attribution.snapshot import NO_STORAGE, StorageKey, storage_of
@@ -76,9 +81,10 @@ class _Allocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self.lines.note(leaf)
+        if self.lines._mode is self:  # not once closed (a forked child's, left on its stack)
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.lines.note(leaf)
         return out
 
 
@@ -114,6 +120,7 @@ class Lines:
             return
         self._mode = _Allocations(self)
         self._mode.__enter__()
+        _OPEN.add(self)
         torch.ones(1).add(1)
 
     def trace(self) -> None:
@@ -131,10 +138,13 @@ class Lines:
         return _Paused(self)
 
     def close(self) -> None:
-        """Stop what :meth:`open` started; the lines noted stay readable."""
+        """Stop what :meth:`open` started; the lines noted stay readable. The mode leaves the
+        dispatch stack where it is this thread's innermost, and notes nothing from now on."""
+        _OPEN.discard(self)
         if self._mode is not None:
             mode, self._mode = self._mode, None
-            mode.__exit__(None, None, None)
+            if _get_current_dispatch_mode() is mode:
+                mode.__exit__(None, None, None)
         if self._traced:
             tracemalloc.stop()
             self._traced = False
@@ -168,24 +178,14 @@ class Lines:
             self.prune()
 
     def own_bytes(self) -> int:
-        """Memory this object keeps for its own bookkeeping now: tracemalloc's traces (when it
-        started them) and the storages noted, so a recorder can leave it out of its readings."""
+        """Memory malloc holds for this object's bookkeeping now, so that a recorder can leave
+        it out of the reading it takes next: storages freed since are forgotten first (a
+        weak reference keeps a freed storage's C++ object), and what is left is the table of
+        storages noted and tracemalloc's traces (when it started them). The entries' own
+        objects are Python's small objects, in pymalloc's arenas, not malloc's."""
+        self.prune()
         traced = tracemalloc.get_tracemalloc_memory() if self._traced else 0
-        if not self.storages:
-            return traced
-        key, noted = next(iter(self.storages.items()))
-        parts = (
-            key,
-            *key,
-            noted,
-            noted.__dict__,
-            noted.storage,
-            noted.cdata,
-            noted.time,
-            noted.line,
-        )
-        entry = sum(sys.getsizeof(o) for o in parts)
-        return traced + sys.getsizeof(self.storages) + len(self.storages) * entry
+        return traced + sys.getsizeof(self.storages)
 
     def prune(self) -> None:
         """Forget storages that were freed."""
@@ -249,6 +249,39 @@ class Lines:
             entry[1] += max(count - old_count, 0)
         found = [(line, size, count) for line, (size, count) in by_line.items()]
         return sorted((f for f in found if f[1] >= PYTHON_FLOOR), key=lambda f: -f[1])
+
+
+_OPEN: set[Lines] = set()
+"""Lines open in this process."""
+_FORKING: list[_Paused] = []
+"""Their tracing, paused while this process forks."""
+
+
+def _pause_to_fork() -> None:
+    """Before this process forks: pause the tracing open Lines started (it restarts empty in
+    the parent), so that a child inherits no traces: tracing on, they would grow the live heap
+    it is judged on, and freed, they would copy its parent's pages."""
+    for lines in list(_OPEN):
+        _FORKING.append(lines.paused())
+        _FORKING[-1].__enter__()
+
+
+def _resume_in_parent() -> None:
+    while _FORKING:
+        _FORKING.pop().__exit__(None, None, None)
+
+
+def _close_in_child() -> None:
+    """In a forked child (a DataLoader worker): close what the parent had open. The child is
+    not explained, and noting its storages would grow its live heap."""
+    _FORKING.clear()
+    for lines in list(_OPEN):
+        lines.close()
+
+
+os.register_at_fork(
+    before=_pause_to_fork, after_in_parent=_resume_in_parent, after_in_child=_close_in_child
+)
 
 
 def _outside(frames: tuple[tuple[str, int], ...]) -> str | None:
