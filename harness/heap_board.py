@@ -45,6 +45,7 @@ import mmap
 import os
 import shutil
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -255,6 +256,9 @@ _original_loop: Callable[..., Any] | None = None
 _hooked = False
 _forks = 0
 """Children this process forked through Python since it made its board."""
+_generation = 0
+"""Which registration of :func:`_forked` acts in a child: the latest (:func:`_before_fork`)."""
+_after_memray = False
 
 
 def install() -> tuple[Board | None, str | None]:
@@ -270,7 +274,7 @@ def install() -> tuple[Board | None, str | None]:
             return None, f"children read from outside: no board for their heap ({error.strerror})"
         atexit.register(_board.close)
     if not _hooked:
-        os.register_at_fork(after_in_child=_forked, after_in_parent=_parent_forked)
+        os.register_at_fork(before=_before_fork, after_in_parent=_parent_forked)
         _hooked = True
     return _board, _wrap_workers(_board.path)
 
@@ -291,6 +295,21 @@ def _wrap_workers(board: str) -> str | None:
     return None
 
 
+def _before_fork() -> None:
+    """Just before this process forks: register :func:`_forked` for the child, once, and again
+    once memray is imported. memray's own handler, registered when it is imported, ends its
+    tracking in a child; a thread that :func:`_forked` started before it would be tracked, and
+    its records written into the parent's capture file, which the child shares. Handlers run
+    in the child in the order they were registered; an earlier registration does nothing."""
+    global _generation, _after_memray
+    memray = "memray" in sys.modules
+    if _generation and (_after_memray or not memray):
+        return
+    _generation += 1
+    _after_memray = memray
+    os.register_at_fork(after_in_child=functools.partial(_forked, _generation))
+
+
 def _parent_forked() -> None:
     global _forks
     _forks += 1
@@ -305,10 +324,12 @@ def _ours(loop: object) -> bool:
     return isinstance(loop, functools.partial) and loop.func is _worker_loop
 
 
-def _forked() -> None:
+def _forked(generation: int) -> None:
     """In a child forked by Python: publish into the parent's board (or the board the parent
     publishes into) on a timer; a DataLoader worker switches to its batches."""
     global _board, _target, _slot
+    if generation != _generation:
+        return
     if _board is not None:
         _target, _board = _board.path, None
     _slot = None
