@@ -1,0 +1,148 @@
+"""Explain only explains: a loop run under ``--memreport-explain`` gets the verdict it gets
+without it. The dearer search's own memory (memray's tracker, tracemalloc's traces, the
+storages its dispatch mode notes) is never growth, in the main process nor in a DataLoader
+worker, which would otherwise inherit the tracing and noting when it is forked."""
+
+import json
+import os
+
+import pytest
+
+import harness.recorder  # noqa: F401
+from harness.attribution.lines import Lines
+from harness.verdict import Finding
+
+# harness.recorder (with harness.heap_board) imported here is in every snapshot pytester
+# restores: a copy imported afresh by each run would wrap the DataLoader worker loop that the
+# last copy wrapped.
+
+MARKER = 'max_growth="4MB", warmup=5'
+
+CASES = f'''
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+KiB = 1024
+
+
+@pytest.mark.memleak(phase="training", {MARKER})
+def test_adam_accumulation(memtrace):
+    """Gradients accumulated over 8 batches: Adam's state (6 MB) appears at the first step."""
+    torch.manual_seed(0)
+    blocks = [(nn.Linear(256, 256), nn.GELU(), nn.LayerNorm(256)) for _ in range(12)]
+    model = nn.Sequential(*[layer for block in blocks for layer in block])
+    optimizer = torch.optim.Adam(model.parameters())
+    with memtrace.phase("training", epoch=0):
+        for i in range(176):
+            (model(torch.randn(8, 256)).square().mean() / 8).backward()
+            if i % 8 == 7:
+                optimizer.step()
+                optimizer.zero_grad()
+            memtrace.checkpoint("TRAINING_BATCH", batch=i)
+
+
+class Sums(Dataset):
+    """Each item the sum of a fresh 64 KiB tensor, made and freed in the worker."""
+
+    def __len__(self):
+        return 4 * 704
+
+    def __getitem__(self, index):
+        return torch.randn(16 * KiB).sum()
+
+
+@pytest.mark.memleak(phase="validation", {MARKER})
+def test_clean_workers(memtrace):
+    batches = DataLoader(
+        Sums(), batch_size=4, num_workers=2, prefetch_factor=4, multiprocessing_context="fork"
+    )
+    with memtrace.phase("validation", epoch=0):
+        for i, _ in enumerate(batches):
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+def validate(memtrace, step):
+    with memtrace.phase("validation", epoch=0):
+        for i in range(176):
+            step(i, torch.randn(32 * KiB))
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+@pytest.mark.memleak(phase="validation", {MARKER})
+def test_bounded_cache(memtrace):
+    """Twelve 128 KiB entries, full by batch 12."""
+    cache = {{}}
+    validate(memtrace, lambda i, x: cache.__setitem__(i % 12, x))
+
+
+@pytest.mark.memleak(phase="validation", {MARKER})
+def test_leak(memtrace):
+    """Keeps 40 KiB a batch: 6.9 MiB in all, 3 MiB over the budget."""
+    kept = []
+    validate(memtrace, lambda i, x: kept.append(x[: 10 * KiB].clone()))
+'''
+
+ON_LINUX = pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps_rollup"), reason="DataLoader workers are read on Linux"
+)
+
+
+def setup_module() -> None:
+    """Torch imports what a dispatch mode needs on first use; do it here, once, since pytester
+    drops the modules a run imported and torch refuses to register their operators twice."""
+    lines = Lines()
+    lines.open()
+    lines.close()
+
+
+def verdict(pytester: pytest.Pytester, case: str, *args: str) -> dict:
+    """The saved verdict of ``case`` run through the plugin with ``args``."""
+    test = f"{pytester.makepyfile(test_cases=CASES).name}::test_{case}"
+    out = f"out{len(args)}"
+    pytester.runpytest("-p", "no:randomly", test, f"--memreport={out}", *args)
+    (saved,) = (pytester.path / out).glob(f"*test_{case}-*.json")
+    return json.loads(saved.read_text())
+
+
+def blocking(judged: dict) -> list[Finding]:
+    """The findings that fail a verdict. A warning's is left out: copy-on-read, the pages a
+    worker copies from its parent as it runs, depends on the layout of the parent's heap, which
+    the pytest process running these tests and explain's own work both change."""
+    findings = [Finding.from_dict(f) for f in judged["findings"]]
+    return [f for f in findings if f.blocking]
+
+
+def explained_as_plain(pytester: pytest.Pytester, case: str, status: str) -> dict:
+    """Run ``case`` without and with explain; both verdicts are ``status``, with the same
+    failing findings, whose growth agrees within 10%. The explained verdict."""
+    plain = verdict(pytester, case)
+    explained = verdict(pytester, case, "--memreport-explain")
+    failed, explained_failed = blocking(plain), blocking(explained)
+    messages = [f.message for f in failed], [f.message for f in explained_failed]
+    assert plain["status"] == explained["status"] == status, messages
+    assert [(f.kind, f.phase) for f in explained_failed] == [(f.kind, f.phase) for f in failed]
+    for without, under in zip(failed, explained_failed, strict=True):
+        assert under.bytes == pytest.approx(without.bytes, rel=0.1)
+    return explained
+
+
+def test_a_gradient_accumulation_loop_with_adam_passes_with_and_without_explain(pytester):
+    """Reported: FAIL under explain only, ``+13.4KiB/batch, +4.4MiB > max_growth 4MB``."""
+    explained_as_plain(pytester, "adam_accumulation", "PASS")
+
+
+@ON_LINUX
+def test_a_clean_loader_with_prefetching_workers_passes_with_and_without_explain(pytester):
+    """Reported: FAIL under explain only, ``all children +5.2MiB (worker 0 +2.5MiB, worker 1
+    +2.6MiB) > max_growth 4MB of live heap``: each worker inherited the tracing."""
+    explained = explained_as_plain(pytester, "clean_workers", "PASS")
+    workers = [c for c in explained["checks"] if c["rule"] == "max_child_growth"]
+    assert {c["scope"].split(", ")[-1] for c in workers} >= {"worker 0", "worker 1"}
+    assert all(c["status"] == "PASS" for c in workers)
+
+
+@pytest.mark.parametrize(("case", "status"), [("bounded_cache", "PASS"), ("leak", "FAIL")])
+def test_a_bounded_cache_passes_and_a_leak_fails_with_and_without_explain(pytester, case, status):
+    explained_as_plain(pytester, case, status)
