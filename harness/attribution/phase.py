@@ -145,8 +145,6 @@ class PhaseAttribution:
 
     def observe(self, sample: Sample) -> bool:
         """Act on one recorded checkpoint; returns whether it took a snapshot or attributed."""
-        if self.lines is not None:
-            self.lines.prune()  # what the next reading holds of the search's own is what is live
         edge = sample.edge
         if edge == labels.START:
             self._open_phase(sample)
