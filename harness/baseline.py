@@ -30,7 +30,7 @@ from harness.artifacts import (
     verdict_files,
 )
 from harness.errors import BadInput
-from harness.fsio import make_folder, write_atomic, write_output
+from harness.fsio import make_folder, same_folder, write_atomic, write_output
 from harness.json_values import read_json
 from harness.naming import safe_name
 from harness.report import GateDecision
@@ -209,7 +209,10 @@ def close_session(
     """Compare the session's verdicts (``directory/<test>.json``) with the baseline folder
     ``compare`` by the gate's rule, save them into ``save``, and write the summary, each when
     given. The session fails on a regression, a baseline verdict it did not produce, or a
-    verdict, baseline or summary that could not be read or written."""
+    verdict, baseline or summary that could not be read or written. A session that failed its
+    comparison is never saved over the baseline it was compared with (the summary's ``saved``
+    is then null): comparing with a baseline and saving into it is a ratchet, moved only by a
+    session that passed."""
     outcomes = sorted(outcomes, key=lambda o: o.nodeid)
     lines: list[str] = []
     failed = False
@@ -269,7 +272,14 @@ def close_session(
             problems=problems,
             unmatched=unmatched,
         )
-    if save is not None:
+    if save is not None and failed and compare is not None and same_folder(save, compare):
+        # Saved over, the baseline would pass the retry of the session that failed against it.
+        lines.append(
+            f"leakgate: the baseline {save} was kept as it was: this session failed its "
+            "comparison with it and is not saved over it"
+        )
+        save = None
+    elif save is not None:
         try:
             files = save_baseline(save, {f"{safe_name(k)}.json": v for k, v in documents.items()})
             lines.append(f"leakgate: saved {plural(len(files), 'verdict')} as the baseline {save}")
