@@ -105,13 +105,14 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
             continue
         phase, epoch = getattr(finding, "phase", None), getattr(finding, "epoch", None)
         chosen = [h for h in found if h.phase == phase]
-        if kind == "drift":  # named at a later epoch's edges: those at the drift's own label
-            evidence = getattr(finding, "evidence", ())
-            label = evidence[-1].label if evidence else None
-            edges = [h for h in chosen if h.label and labels.edge_of(h.label) is not None]
-            chosen = [h for h in edges if h.label == label] or edges
+        if kind == "drift":  # named at a later epoch's start and end, against the first judged
+            chosen = [h for h in chosen if h.label and labels.edge_of(h.label) is not None]
         if epoch is not None and any(h.epoch == epoch for h in chosen):
             chosen = [h for h in chosen if h.epoch == epoch]
+        if kind == "drift":  # of those, the ones named at the drift's own label, where some are
+            evidence = getattr(finding, "evidence", ())
+            label = evidence[-1].label if evidence else None
+            chosen = [h for h in chosen if h.label == label] or chosen
         if kind == "teardown" or not chosen:
             before = attribution.snapshot_for(phase) if attribution is not None else None
             chosen += _search(before, searched, attribution)
