@@ -30,7 +30,7 @@ from harness.artifacts import (
     verdict_files,
 )
 from harness.errors import BadInput
-from harness.fsio import make_folder, same_folder, write_atomic, write_output
+from harness.fsio import check_regular, make_folder, same_folder, write_atomic, write_output
 from harness.json_values import read_json
 from harness.naming import safe_name
 from harness.report import GateDecision
@@ -107,8 +107,16 @@ def baseline_verdicts(folder: Path) -> dict[str, Path]:
     """A baseline's verdicts by file name. A folder without a :data:`MANIFEST` is a plain
     folder of verdicts (``leakgate gate --baseline``'s); one with a manifest holds exactly what
     it lists. ``BadInput`` naming the folder for an incomplete baseline (a save cut short, a
-    verdict listed and gone, one there and not listed) or a manifest that cannot be read."""
+    verdict listed and gone, one there and not listed), one that cannot be trusted (a verdict
+    that is not a regular file: a FIFO would block its reader, a folder has no verdict) or a
+    manifest that cannot be read."""
     found = {path.name: path for path in verdict_files(folder)}
+    for path in found.values():
+        try:
+            check_regular(path)
+        except OSError as exc:
+            problem = f"untrustworthy baseline: {path.name}: {exc.strerror or exc}"
+            raise BadInput(problem, path=folder) from None
     manifest = folder / MANIFEST
     if not os.path.lexists(manifest):
         return found

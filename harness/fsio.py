@@ -15,6 +15,8 @@ would replace it; anything else behind a link is refused, never replaced; a regu
 new name is written atomically. :func:`output_kind` says which, before any work is done.
 
 :func:`make_folder` makes a folder to write into and refuses a link in its place.
+:func:`probe_folder` says, before any work is done, whether a folder could be made or written
+into, by making and removing one entry where the real write would make its first.
 
 :func:`open_regular` and :func:`read_regular` open an input only when it is a regular file: a
 FIFO would block the reader until some writer came, ``/dev/zero`` would never end, a socket
@@ -176,6 +178,29 @@ def make_folder(path: str | os.PathLike[str]) -> Path:
     return folder
 
 
+def probe_folder(path: str | os.PathLike[str]) -> None:
+    """Raise ``OSError`` naming the nearest entry of ``path`` that is there when a file could
+    not be written into the folder ``path`` (made with its parents where missing): that entry
+    is not a folder (``a_file/sub``), or it takes no new entry (``/proc/x``, a read-only
+    folder). It is asked by making and removing one entry there, as the write would: a file
+    when ``path`` is there, else a folder; nothing is left behind."""
+    folder = Path(path)
+    nearest = folder
+    while not os.path.lexists(nearest) and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not os.path.isdir(nearest):
+        raise OSError(errno.ENOTDIR, "not a folder", str(nearest))
+    try:
+        if nearest == folder:
+            fd, made = tempfile.mkstemp(dir=nearest, prefix=".leakgate-probe-")
+            os.close(fd)
+            os.unlink(made)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=nearest, prefix=".leakgate-probe-"))
+    except OSError as error:
+        raise _naming(error, nearest) from None
+
+
 def _is_stream(mode: int) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
@@ -191,14 +216,13 @@ _KINDS = (
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """Open ``path`` for reading in binary, links followed, when it is a regular file.
 
-    Raises ``OSError`` naming ``path`` before anything blocks: ``IsADirectoryError`` for a
-    folder, and one whose ``strerror`` says what it is (``a FIFO, not a regular file``) for a
-    FIFO, a socket or a device. The kind is checked before opening (opening a device can act
-    on it) and again on the open descriptor, which is opened without blocking (a FIFO swapped
-    in between is caught, not waited on).
+    Raises ``OSError`` naming ``path`` before anything blocks (:func:`check_regular`). The kind
+    is checked before opening (opening a device can act on it) and again on the open
+    descriptor, which is opened without blocking (a FIFO swapped in between is caught, not
+    waited on).
     """
+    check_regular(path)
     try:
-        _check_regular(os.stat(path).st_mode, path)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as error:
         raise _naming(error, Path(path)) from None
@@ -209,6 +233,16 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def check_regular(path: str | os.PathLike[str]) -> None:
+    """Raise ``OSError`` naming ``path`` unless it is a regular file (links followed):
+    ``IsADirectoryError`` for a folder, and one whose ``strerror`` says what it is (``a FIFO,
+    not a regular file``) for a FIFO, a socket or a device."""
+    try:
+        _check_regular(os.stat(path).st_mode, path)
+    except OSError as error:
+        raise _naming(error, Path(path)) from None
 
 
 def read_regular(path: str | os.PathLike[str]) -> bytes:

@@ -4,11 +4,13 @@
 ``--memreport-save`` and ``--memreport-compare`` (a baseline) and ``--memreport-json`` (the
 summary) are each a path the system can open (:func:`~harness.naming.check_path`) of the kind
 they must be: a folder or none yet, a summary that is a file or a stream
-(:func:`~harness.fsio.output_kind`). A named baseline is one plain entry of the storage, never a
-link out of it, and a complete one (:func:`~harness.baseline.baseline_verdicts`). Nothing
-compared or saved is the folder the session writes its verdicts into, and the summary is never
-written among verdicts. Anything else is :class:`~harness.errors.BadInput`, which the plugin
-turns into pytest's usage error.
+(:func:`~harness.fsio.output_kind`). What the session writes into can be made and written there
+(:func:`~harness.fsio.probe_folder`: not under a file, not in ``/proc``). A named baseline is
+one plain entry of the storage, never a link out of it, and a complete one whose verdicts are
+all regular files (:func:`~harness.baseline.baseline_verdicts`). Nothing compared or saved is
+the folder the session writes its verdicts into, and the summary is never one of the session's
+folders nor written among verdicts. Anything else is :class:`~harness.errors.BadInput`, which
+the plugin turns into pytest's usage error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.errors import BadInput
-from harness.fsio import output_kind, same_folder
+from harness.fsio import output_kind, probe_folder, same_folder
 from harness.naming import check_file_name, check_path
 
 if TYPE_CHECKING:
@@ -106,21 +108,21 @@ def session_options(
 ) -> SessionOptions:
     """Every option checked; ``storage`` is ``--memreport-storage`` as given (None for
     ``default_storage``)."""
-    directory = None if memreport is None else _folder(memreport, "--memreport")
+    directory = None if memreport is None else _folder(memreport, "--memreport", written=True)
     baselines = save is not None or compare is not None
     if baselines and directory is None:
         flag = "--memreport-save" if save is not None else "--memreport-compare"
         raise BadInput("needs --memreport (the verdicts it keeps or compares)", field=flag)
     kept = default_storage if storage is None else _folder(storage, "--memreport-storage")
     if baselines:
-        _folder(kept, "--memreport-storage")
+        _folder(kept, "--memreport-storage", written=save is not None)
         if directory is not None and same_folder(kept, directory):
             raise BadInput(
                 "is the report folder (--memreport): keep baselines apart from the reports",
                 path=kept,
                 field="--memreport-storage",
             )
-    saved = None if save is None else _in_storage(kept, save, "--memreport-save")
+    saved = None if save is None else _in_storage(kept, save, "--memreport-save", written=True)
     compared = None if compare is None else find_baseline(kept, compare)
     for folder, flag in ((compared, "--memreport-compare"), (saved, "--memreport-save")):
         if folder is not None and directory is not None and same_folder(folder, directory):
@@ -130,7 +132,12 @@ def session_options(
                 path=folder,
                 field=flag,
             )
-    written = None if summary is None else _summary(summary, (directory, compared, saved))
+    verdicts = {
+        "--memreport": directory,
+        "--memreport-compare": compared,
+        "--memreport-save": saved,
+    }
+    written = None if summary is None else _summary(summary, verdicts, kept)
     return SessionOptions(directory, compared, saved, written)
 
 
@@ -154,36 +161,57 @@ def find_baseline(storage: Path, given: str) -> Path:
     return folder
 
 
-def _folder(given: str | os.PathLike[str], flag: str) -> Path:
-    """A folder to write into: a path that fits, and a folder or nothing yet."""
+def _folder(given: str | os.PathLike[str], flag: str, *, written: bool = False) -> Path:
+    """A folder: a path that fits, and a folder or nothing yet; one the session is ``written``
+    into can also be made there and take a file (:func:`~harness.fsio.probe_folder`)."""
     folder = check_path(given, flag, folder=True)
     if folder.exists() and not folder.is_dir():
         raise BadInput("not a folder", path=folder, field=flag)
+    if written:
+        _writable(folder, folder, flag)
     return folder
 
 
-def _in_storage(storage: Path, name: str, flag: str) -> Path:
+def _writable(path: Path, folder: Path, flag: str) -> None:
+    """``BadInput`` naming ``path`` and ``flag`` when no file can be written into ``folder``
+    (``path`` itself, or the folder of the file ``path``)."""
+    try:
+        probe_folder(folder)
+    except OSError as exc:
+        problem = f"cannot be written ({exc.filename}: {exc.strerror or exc})"
+        raise BadInput(problem, path=path, field=flag) from None
+
+
+def _in_storage(storage: Path, name: str, flag: str, *, written: bool = False) -> Path:
     """The baseline ``name`` in ``storage``: a plain name, whose entry is a folder or nothing
     yet, never a link (a baseline is kept in the storage itself, never followed out of it)."""
-    folder = _folder(storage / check_file_name(name, flag), flag)
+    folder = _folder(storage / check_file_name(name, flag), flag, written=written)
     if folder.is_symlink():
         problem = "a link: a baseline is never followed out of the storage"
         raise BadInput(problem, path=folder, field=flag)
     return folder
 
 
-def _summary(given: str, folders: tuple[Path | None, ...]) -> Path:
-    """``--memreport-json``: a file or a stream, never in a folder of verdicts (where the gate
-    and the next comparison would read it as one)."""
+def _summary(given: str, verdicts: dict[str, Path | None], storage: Path) -> Path:
+    """``--memreport-json``: a file or a stream, none of the session's folders (``verdicts``,
+    the folders of verdicts by option, and the baselines' ``storage``), a file only where one
+    can be written, and never among verdicts (where the gate and the next comparison would read
+    it as one)."""
     flag = "--memreport-json"
     path = check_path(given, flag)
     if path.is_dir():
         raise BadInput("expected a file path, got a folder", path=path, field=flag)
+    for option, folder in {**verdicts, "--memreport-storage": storage}.items():
+        if folder is not None and same_folder(path, folder):
+            problem = f"is the folder {folder} ({option}), which a file would take the place of"
+            raise BadInput(problem, path=path, field=flag)
     try:
-        output_kind(path)
+        kind = output_kind(path)
     except OSError as exc:
         raise BadInput(exc.strerror or str(exc), path=path, field=flag) from None
-    for folder in folders:
+    if kind == "file":
+        _writable(path, path.parent, flag)
+    for folder in verdicts.values():
         if folder is not None and same_folder(path.parent, folder):
             raise BadInput(
                 f"among the verdicts of {folder}, where it would be read as one: write it "

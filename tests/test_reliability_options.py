@@ -3,9 +3,11 @@ baseline compared and saved in one session, folders and summaries that cannot be
 paths a thousand levels deep, the process's own streams as the summary."""
 
 import json
+import os
 
 import pytest
 from test_baseline import project
+from test_session_paths import RAN, refused
 
 from harness.plugin import safe_name
 
@@ -34,3 +36,58 @@ def test_a_session_that_regressed_is_not_saved_over_the_baseline_it_compared_wit
     result = pytester.runpytest(*ARGS, *both)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["leakgate: saved 2 verdicts as the baseline *base"])
+
+
+on_linux = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+
+
+@on_linux
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--memreport=/proc/x"],
+        ["--memreport=a_file/sub"],
+        ["--memreport=out", "--memreport-save", "--memreport-storage=/proc/x"],
+        ["--memreport=out", "--memreport-save", "--memreport-storage=a_file/sub"],
+        ["--memreport-json=/proc/version"],
+        ["--memreport-json=/proc/x"],
+    ],
+    ids=[
+        "report-proc",
+        "report-under-a-file",
+        "storage-proc",
+        "storage-under-a-file",
+        "json-proc-version",
+        "json-proc",
+    ],
+)
+def test_a_folder_or_summary_that_cannot_be_written_is_refused_before_any_test_runs(pytester, args):
+    pytester.makepyfile(test_ran=RAN)
+    (pytester.path / "a_file").write_text("x")
+    refused(pytester.runpytest("-p", "no:randomly", *args), pytester, "cannot be written")
+    assert (pytester.path / "a_file").read_text() == "x"
+    assert sorted(p.name for p in pytester.path.iterdir()) == ["a_file", "test_ran.py"]
+
+
+@pytest.mark.parametrize(
+    "save", [[], ["--memreport=out", "--memreport-save"]], ids=["alone", "saving"]
+)
+def test_a_summary_named_as_the_storage_folder_is_refused_before_any_test_runs(pytester, save):
+    pytester.makepyfile(test_ran=RAN)
+    args = ["-p", "no:randomly", *save, "--memreport-json=S", "--memreport-storage=S"]
+    refused(pytester.runpytest(*args), pytester, "--memreport-storage")
+    assert not (pytester.path / "S").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_baseline_verdict_that_is_not_a_file_is_refused_before_any_test_runs(pytester, kind):
+    project(pytester, keep=False)
+    assert pytester.runpytest(*ARGS, "--memreport-save").ret == 0
+    verdict = pytester.path / ".leakgate" / "baseline" / KEEPS
+    verdict.unlink()
+    if kind == "fifo":
+        os.mkfifo(verdict)
+    else:
+        verdict.mkdir()
+    pytester.makepyfile(test_ran=RAN)
+    refused(pytester.runpytest(*ARGS, "--memreport-compare"), pytester, "untrustworthy baseline")
