@@ -30,7 +30,14 @@ from harness.artifacts import (
     verdict_files,
 )
 from harness.errors import BadInput
-from harness.fsio import check_regular, make_folder, same_folder, write_atomic, write_output
+from harness.fsio import (
+    check_regular,
+    make_folder,
+    make_folders,
+    same_folder,
+    write_atomic,
+    write_output,
+)
 from harness.json_values import read_json
 from harness.naming import safe_name
 from harness.report import GateDecision
@@ -307,7 +314,7 @@ def close_session(
         ]
         document = session_summary(tests, baseline=compare, missing=missing, saved=save)
         try:
-            summary.parent.mkdir(parents=True, exist_ok=True)
+            make_folders(summary.parent)
             write_output(summary, json.dumps(document, indent=2) + "\n")
             lines.append(f"leakgate: session summary in {summary}")
         except OSError as exc:

@@ -34,7 +34,7 @@ from harness.errors import (
     one_line,
 )
 from harness.finish import finish_run, rules_of, summary_line
-from harness.fsio import would_replace
+from harness.fsio import make_folders, would_replace
 from harness.gate import FAIL, PASS, comparison_lines, gate_folder, write_index_to
 from harness.identity import check_world_size
 from harness.merge import merge_timelines
@@ -225,7 +225,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         for path in (markdown, document):
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                make_folders(path.parent)
         finished = finish_run(
             timeline,
             rules,

@@ -14,7 +14,8 @@ a link included, already has the name, so a run never appends to or truncates an
 would replace it; anything else behind a link is refused, never replaced; a regular file or a
 new name is written atomically. :func:`output_kind` says which, before any work is done.
 
-:func:`make_folder` makes a folder to write into and refuses a link in its place.
+:func:`make_folders` makes a folder and its missing parents, one level after another (no
+recursion, however deep the path); :func:`make_folder` also refuses a link in its place.
 :func:`probe_folder` says, before any work is done, whether a folder could be made or written
 into, by making and removing one entry where the real write would make its first.
 
@@ -170,11 +171,30 @@ def make_folder(path: str | os.PathLike[str]) -> Path:
     into it stays where it was meant to be."""
     folder = Path(path)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         if stat.S_ISLNK(os.lstat(folder).st_mode):
             raise OSError(errno.ELOOP, "a link, never followed", str(folder))
     except OSError as error:
         raise _naming(error, folder) from None
+    return folder
+
+
+def make_folders(path: str | os.PathLike[str]) -> Path:
+    """Make the folder ``path`` and its missing parents (``mkdir -p``), from the nearest one
+    there down, level by level: no recursion, however many levels. ``OSError`` naming the
+    entry that could not be made (``FileExistsError`` for a file in a folder's place)."""
+    folder = Path(path)
+    missing = []
+    for entry in (folder, *folder.parents):
+        if os.path.isdir(entry):
+            break
+        missing.append(entry)
+    for entry in reversed(missing):
+        try:
+            os.mkdir(entry)
+        except FileExistsError:
+            if not os.path.isdir(entry):
+                raise
     return folder
 
 

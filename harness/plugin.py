@@ -28,6 +28,7 @@ import pytest
 
 import harness.labels as labels
 from harness.errors import BadInput, Raised, as_unwritable
+from harness.fsio import make_folders
 from harness.naming import safe_name
 from harness.options import options, parse_option, size_fields
 from harness.session_options import add_session_options
@@ -227,7 +228,7 @@ class LeakGate:
         if self.directory is None or self.write_error is not None:
             return None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_folders(self.directory)
         except OSError as exc:
             self.write_failed(exc)
             return None

@@ -91,3 +91,65 @@ def test_a_baseline_verdict_that_is_not_a_file_is_refused_before_any_test_runs(p
         verdict.mkdir()
     pytester.makepyfile(test_ran=RAN)
     refused(pytester.runpytest(*ARGS, "--memreport-compare"), pytester, "untrustworthy baseline")
+
+
+DEEP = "d/" * 1000  # 1,000 levels, 2,000 bytes: within PATH_MAX from pytester's folder
+
+
+def remove_tree(top):
+    """Remove ``top`` a level at a time (``shutil.rmtree``, and pytest's clean-up of its
+    folders, recurse once per level)."""
+    stack = [top] if os.path.isdir(top) else []
+    while stack:
+        folders = [e.path for e in os.scandir(stack[-1]) if e.is_dir(follow_symlinks=False)]
+        if folders:
+            stack.extend(folders)
+            continue
+        folder = stack.pop()
+        for entry in os.scandir(folder):
+            os.unlink(entry.path)
+        os.rmdir(folder)
+
+
+@pytest.fixture
+def deep(pytester):
+    """``DEEP``, relative to pytester's folder, removed when the test ends."""
+    yield DEEP
+    remove_tree(pytester.path / "d")
+
+
+@pytest.mark.parametrize(
+    ("args", "written"),
+    [
+        (["--memreport={}r"], "r/index.md"),
+        (["--memreport=out", "--memreport-json={}s.json"], "s.json"),
+        (["--memreport=out", "--memreport-save", "--memreport-storage={}st"], "st/baseline"),
+    ],
+    ids=["report", "json", "storage"],
+)
+def test_a_path_a_thousand_levels_deep_is_written_and_every_verdict_shown(
+    pytester, deep, args, written
+):
+    project(pytester, keep=False)
+    # the test file is named: collecting the rootdir would walk the deep folders (pytest's own)
+    result = pytester.runpytest(
+        "-p", "no:randomly", *(a.format(deep) for a in args), "test_loop.py"
+    )
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*leakgate memory verdicts*", "PASS*test_loop_clean"])
+    assert os.path.exists(deep + written)
+    assert "RecursionError" not in result.stdout.str() + result.stderr.str()
+
+
+def test_leakgate_report_writes_a_report_a_thousand_levels_deep(tmp_path, monkeypatch):
+    from test_cli import clean, write_timeline
+
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    write_timeline(tmp_path / "run.jsonl", clean())
+    try:
+        assert main(["report", "run.jsonl", "-o", f"{DEEP}run.md"]) == 0
+        assert os.path.exists(f"{DEEP}run.md") and os.path.exists(f"{DEEP}run.json")
+    finally:
+        remove_tree(tmp_path / "d")
