@@ -9,10 +9,12 @@ written through a link to a file elsewhere.
 :func:`create_exclusive` opens a new file for streaming (a timeline): it fails when anything,
 a link included, already has the name, so a run never appends to or truncates another's file.
 
-:func:`write_output` writes a file a user named: a character device or a FIFO there (``/dev/null``,
-``/dev/stdout`` on a terminal or a pipe, a link to one) is written as a stream, since a rename
-would replace it; anything else behind a link is refused, never replaced; a regular file or a
-new name is written atomically. :func:`output_kind` says which, before any work is done.
+:func:`write_output` writes a file a user named: ``/dev/stdout``, ``/dev/stderr`` and
+``/dev/fd/N`` are this process's own descriptors and are written to as they are (reopening one
+that is redirected to a file would write over the file from its start); a character device or a
+FIFO (``/dev/null``, a link to one) is written as a stream, since a rename would replace it;
+anything else behind a link is refused, never replaced; a regular file or a new name is written
+atomically. :func:`output_kind` says which, before any work is done.
 
 :func:`make_folders` makes a folder and its missing parents, one level after another (no
 recursion, however deep the path); :func:`make_folder` also refuses a link in its place.
@@ -28,14 +30,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 EXCLUSIVE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC
 """Flags of :func:`create_exclusive`: a new file, never one (or a link) already there."""
+OWN_STREAMS = {"/dev/stdout": 1, "/dev/stderr": 2}
+"""The names of this process's own output streams, besides ``/dev/fd/N``."""
+_OWN_FD = re.compile(r"/(?:dev/fd|proc/self/fd)/(\d+)")
 
 _umask: int | None = None
 
@@ -80,9 +88,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
     try:
         try:
             os.fchmod(fd, file_mode())
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, payload)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -111,14 +117,24 @@ def create_exclusive(path: str | os.PathLike[str]) -> int:
         raise _naming(error, Path(path)) from None
 
 
-def output_kind(path: str | os.PathLike[str]) -> str:
-    """How :func:`write_output` writes ``path``: ``"stream"`` for a character device or a FIFO
-    (links followed), ``"file"`` for a regular file or a new name.
+def output_kind(path: str | os.PathLike[str]) -> Literal["descriptor", "stream", "file"]:
+    """How :func:`write_output` writes ``path``: ``"descriptor"`` for this process's own stream
+    (:func:`own_descriptor`), ``"stream"`` for a character device or a FIFO (links followed),
+    ``"file"`` for a regular file or a new name.
 
-    Raises ``OSError`` naming ``path`` for what neither fits: a folder, a socket, a block
-    device, or a link to anything but a stream (replacing the link would lose it, following
-    it would write through it).
+    Raises ``OSError`` naming ``path`` for what neither fits: a descriptor that is not open for
+    writing, a folder, a socket, a block device, or a link to anything but a stream (replacing
+    the link would lose it, following it would write through it).
     """
+    fd = own_descriptor(path)
+    if fd is not None:
+        try:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError as error:
+            raise _naming(error, Path(path)) from None
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, f"descriptor {fd} is not open for writing", str(path))
+        return "descriptor"
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -139,12 +155,33 @@ def output_kind(path: str | os.PathLike[str]) -> str:
     return "stream"
 
 
+def own_descriptor(path: str | os.PathLike[str]) -> int | None:
+    """The descriptor ``path`` names when it is one of this process's own streams
+    (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``), else None."""
+    text = os.path.normpath(os.fspath(path))
+    if text in OWN_STREAMS:
+        return OWN_STREAMS[text]
+    found = _OWN_FD.fullmatch(text)
+    return None if found is None else int(found.group(1))
+
+
 def write_output(path: str | os.PathLike[str], data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` as :func:`output_kind` says: through to a stream, or
-    atomically (:func:`write_atomic`). Raises ``OSError`` naming ``path``."""
+    """Write ``data`` to ``path`` as :func:`output_kind` says: to this process's own
+    descriptor, through to a stream, or atomically (:func:`write_atomic`). Raises ``OSError``
+    naming ``path``."""
     if output_kind(path) == "file":
         return write_atomic(path, data)
     payload = data.encode() if isinstance(data, str) else data
+    own = own_descriptor(path)
+    if own is not None:
+        for stream in (sys.stdout, sys.stderr):  # what Python holds for them goes first
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                stream.flush()
+        try:
+            _write_all(own, payload)
+        except OSError as error:
+            raise _naming(error, Path(path)) from None
+        return Path(path)
     try:
         # Without blocking: a FIFO that nobody reads is refused (ENXIO), never waited on.
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -155,14 +192,18 @@ def write_output(path: str | os.PathLike[str], data: str | bytes) -> Path:
         if not _is_stream(mode):  # swapped for something else since it was looked at
             raise OSError(errno.EINVAL, f"{_kind(mode)}, not a stream", str(path))
         os.set_blocking(fd, True)
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, payload)
     except OSError as error:
         raise _naming(error, Path(path)) from None
     finally:
         os.close(fd)
     return Path(path)
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def make_folder(path: str | os.PathLike[str]) -> Path:

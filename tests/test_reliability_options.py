@@ -153,3 +153,19 @@ def test_leakgate_report_writes_a_report_a_thousand_levels_deep(tmp_path, monkey
         assert os.path.exists(f"{DEEP}run.md") and os.path.exists(f"{DEEP}run.json")
     finally:
         remove_tree(tmp_path / "d")
+
+
+@pytest.mark.parametrize("stream", ["/dev/stdout", "/dev/fd/1", "/dev/stderr"])
+def test_a_summary_to_the_processs_own_stream_redirected_to_a_file_is_written_there(
+    pytester, stream
+):
+    project(pytester, keep=False)
+    # pytester's subprocess writes its stdout and stderr to files, as `pytest ... > log` does
+    result = pytester.runpytest_subprocess("-p", "no:randomly", f"--memreport-json={stream}")
+    assert result.ret == 0
+    log = (result.stderr if stream == "/dev/stderr" else result.stdout).str()
+    start = log.index('{\n  "schema": "leakgate-session/1"')
+    summary, _ = json.JSONDecoder().raw_decode(log, start)
+    assert [t["verdict"] for t in summary["tests"]] == ["PASS", "PASS"]
+    # written at the descriptor's offset: what pytest wrote before the summary is still there
+    result.stdout.fnmatch_lines(["*test session starts*", f"leakgate: session summary in {stream}"])
