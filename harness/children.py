@@ -190,6 +190,9 @@ class ChildrenReader:
     def __init__(self, pid: int | None = None) -> None:
         self.pid = os.getpid() if pid is None else pid
         self.notes: list[str] = []
+        self.history: dict[int, str] = {}
+        """Each descendant read so far, by pid, and its role then (:data:`HISTORY` at most)."""
+        self.board: heap_board.Board | None = None
         self.available = os.path.exists(f"{procfs.PROC}/{self.pid}/smaps_rollup")
         if not self.available:
             self.notes.append("children not measured: no /proc/<pid>/smaps_rollup here")
@@ -326,6 +329,8 @@ class ChildrenReader:
         if role is None:  # kept: a command name changes (python, then pt_data_worker)
             role = self._roles.get(pid) or _comm_role(pid)
             self._roles[pid] = role
+        if self.history.get(pid) != role and len(self.history) < HISTORY:
+            self.history[pid] = role
         heap = published.heap if published is not None else None
         return ProcessMemory(role, pid, anon, heap, fresh, *rolled)
 
@@ -346,6 +351,10 @@ SCHEDULE = (
     "checkpoints and a new child's first, or by the child itself at its readings 8, 32, 128, ..."
 )
 """How children are sampled, in words, for the timeline header and the report."""
+
+
+HISTORY = 4096
+"""Descendants whose roles a reader remembers after they exit (for what they named)."""
 
 
 class ChildSampler:

@@ -55,7 +55,10 @@ class Finished:
         for share in self.shares:
             if share.holders:
                 lines.append(f"  {share.kind} in {share.phase or 'the run'}: {share.text}")
-                lines += [f"    held by {h}" for h in share.holders[:limit]]
+                lines += [
+                    f"    held {f'in {h.process} ' if h.process else ''}by {h}"
+                    for h in share.holders[:limit]
+                ]
         return lines
 
     def exit_code(self) -> int:
@@ -251,7 +254,9 @@ def _shares(recorder: Recorder, verdict: Verdict) -> list[Share]:
         return []
     from harness.attribution import shares
 
-    return shares(recorder.attribution or recorder.holders, verdict.findings)
+    return shares(
+        recorder.attribution or recorder.holders, verdict.findings, recorder.worker_holders()
+    )
 
 
 def _named(explained: Sequence[Share]) -> list[Holder]:

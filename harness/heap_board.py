@@ -211,12 +211,12 @@ class _Slot:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def publish(self) -> None:
+    def publish(self) -> int | None:
         """Write the live heap now (odd sequence number while writing), and the child's own
-        ``smaps_rollup`` at readings 8, 32, 128, ... (:func:`_rolls`)."""
+        ``smaps_rollup`` at readings 8, 32, 128, ... (:func:`_rolls`); the heap written."""
         heap = live_heap()
         if heap is None:
-            return
+            return None
         with self._lock:
             self._count += 1
             if _rolls(self._count):
@@ -231,6 +231,12 @@ class _Slot:
             )
             self._sequence += 1
             _SEQUENCE.pack_into(self._view, 0, self._sequence)
+        return heap
+
+    @property
+    def count(self) -> int:
+        """The readings published so far."""
+        return self._count
 
     def tick(self) -> None:
         """Publish every :data:`PERIOD` seconds on a daemon thread, until :meth:`stop`."""
@@ -259,6 +265,9 @@ _forks = 0
 _generation = 0
 """Which registration of :func:`_forked` acts in a child: the latest (:func:`_before_fork`)."""
 _after_memray = False
+_hook: Callable[[int, int], None] | None = None
+"""What a DataLoader worker calls after each reading it publishes, with its heap and count
+(:func:`watch_batches`)."""
 
 
 def install() -> tuple[Board | None, str | None]:
@@ -291,8 +300,18 @@ def _wrap_workers(board: str) -> str | None:
         return "spawned DataLoader workers read from outside: this torch has no _worker_loop"
     if not _ours(loop):
         _original_loop = loop
-    worker._worker_loop = functools.partial(_worker_loop, board)
+    worker._worker_loop = functools.partial(_worker_loop, board, _hook)
     return None
+
+
+def watch_batches(hook: Callable[[int, int], None] | None) -> None:
+    """Have each DataLoader worker started from now on call ``hook(heap, count)`` after each
+    reading it publishes (None: no hook); a spawned worker gets a pickled copy. The recording
+    process's attribution passes its search of a worker's own heap."""
+    global _hook
+    _hook = hook
+    if _board is not None and _board.owner == os.getpid():
+        _wrap_workers(_board.path)
 
 
 def _before_fork() -> None:
@@ -349,8 +368,11 @@ def _open(board: str) -> _Slot | None:
     return slot
 
 
-def _worker_loop(board: str, *args: Any, **kwargs: Any) -> Any:
-    """A DataLoader worker's entry point: publish before each batch, then torch's loop."""
+def _worker_loop(
+    board: str, hook: Callable[[int, int], None] | None, *args: Any, **kwargs: Any
+) -> Any:
+    """A DataLoader worker's entry point: publish before each batch (then call ``hook``), then
+    torch's loop."""
     global _target, _slot
     from torch.utils.data._utils import fetch, worker
 
@@ -361,17 +383,26 @@ def _worker_loop(board: str, *args: Any, **kwargs: Any) -> Any:
         _slot = _open(board)
     if _slot is not None:
         for kind in fetch._BaseDatasetFetcher.__subclasses__():
-            kind.fetch = _publishing(kind.fetch, _slot)  # type: ignore[method-assign]
+            kind.fetch = _publishing(kind.fetch, _slot, hook)  # type: ignore[method-assign]
     loop = worker._worker_loop
     original = _original_loop if _ours(loop) else loop
     assert original is not None and not _ours(original)
     return original(*args, **kwargs)
 
 
-def _publishing(fetch: Callable[..., Any], slot: _Slot) -> Callable[..., Any]:
+def _publishing(
+    fetch: Callable[..., Any], slot: _Slot, hook: Callable[[int, int], None] | None
+) -> Callable[..., Any]:
+    hooks = [hook] if hook is not None else []
+
     @functools.wraps(fetch)
     def published(self: object, index: object) -> Any:
-        slot.publish()
+        heap = slot.publish()
+        if hooks and heap is not None:
+            try:
+                hooks[0](heap, slot.count)
+            except Exception:  # a hook never stops the worker: it is dropped instead
+                hooks.clear()
         return fetch(self, index)
 
     return published

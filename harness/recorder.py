@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import harness.heap_board as heap_board
 import harness.labels as labels
 from harness.children import ChildSampler
 from harness.errors import BadInput, UnwritableReport
@@ -164,6 +165,7 @@ class Recorder:
         gc.freeze()
         if self.attribution is not None:
             self.attribution.start()
+        self._watching = self._watch_workers(rules)
 
     def checkpoint(
         self,
@@ -476,8 +478,36 @@ class Recorder:
             self._strided = False
             self._release()
 
+    def _watch_workers(self, rules: Rules | None) -> bool:
+        """Have DataLoader workers name what holds their own growth past the children's budget
+        (with attribution and children on, and a budget); whether they will."""
+        board = self._children.reader.board if self._children is not None else None
+        if self.attribution is None or board is None or rules is None:
+            return False
+        from harness.attribution.workers import WorkerSearch
+        from harness.rules.children import budget
+
+        name = budget(rules)
+        limit = rules.size(name) if name is not None else None
+        if limit is None:
+            return False
+
+        heap_board.watch_batches(WorkerSearch(board.path, limit, rules.warmup))
+        return True
+
+    def worker_holders(self) -> list[Holder]:
+        """What DataLoader workers named as the holders of their own growth, each with its role
+        (none where they named nothing)."""
+        if not self._watching or self._children is None or self._children.reader.board is None:
+            return []
+        from harness.attribution.workers import held_in
+
+        return held_in(self._children.reader.board.path, self._children.reader.history)
+
     def _release(self) -> None:
         try:
+            if self._watching:
+                heap_board.watch_batches(None)
             if self._timeline is not None:
                 self._timeline.close()
         finally:

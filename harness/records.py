@@ -64,4 +64,5 @@ class HolderRecord(TypedDict, total=False):
     label: str | None
     note: str
     growth: int | None
+    process: str | None
     rank: int

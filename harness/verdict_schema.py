@@ -204,6 +204,7 @@ HOLDER = Record(
         "label": optional(check_text),
         "note": check_text,
         "growth": optional(whole),
+        "process": optional(check_text),
         "rank": optional(count),
     }
 )

@@ -14,7 +14,7 @@ from harness.attribution.lines import PYTHON_OBJECTS
 from harness.attribution.phase import PhaseAttribution
 from harness.attribution.snapshot import Snapshot
 
-EXPLAINED = ("leak", "drift", "teardown", "oom")
+EXPLAINED = ("leak", "drift", "teardown", "oom", "child-leak")
 _SEARCH_LIMIT = 5
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
@@ -84,16 +84,23 @@ class Share:
         return self.text
 
 
-def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]) -> list[Share]:
-    """For each leak, teardown and OOM finding (others are skipped), the holders to name for it
-    and how much of its bytes they hold.
+def shares(
+    holders: Sequence[Holder] | PhaseAttribution,
+    findings: Iterable[Any],
+    workers: Sequence[Holder] = (),
+) -> list[Share]:
+    """For each leak, drift, teardown, OOM and child-leak finding (others are skipped), the
+    holders to name for it and how much of its bytes they hold.
 
     A leak or OOM is explained by the holders found during the run in the finding's phase (of
     its epoch, when some are). A teardown residue, or a finding nobody was found for, takes a
     search of the tensors alive now, one per snapshot: given the :class:`PhaseAttribution`
     itself, against what was alive when the finding's phase started (the run's start for a
     phase without one), so nothing older is named for it; given its holders only, against the
-    last ``gc.freeze()`` (a recorder's start). Nothing to explain, nothing searched.
+    last ``gc.freeze()`` (a recorder's start). A child-leak is explained by what the
+    ``workers`` named on their own heaps (:mod:`harness.attribution.workers`): the worker whose
+    holders hold the most, against its growth when it named them. Nothing to explain, nothing
+    searched.
     """
     attribution = holders if isinstance(holders, PhaseAttribution) else None
     found = list(holders.holders if isinstance(holders, PhaseAttribution) else holders)
@@ -104,6 +111,11 @@ def shares(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]
         if kind not in EXPLAINED:
             continue
         phase, epoch = getattr(finding, "phase", None), getattr(finding, "epoch", None)
+        if kind == "child-leak":  # named inside the workers, on their own heaps
+            held, place = _held(workers)
+            inside = tuple(_worth_naming(named(h for h in workers if _place(h) == place)))
+            result.append(Share(str(kind), phase, epoch, place[2], held, inside))
+            continue
         chosen = [h for h in found if h.phase == phase]
         if kind == "drift":  # named at a later epoch's start and end, against the first judged
             chosen = [h for h in chosen if h.label and labels.edge_of(h.label) is not None]
@@ -199,9 +211,10 @@ def _worth_naming(holders: Sequence[Holder]) -> list[Holder]:
 
 
 def _place(holder: Holder) -> Place:
-    """The attribution that named ``holder``: its checkpoint's label and epoch, and the phase's
-    growth there (two searches at checkpoints of one label grew by different amounts)."""
-    return holder.label, holder.epoch, holder.growth
+    """The attribution that named ``holder``: its checkpoint's label (the child's role, for a
+    holder a worker named) and epoch, and the phase's growth there (two searches at
+    checkpoints of one label grew by different amounts)."""
+    return holder.label or holder.process, holder.epoch, holder.growth
 
 
 def _held(holders: Sequence[Holder]) -> tuple[int, Place]:

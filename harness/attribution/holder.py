@@ -22,7 +22,8 @@ class Holder:
     ``phase``, ``epoch`` and ``label`` say which checkpoint the attribution ran at, ``growth``
     how much its phase had grown by then (when a recorder's attribution knows it); ``note``
     what a person should know about the answer (a cycle only ``gc`` frees, a library holding
-    the memory, a search cut short)."""
+    the memory, a search cut short); ``process`` the child it was named in (``worker 0``), None
+    for the recording process."""
 
     path: str
     container: str
@@ -36,6 +37,7 @@ class Holder:
     label: str | None = None
     note: str = ""
     growth: int | None = None
+    process: str | None = None
 
     def __str__(self) -> str:
         note = f"; {self.note}" if self.note else ""

@@ -227,6 +227,8 @@ def holder_text(holder: Mapping[str, Any]) -> Markdown:
     if size is not None:
         details.append(format_size(size))
     said = f"held by {holder_name(holder)}" if holder.get("path") else "held by an unnamed object"
+    if isinstance(holder.get("process"), str):
+        said = f"held in {text(holder['process'])} " + said.removeprefix("held ")
     if details:
         said += f" ({', '.join(details)})"
     sites = holder.get("sites")
