@@ -10,13 +10,20 @@ start, where validation must run out of memory), and a memory snapshot written. 
 device the CUDA half prints ``skipped: no CUDA device``.
 
 One line per check (``ok`` or ``FAILED``, with what it measured); the exit code is 0 when every
-check ran passed, 1 naming the checks that failed.
+check ran passed, 1 naming the checks that failed, or 1 with one line on stderr when stdout
+cannot take the lines (a full disk, ``> /dev/full``). A selfcheck is one process, whatever rank
+variables it inherits (a shell inside a ``torchrun`` job): it drops them first, so the training
+command it runs is one process too. Under a memory tracer started outside leakgate
+(``PYTHONTRACEMALLOC``, memray) holder searches step aside, and the holder check says so instead
+of naming the holder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -29,6 +36,7 @@ from typing import Any
 
 import torch
 
+from harness.attribution.quiet import memory_tracer
 from harness.probes import probe_type
 from harness.recorder import Recorder
 from harness.rules import Rules, judge
@@ -42,6 +50,21 @@ PER_BATCH = 64 * 1024  # bytes kept per batch by the leaking twin: 3.75 MiB in a
 RULES = Rules(phase=("validation",), max_growth="1MiB", warmup=5)
 CUDA_BLOCK = 2 * 2**20  # the caching allocator's large-segment rounding
 INCIDENT = ("val-attention-cache", "val-batch-32")
+LAUNCHER = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""The variables a launcher (``torchrun``) sets that make a process one rank of several; with
+``TORCHELASTIC_*``, a selfcheck drops them."""
 
 
 class CheckFailed(AssertionError):
@@ -101,8 +124,14 @@ def leak_and_twin(device: str, *, sites: bool) -> str:
     require(
         twin.status == "PASS", f"clean twin judged {twin.status}: {twin.error or twin.findings}"
     )
+    found = [h.path for h in leaking.holders]
+    tracer = memory_tracer()
+    if tracer is not None:  # a search steps aside under another memory tracer, and says why
+        aside = f"<not searched: {tracer}>"
+        require(found == [aside], f"{tracer}, yet the holders found are {found}")
+        return f"leak FAIL, twin PASS, holder not searched: {tracer} (started outside leakgate)"
     holders = [h for h in leaking.holders if h.path.endswith("kept")]
-    require(bool(holders), f"no holder named kept, found {[h.path for h in leaking.holders]}")
+    require(bool(holders), f"no holder named kept, found {found}")
     holder = holders[0]
     text = f"leak FAIL, twin PASS, held by {holder.path} ({format_size(holder.bytes)})"
     if sites:
@@ -230,7 +259,12 @@ def cuda_checks() -> list[DeviceCheck]:
     ]
 
 
-def run_checks(checks: Sequence[DeviceCheck], write: Callable[[str], None] = print) -> list[str]:
+def say(line: str) -> None:
+    """Print one line now (``OSError`` when stdout cannot take it)."""
+    print(line, flush=True)
+
+
+def run_checks(checks: Sequence[DeviceCheck], write: Callable[[str], None] = say) -> list[str]:
     """Run each check, one line each; returns the names of those that failed."""
     failed = []
     for check in checks:
@@ -246,6 +280,7 @@ def run_checks(checks: Sequence[DeviceCheck], write: Callable[[str], None] = pri
 
 
 def selfcheck(argv: Sequence[str] | None = None) -> int:
+    """Run the checks, one line each; the exit code."""
     parser = argparse.ArgumentParser(prog="python -m harness.selfcheck", description=__doc__)
     parser.add_argument("--cuda", action="store_true", help="run the CUDA half too")
     args = parser.parse_args(argv)
@@ -254,12 +289,45 @@ def selfcheck(argv: Sequence[str] | None = None) -> int:
         checks += cuda_checks()
     failed = run_checks(checks)
     if args.cuda and not torch.cuda.is_available():
-        print("cuda half: skipped: no CUDA device")
+        say("cuda half: skipped: no CUDA device")
     if failed:
-        print(f"selfcheck: FAILED: {'; '.join(failed)}")
+        say(f"selfcheck: FAILED: {'; '.join(failed)}")
         return 1
-    print(f"selfcheck: ok ({len(checks)} checks)")
+    say(f"selfcheck: ok ({len(checks)} checks)")
     return 0
+
+
+def one_process() -> None:
+    """Drop the launcher's variables (:data:`LAUNCHER`) from this process's environment, which
+    the training command it runs inherits: a selfcheck never waits for ranks that never come."""
+    for name in [*LAUNCHER, *(n for n in os.environ if n.startswith("TORCHELASTIC_"))]:
+        os.environ.pop(name, None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.selfcheck``: :func:`selfcheck` as one process (:func:`one_process`),
+    its exit code, or 1 with one line on stderr when stdout cannot be written (a check's own
+    errors are its ``FAILED`` line)."""
+    one_process()
+    try:
+        try:
+            return selfcheck(argv)
+        finally:
+            sys.stdout.flush()
+    except OSError as exc:
+        _drop_stdout()
+        with contextlib.suppress(OSError):
+            print(f"selfcheck: cannot write to stdout: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+def _drop_stdout() -> None:
+    """Point stdout at ``/dev/null``: what Python still holds for it goes nowhere at exit,
+    instead of failing a second time."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _command(module: str, *args: str, codes: Sequence[int] = (0,)) -> int:
@@ -274,4 +342,4 @@ def _command(module: str, *args: str, codes: Sequence[int] = (0,)) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(selfcheck())
+    sys.exit(main())
