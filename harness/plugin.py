@@ -433,8 +433,7 @@ class LeakGate:
             shown = "; ".join(self.untracked[:3]) + ("; ..." if len(self.untracked) > 3 else "")
             tr.write_line(
                 f"leakgate note: explain noted no native lines for {len(self.untracked)} "
-                f"test(s) that run a memray Tracker of their own or under one (memray allows "
-                f"one per process): {shown}"
+                f"test(s), each for the reason given: {shown}"
             )
         for line in self.session_lines:
             tr.write_line(line, red=line.startswith("leakgate REGRESSION"))

@@ -15,7 +15,9 @@ and tracks no forked child (a DataLoader worker).
 memray allows one ``Tracker`` per process, so a region steps aside, naming nothing, where
 memray is tracking already (:attr:`Native.skipped` says so) or where the code it would wrap
 runs a tracker of its own (:func:`runs_tracker`: told before the region starts, so that code's
-tracker still starts).
+tracker still starts). memray follows Python frames with a profile function of its own, in
+place of any other while it runs: a region steps aside too where one is set already
+(``sys.setprofile``, ``threading.setprofile``), and one set inside the region does not see it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +91,11 @@ class Native:
 
     def __enter__(self) -> Native:
         if not available():
+            return self
+        if sys.getprofile() is not None or threading.getprofile() is not None:
+            # memray tracks Python frames with a profile function of its own, in place of the
+            # user's for as long as it runs: a profiler set already is left as it is
+            self.skipped = "a profile function is set (sys.setprofile): memray would replace it"
             return self
         import memray
 
