@@ -32,7 +32,7 @@ from harness.report.workers import (
 )
 from harness.store import NONE
 from harness.units import echo_size, format_mib, format_rate, format_size
-from harness.verdict import PhaseStats, Rules
+from harness.verdict import CheckStatus, PhaseStats, Rules
 from harness.wording import plural
 
 WORKERS = "children"
@@ -369,4 +369,4 @@ def scope_label(phase: Any, epoch: Any) -> str:
 
 def status(value: str) -> Markdown:
     """A check's or phase's status, in bold when it failed."""
-    return strong(value) if value in ("FAIL", "ERROR") else text(value)
+    return strong(value) if value in (CheckStatus.FAIL, CheckStatus.ERROR) else text(value)

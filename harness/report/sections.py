@@ -18,7 +18,7 @@ from harness.report.memory import status
 from harness.report.ranks import analysis, chart, profile, rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.units import echo_size, format_mib
-from harness.verdict import CONFIGURATION, Status, Verdict
+from harness.verdict import CONFIGURATION, CheckStatus, Status, Verdict
 from harness.wording import plural
 
 
@@ -116,12 +116,12 @@ def results(run: Run) -> list[str]:
 
 def final(run: Run) -> list[str]:
     verdict = run.verdict
-    ran = [c for c in verdict.checks if c.status != "SKIP"]
-    passing = [c for c in ran if c.status in ("PASS", "WARN")]
+    ran = [c for c in verdict.checks if c.status != CheckStatus.SKIP]
+    passing = [c for c in ran if c.status in (CheckStatus.PASS, CheckStatus.WARN)]
     share = 100 * len(passing) / len(ran) if ran else 0.0
     completion = f"Completion: {len(passing)}/{len(ran)} checks passing ({share:.0f}%)"
     skipped = len(verdict.checks) - len(ran)
-    warned = sum(c.status == "WARN" for c in ran)
+    warned = sum(c.status == CheckStatus.WARN for c in ran)
     extras = [f"{skipped} skipped"] * bool(skipped) + [f"{warned} with a warning"] * bool(warned)
     if extras:
         completion += f", {', '.join(extras)}"
@@ -205,8 +205,8 @@ def verdict_line(verdict: Verdict) -> str:
     for f in verdict.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
     found = ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items()))
-    ran = sum(c.status != "SKIP" for c in verdict.checks)
-    if verdict.status == "PASS":
+    ran = sum(c.status != CheckStatus.SKIP for c in verdict.checks)
+    if verdict.status == Status.PASS:
         text = f"PASS: every rule checked held ({plural(ran, 'check')})"
         return text + (f"; warnings: {found}" if found else "")
     noun = "finding" if len(verdict.findings) == 1 else "findings"

@@ -205,7 +205,9 @@ def _judge_group(
     before = len(ctx.checks)
     found: list[Finding] = []
     if group.metric is None or not group.series:
-        ctx.check("readings", group.scope, "SKIP", f"no {ctx.rules.metric} or rss readings")
+        ctx.check(
+            "readings", group.scope, CheckStatus.SKIP, f"no {ctx.rules.metric} or rss readings"
+        )
     else:
         for rule in rules:
             enabled, option = rule.enabled_with(ctx.rules)

@@ -43,7 +43,7 @@ from harness.rules.loop import ALPHA, MIN_TREND_POINTS
 from harness.rules.registry import register_rule
 from harness.store import NONE
 from harness.units import format_size
-from harness.verdict import Finding, Kind, Outcome, Rules
+from harness.verdict import CheckStatus, Finding, Kind, Outcome, Rules
 
 ALL = "all children"
 """The name of the series of every child together."""
@@ -162,7 +162,7 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
                 f"{len(series.judged)} {series.measure} readings after warm-up: too few for a "
                 f"trend (need {MIN_TREND_POINTS})"
             )
-            ctx.check("max_child_growth", where, "SKIP", details, None, limit)
+            ctx.check("max_child_growth", where, CheckStatus.SKIP, details, None, limit)
             continue
         t = fit.trend
         summary = (
@@ -170,15 +170,17 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
             f"after warm-up, {rate(t.slope)}, trend p={t.p:.2g}"
         )
         if not (t.p < ALPHA and fit.growth > limit):
-            ctx.check("max_child_growth", where, "PASS", summary, fit.growth, limit)
+            ctx.check("max_child_growth", where, CheckStatus.PASS, summary, fit.growth, limit)
             continue
         recheck = _recheck(ctx, group, series)
         if recheck is not None and recheck <= fit.baseline + limit:
             details = f"{summary}, but a collected reading is back within {name}"
-            ctx.check("max_child_growth", where, "PASS", details, fit.growth, limit)
+            ctx.check("max_child_growth", where, CheckStatus.PASS, details, fit.growth, limit)
             continue
         outcome = Outcome.UNCHECKED if recheck is None else Outcome.RETAINED
-        ctx.check("max_child_growth", where, "FAIL", f"{summary}; {outcome}", fit.growth, limit)
+        ctx.check(
+            "max_child_growth", where, CheckStatus.FAIL, f"{summary}; {outcome}", fit.growth, limit
+        )
         leaking.append((series, outcome))
     if not leaking:
         return []

@@ -19,7 +19,7 @@ from harness.rules.context import Context, Fit, Group, rate, where
 from harness.rules.registry import register_rule
 from harness.store import NONE
 from harness.units import format_size
-from harness.verdict import Finding, Kind, Outcome
+from harness.verdict import CheckStatus, Finding, Kind, Outcome
 from harness.wording import plural
 
 ALPHA = 0.01
@@ -34,7 +34,7 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         ctx.check(
             "max_growth",
             group.scope,
-            "SKIP",
+            CheckStatus.SKIP,
             f"{plural(len(judged), 'batch', 'batches')} after {ctx.rules.warmup} warm-up: too "
             "few for a trend"
             f" (need {MIN_TREND_POINTS})",
@@ -53,7 +53,7 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
     if not fit.in_order:
         summary += " (batch numbers do not ascend: fitted in the checkpoints' order)"
     if not (t.p < ALPHA and fit.growth > limit):
-        ctx.check("max_growth", group.scope, "PASS", summary, fit.growth, limit)
+        ctx.check("max_growth", group.scope, CheckStatus.PASS, summary, fit.growth, limit)
         return []
     if fit.stopped is not None and not ctx.rules.cache_is_leak:
         return [plateau(ctx, group, summary, limit)]
@@ -70,7 +70,7 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
             f"{summary}, but collected {_reading(ctx, recheck, metric, fit)} is back within "
             "max_growth: reclaimed by collection, not a leak"
         )
-        ctx.check("max_growth", group.scope, "PASS", details, fit.growth, limit)
+        ctx.check("max_growth", group.scope, CheckStatus.PASS, details, fit.growth, limit)
         return []
     elif recheck is not None:
         outcome = Outcome.RETAINED
@@ -82,7 +82,7 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         outcome = Outcome.UNCHECKED
         note = "no collected re-check after the loop" if went_on else ""
     tail = f"; {note}" if note else ""
-    ctx.check("max_growth", group.scope, "FAIL", summary + tail, fit.growth, limit)
+    ctx.check("max_growth", group.scope, CheckStatus.FAIL, summary + tail, fit.growth, limit)
     message = (
         f"leak in {group.scope}{fit.since}: {rate(fit.rate)}, "
         f"{format_size(fit.growth, signed=True)} > max_growth {ctx.rules.shown('max_growth')} "
@@ -112,7 +112,7 @@ def plateau(ctx: Context, group: Group, summary: str, limit: int) -> Finding:
     ctx.check(
         "max_growth",
         group.scope,
-        "WARN",
+        CheckStatus.WARN,
         f"{summary}; {stopped}, {held}: a bounded cache",
         fit.growth,
         limit,
@@ -138,15 +138,15 @@ def plateau(ctx: Context, group: Group, summary: str, limit: int) -> Finding:
 def peak(ctx: Context, group: Group, limit: int) -> list[Finding]:
     top = group.peak
     if top is None:
-        ctx.check("max_peak", group.scope, "SKIP", "no readings", None, limit)
+        ctx.check("max_peak", group.scope, CheckStatus.SKIP, "no readings", None, limit)
         return []
     at = where(ctx.samples[top.at])
     rise = format_size(top.rise, signed=True)
     details = f"peak {format_size(top.value)} at {at}, {rise} above start"
     if top.rise <= limit:
-        ctx.check("max_peak", group.scope, "PASS", details, top.rise, limit)
+        ctx.check("max_peak", group.scope, CheckStatus.PASS, details, top.rise, limit)
         return []
-    ctx.check("max_peak", group.scope, "FAIL", details, top.rise, limit)
+    ctx.check("max_peak", group.scope, CheckStatus.FAIL, details, top.rise, limit)
     limit_text = ctx.rules.shown("max_peak")
     message = f"peak in {group.scope}: {rise} above start at {at} > max_peak {limit_text}"
     evidence = (ctx.evidence(top.start, top.base), ctx.evidence(top.at, top.metric))
@@ -178,9 +178,9 @@ def fragmentation(ctx: Context, group: Group, _: None) -> list[Finding]:
         f"allocated {format_size(allocated.growth, signed=True)}"
     )
     if not (gap.trend.p < ALPHA and gap.growth > limit and allocated.growth < gap.growth / 4):
-        ctx.check("fragmentation", group.scope, "PASS", details, gap.growth, limit)
+        ctx.check("fragmentation", group.scope, CheckStatus.PASS, details, gap.growth, limit)
         return []
-    ctx.check("fragmentation", group.scope, "WARN", details, gap.growth, limit)
+    ctx.check("fragmentation", group.scope, CheckStatus.WARN, details, gap.growth, limit)
     message = (
         f"fragmentation in {group.scope}: reserved grew {format_size(gap.growth, signed=True)} "
         f"more than allocated ({format_size(allocated.growth, signed=True)})"

@@ -25,7 +25,7 @@ from harness.rules.saturation import cached_between
 from harness.sample import Sample
 from harness.store import NONE
 from harness.units import format_size
-from harness.verdict import Finding, Kind
+from harness.verdict import CheckStatus, Finding, Kind
 from harness.wording import plural
 
 
@@ -58,7 +58,7 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
             if worst is None or amount - cached > worst[0]:
                 worst = (amount - cached, amount, by_epoch[e], metric, cached, caches)
         if worst is None:
-            ctx.check("max_drift", label, "SKIP", "no comparable readings")
+            ctx.check("max_drift", label, CheckStatus.SKIP, "no comparable readings")
             continue
         residual, amount, at, metric, cached, caches = worst
         details = (
@@ -70,9 +70,15 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
                 f", {format_size(cached, signed=True)} of it the bounded cache in "
                 f"{', '.join(caches)}"
             )
-        status = "FAIL" if residual > limit else "WARN" if amount > limit else "PASS"
+        status = (
+            CheckStatus.FAIL
+            if residual > limit
+            else CheckStatus.WARN
+            if amount > limit
+            else CheckStatus.PASS
+        )
         ctx.check("max_drift", label, status, details, residual, limit)
-        if status == "FAIL":
+        if status == CheckStatus.FAIL:
             beyond = (
                 f" ({format_size(residual, signed=True)} beyond the bounded cache)"
                 if cached
@@ -97,7 +103,7 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
                 )
             )
     if not compared:
-        ctx.check("max_drift", "run", "SKIP", _too_few_epochs(ctx, firsts))
+        ctx.check("max_drift", "run", CheckStatus.SKIP, _too_few_epochs(ctx, firsts))
     if not failures:
         return []
     worst_finding = max(failures, key=lambda f: f.bytes or 0)
@@ -126,7 +132,7 @@ def _too_few_epochs(ctx: Context, firsts: dict[str, dict[int, int]]) -> str:
 def teardown(ctx: Context, limit: int) -> list[Finding]:
     samples, cols = ctx.samples, ctx.columns
     if not len(cols.batch):
-        ctx.check("teardown", "session", "SKIP", "no samples", None, limit)
+        ctx.check("teardown", "session", CheckStatus.SKIP, "no samples", None, limit)
         return []
     starts = cols.where_label(labels.is_run_start)
     ends = cols.where_label(labels.is_run_end)
@@ -139,13 +145,18 @@ def teardown(ctx: Context, limit: int) -> list[Finding]:
     after = np.flatnonzero(cols.collected[end:])
     if not len(after):
         ctx.check(
-            "teardown", "session", "SKIP", "no collected sample after the session end", None, limit
+            "teardown",
+            "session",
+            CheckStatus.SKIP,
+            "no collected sample after the session end",
+            None,
+            limit,
         )
         return []
     at = end + int(after[-1])
     metric = ctx.pair_metric(start, at)
     if metric is None:
-        ctx.check("teardown", "session", "SKIP", "no comparable readings")
+        ctx.check("teardown", "session", CheckStatus.SKIP, "no comparable readings")
         return []
     residue = ctx.value(at, metric) - ctx.value(start, metric)
     details = (
@@ -153,9 +164,9 @@ def teardown(ctx: Context, limit: int) -> list[Finding]:
         f"{samples[start].label} ({metric})"
     )
     if residue <= limit:
-        ctx.check("teardown", "session", "PASS", details, residue, limit)
+        ctx.check("teardown", "session", CheckStatus.PASS, details, residue, limit)
         return []
-    ctx.check("teardown", "session", "FAIL", details, residue, limit)
+    ctx.check("teardown", "session", CheckStatus.FAIL, details, residue, limit)
     message = (
         f"teardown: {format_size(residue, signed=True)} still held after the session and "
         f"collection > teardown {ctx.rules.shown('teardown')}"
@@ -179,7 +190,7 @@ def failed_checks(ctx: Context, _: None) -> list[Finding]:
         count = f" ({len(failed)} failures)" if len(failed) > 1 else ""
         message = f"check failed at {where(first)}: {note}{count}"
         scope = phase if phase is not None else "(no phase)"
-        ctx.check("check", scope, "FAIL", f"{len(failed)} CHECK_FAILED: {note}")
+        ctx.check("check", scope, CheckStatus.FAIL, f"{len(failed)} CHECK_FAILED: {note}")
         evidence = tuple(ctx.evidence(i, None) for i in dict.fromkeys((failed[0], failed[-1])))
         findings.append(
             Finding(Kind.CHECK, phase, first.epoch, None, message, None, evidence, rule="check")

@@ -48,13 +48,18 @@ def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
     limit = ctx.rules.size(budget)
     fit = group.fit
     if limit is None:
-        ctx.check("project_to", group.scope, "SKIP", "no budget: set max_projected or max_growth")
+        ctx.check(
+            "project_to",
+            group.scope,
+            CheckStatus.SKIP,
+            "no budget: set max_projected or max_growth",
+        )
         return []
     if fit is None or len(group.judged) < MIN_TREND_POINTS:
         ctx.check(
             "project_to",
             group.scope,
-            "SKIP",
+            CheckStatus.SKIP,
             f"{plural(len(group.judged), 'batch', 'batches')} after {ctx.rules.warmup} warm-up: "
             "too few for a trend"
             f" (need {MIN_TREND_POINTS})",
@@ -74,9 +79,9 @@ def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
     if fit.stopped is not None:
         summary += f"; growth stopped at batch {fit.stopped:.0f}"
     if not (t.p < ALPHA and slope >= SLOPE_FLOOR and projected > limit):
-        ctx.check("project_to", group.scope, "PASS", summary, projected, limit)
+        ctx.check("project_to", group.scope, CheckStatus.PASS, summary, projected, limit)
         return []
-    ctx.check("project_to", group.scope, "FAIL", summary, projected, limit)
+    ctx.check("project_to", group.scope, CheckStatus.FAIL, summary, projected, limit)
     message = (
         f"projected leak in {group.scope}{fit.since}: {rate(slope)} x {batches} batches = "
         f"{format_size(projected, signed=True)} > {budget} {ctx.rules.shown(budget)} "
@@ -123,7 +128,7 @@ def bounded(
         return kept, list(phases)
     scopes = {g.scope for g in ctx.groups if g.phase in saturated}
     for n, check in enumerate(ctx.checks):
-        if check.rule in LEAK_RULES and check.scope in scopes and check.status == "FAIL":
+        if check.rule in LEAK_RULES and check.scope in scopes and check.status == CheckStatus.FAIL:
             details = f"{check.details}; growth saturates across epochs: bounded cache"
             ctx.checks[n] = replace(check, status=CheckStatus.WARN, details=details)
     return kept, [_restated(ctx, p) if p.phase in saturated else p for p in phases]
@@ -162,7 +167,7 @@ def cached_between(ctx: Context, start: int, end: int, metric: str) -> tuple[flo
     of it filled and stayed flat), from their first reading to their last; and those phases'
     names."""
     total, phases = 0.0, []
-    failed = {c.scope for c in ctx.checks if c.rule in LEAK_RULES and c.status == "FAIL"}
+    failed = {c.scope for c in ctx.checks if c.rule in LEAK_RULES and c.status == CheckStatus.FAIL}
     for phase in dict.fromkeys(g.phase for g in ctx.groups):
         groups = saturating(ctx, phase) or []
         filled = any(g.fit is not None and g.fit.stopped is not None for g in groups)
@@ -213,8 +218,8 @@ def _cache(ctx: Context, phase: str | None) -> Finding | None:
 
 def _restated(ctx: Context, stats: PhaseStats) -> PhaseStats:
     """A saturated phase's epoch: FAIL only while another rule still fails it."""
-    if stats.status != "FAIL":
+    if stats.status != CheckStatus.FAIL:
         return stats
     scope = next((g.scope for g in ctx.groups if g.key == (stats.phase, stats.epoch)), None)
-    failing = any(c.scope == scope and c.status == "FAIL" for c in ctx.checks)
+    failing = any(c.scope == scope and c.status == CheckStatus.FAIL for c in ctx.checks)
     return stats if failing else replace(stats, status=CheckStatus.WARN)
