@@ -84,7 +84,11 @@ class Rules:
     )
     max_projected: int | None = field(
         default=None,
-        metadata=_option("growth allowed in a phase projected over project_to batches", "size"),
+        metadata=_option(
+            "growth allowed in a phase projected over project_to batches",
+            "size",
+            fallback="max_growth",
+        ),
     )
     cache_is_leak: bool = field(
         default=False,
@@ -233,6 +237,15 @@ class Rules:
         """The size rule named ``name`` (one of :func:`size_fields`) in bytes; ``None`` when off."""
         value: int | None = getattr(self, name)
         return value
+
+    def budget(self, name: str) -> str | None:
+        """The size option that bounds what ``name`` judges: ``name`` itself when set, else the
+        option its metadata falls back to when that is set (``max_child_growth`` and
+        ``max_projected``: ``max_growth``); None when neither is."""
+        if getattr(self, name) is not None:
+            return name
+        fallback = self.__dataclass_fields__[name].metadata.get("fallback")
+        return fallback if fallback and getattr(self, fallback) is not None else None
 
     def shown(self, name: str) -> str:
         """A size rule as the user wrote it (``"50MB"``), or its bytes when given as an int."""

@@ -485,9 +485,8 @@ class Recorder:
         if self.attribution is None or board is None or rules is None:
             return False
         from harness.attribution.workers import WorkerSearch
-        from harness.rules.children import budget
 
-        name = budget(rules)
+        name = rules.budget("max_child_growth")
         limit = rules.size(name) if name is not None else None
         if limit is None:
             return False

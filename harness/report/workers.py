@@ -14,7 +14,6 @@ import numpy as np
 from harness.children import parse_processes, role_metric
 from harness.markdown import Markdown, code, plain, text
 from harness.report.run import Run
-from harness.rules.children import budget
 from harness.units import format_mib, format_size
 
 MAX_ROLES = 8
@@ -120,7 +119,7 @@ def measures(run: Run) -> dict[str, str]:
 def budget_note(run: Run) -> Markdown:
     """The option a worker's growth is judged against, as written: ```max_growth` (4MB)``."""
     rules = run.verdict.rules
-    name = budget(rules) or "max_child_growth"
+    name = rules.budget("max_child_growth") or "max_child_growth"
     return Markdown(f"{code(name)} ({text(rules.shown(name))})")
 
 

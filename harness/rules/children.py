@@ -43,7 +43,7 @@ from harness.rules.loop import ALPHA, MIN_TREND_POINTS
 from harness.rules.registry import register_rule
 from harness.store import NONE
 from harness.units import format_size
-from harness.verdict import CheckStatus, Finding, Kind, Outcome, Rules
+from harness.verdict import CheckStatus, Finding, Kind, Outcome
 
 ALL = "all children"
 """The name of the series of every child together."""
@@ -70,15 +70,6 @@ class ChildSeries:
     def measure(self) -> str:
         """``live heap`` or ``anon``: what the series was judged on."""
         return MEASURES.get(self.metric.partition(":")[0], "anon")
-
-
-def budget(rules: Rules) -> str | None:
-    """The option that bounds a child's growth: ``max_child_growth``, else ``max_growth``
-    (None when neither is set)."""
-    for name in ("max_child_growth", "max_growth"):
-        if rules.size(name) is not None:
-            return name
-    return None
 
 
 def child_series(ctx: Context, group: Group) -> list[ChildSeries]:
@@ -148,7 +139,7 @@ def _series(ctx: Context, looped: np.ndarray, role: str) -> ChildSeries:
 
 @register_rule("max_child_growth", scope="phase", option=None)
 def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
-    name = budget(ctx.rules)
+    name = ctx.rules.budget("max_child_growth")
     limit = ctx.rules.size(name) if name else None
     if name is None or limit is None:
         return []
@@ -279,7 +270,7 @@ def copies(ctx: Context, group: Group) -> list[Copies]:
 
 @register_rule("copy_on_read", scope="phase", option=None)
 def copy_on_read(ctx: Context, group: Group, _: None) -> list[Finding]:
-    name = budget(ctx.rules)
+    name = ctx.rules.budget("max_child_growth")
     limit = ctx.rules.size(name) if name else None
     if not ctx.rules.children or name is None or limit is None:
         return []

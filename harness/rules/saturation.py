@@ -44,10 +44,10 @@ SLOPE_FLOOR = 128
 def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
     """A significant slope extended to ``batches`` batches, against ``max_projected`` (else
     ``max_growth``)."""
-    budget = "max_projected" if ctx.rules.max_projected is not None else "max_growth"
-    limit = ctx.rules.size(budget)
+    budget = ctx.rules.budget("max_projected")
+    limit = ctx.rules.size(budget) if budget is not None else None
     fit = group.fit
-    if limit is None:
+    if budget is None or limit is None:
         ctx.check(
             "project_to",
             group.scope,
