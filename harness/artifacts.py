@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput, one_line
-from harness.fsio import write_atomic
+from harness.fsio import make_folders, write_atomic
 from harness.json_values import finite_number, read_json
 from harness.naming import is_rebuilt
 from harness.records import HolderRecord
@@ -65,7 +65,7 @@ def save_run(
     if not name or name in (".", "..") or "/" in name or os.sep in name:
         raise BadInput(f"name must be a plain file name, got {name!r}", field="save_run")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_folders(directory)
     paths = {"json": directory / f"{name}.json", "md": directory / f"{name}.md"}
     timeline = directory / f"{name}.jsonl"
     if timeline.exists():
@@ -178,7 +178,7 @@ def write_index(
     keeps only runs whose timeline header started at or after that time (a session's own
     runs)."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_folders(directory)
     entries = []
     unreadable = 0
     for path in verdict_files(directory):

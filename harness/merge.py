@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadInput
 from harness.finish import Finished, finish_run, relative, rules_of, write_finished
-from harness.fsio import would_replace
+from harness.fsio import make_folders, would_replace
 from harness.identity import MAX_WORLD_SIZE, check_rank, check_world_size
 from harness.naming import check_file_name, run_name
 from harness.records import HolderRecord
@@ -246,7 +246,7 @@ def finish_ranks(
     ]
     if folder is not None:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            make_folders(folder)
         except OSError as exc:
             return Finished(run, found, shares, write_error=exc)
     return write_finished(run, found, shares, markdown, document)

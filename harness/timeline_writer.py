@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import harness.sample as schema
+from harness.fsio import make_folders
 from harness.labels import END, Raised
 from harness.sample import FORMAT, METRICS, Field, Sample, line_order
 from harness.timeline_claim import claim, write_all
@@ -262,7 +263,7 @@ class TimelineWriter:
         line = _encode({"leakgate_timeline": FORMAT, **header})
         try:
             try:
-                wanted.parent.mkdir(parents=True, exist_ok=True)
+                make_folders(wanted.parent)
             except OSError as error:
                 raise OSError(error.errno, error.strerror, str(path)) from None
             self.path, fd = claim(wanted, line, header)
