@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import BadInput
+from harness.errors import BadArgument, BadInput
 
 if TYPE_CHECKING:
     from harness.records import RankFields
@@ -75,7 +75,7 @@ def check_world_size(value: Any) -> int:
     Raises ``TypeError`` for anything but an ``int`` (a bool included), ``ValueError`` for one
     out of range; both say ``world size``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"world size: expected a whole number, got {_shown(value)}")
+        raise BadArgument(f"world size: expected a whole number, got {_shown(value)}")
     if not 1 <= value <= MAX_WORLD_SIZE:
         raise BadInput(f"world size {_shown(value)} is not from 1 to {MAX_WORLD_SIZE}")
     return value
@@ -86,7 +86,7 @@ def check_rank(value: Any, world_size: int) -> int:
     ``world_size - 1``. Raises ``TypeError`` for anything but an ``int``, ``ValueError`` for
     one out of range."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"rank: expected a whole number, got {_shown(value)}")
+        raise BadArgument(f"rank: expected a whole number, got {_shown(value)}")
     if not 0 <= value < world_size:
         raise BadInput(f"rank {_shown(value)} is not in a world of size {world_size}")
     return value

@@ -16,7 +16,7 @@ import functools
 import re
 from typing import Protocol
 
-from harness.errors import Raised
+from harness.errors import BadArgument, Raised
 
 TEST_START = "TEST_START"
 TEST_END = "TEST_END"
@@ -73,7 +73,7 @@ def given_event(label: object, event: object) -> str | None:
     if event is None:
         return event_of(label) if type(label) is str else None
     if event not in EVENTS:
-        raise TypeError(f"checkpoint event: expected one of {EVENTS}, got {event!r}")
+        raise BadArgument(f"checkpoint event: expected one of {EVENTS}, got {event!r}")
     return str(event)
 
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.errors import BadInput
+from harness.errors import BadArgument, BadInput
 
 MAX_NAME = 200
 """The longest name :func:`check_file_name` takes: room for a suffix and a temporary file's
@@ -36,7 +36,7 @@ def check_file_name(name: Any, what: str = "name") -> str:
     Raises ``TypeError`` for anything but a string, ``ValueError`` starting with ``what``
     otherwise."""
     if not isinstance(name, str):
-        raise TypeError(f"{what}: expected a string, got {type(name).__name__}")
+        raise BadArgument(f"{what}: expected a string, got {type(name).__name__}")
     if (
         not name
         or name.startswith(".")

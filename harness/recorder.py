@@ -17,7 +17,7 @@ import torch
 import harness.heap_board as heap_board
 import harness.labels as labels
 from harness.children import ChildSampler
-from harness.errors import BadInput, UnwritableReport
+from harness.errors import BadArgument, BadInput, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
@@ -105,11 +105,13 @@ class Recorder:
         if attribute is not False:
             from harness.attribution import PhaseAttribution
         if not (type(attribute) is bool or isinstance(attribute, PhaseAttribution)):
-            raise TypeError(f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}")
+            raise BadArgument(
+                f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}"
+            )
         if children is None:
             children = rules.children if rules is not None else True
         if not isinstance(children, bool):
-            raise TypeError(f"children: expected a bool or None, got {children!r}")
+            raise BadArgument(f"children: expected a bool or None, got {children!r}")
         self._children = ChildSampler() if children else None
         if attribute is True:
             from harness.options import Rules
@@ -549,7 +551,7 @@ def _check_arguments(
         if value is None and optional:
             continue
         if not isinstance(value, str):
-            raise TypeError(f"checkpoint {name}: expected a str, got {type(value).__name__}")
+            raise BadArgument(f"checkpoint {name}: expected a str, got {type(value).__name__}")
         if not value.strip() or len(value) > MAX_TEXT or "\x00" in value:
             raise BadInput(
                 f"expected 1 to {MAX_TEXT} printable characters, got {value[:40]!r}",
@@ -559,8 +561,8 @@ def _check_arguments(
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"checkpoint {name}: expected an int or None, got {value!r}")
+            raise BadArgument(f"checkpoint {name}: expected an int or None, got {value!r}")
         if not 0 <= value < 2**62:
             raise BadInput(f"expected 0 <= {name} < 2**62, got {value}", field=f"checkpoint {name}")
     if note is not None and not isinstance(note, str):
-        raise TypeError(f"checkpoint note: expected a str or None, got {type(note).__name__}")
+        raise BadArgument(f"checkpoint note: expected a str or None, got {type(note).__name__}")

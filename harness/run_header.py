@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from harness.children import SCHEDULE, SUMS, ChildSampler
+from harness.errors import BadArgument
 from harness.probes import Probe
 from harness.sample import STRIDE
 from harness.version import __version__
@@ -38,7 +39,7 @@ def run_header(
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
     if config is not None and not isinstance(config, Mapping):
-        raise TypeError(f"config: expected a mapping or a dataclass, got {config!r}")
+        raise BadArgument(f"config: expected a mapping or a dataclass, got {config!r}")
     header = {
         "leakgate": __version__,
         "run_id": uuid.uuid4().hex,

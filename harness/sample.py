@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import harness.labels as labels
-from harness.errors import BadInput
+from harness.errors import BadArgument, BadInput
 
 FORMAT = 3
 """Version of the timeline format, written in the header as ``leakgate_timeline``. Version 2
@@ -57,7 +57,7 @@ STRIDE = Stride()
 def column(kind: str, meaning: str) -> dict[str, str]:
     """A field's metadata: its ``kind`` (one of :data:`FIELD_KINDS`) and what it means."""
     if kind not in FIELD_KINDS:
-        raise TypeError(f"kind must be one of {FIELD_KINDS}, not {kind!r}")
+        raise BadArgument(f"kind must be one of {FIELD_KINDS}, not {kind!r}")
     return {"kind": kind, "meaning": meaning}
 
 

@@ -169,8 +169,8 @@ def test_explain_steps_aside_for_a_test_that_tracks_with_memray_itself(pytester)
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(
         [
-            "leakgate note: explain noted no native lines for 3 test(s) that run a memray Tracker "
-            "of their own or under one (memray allows one per process): "
+            "leakgate note: explain noted no native lines for 3 test(s), each for the reason "
+            "given: "
             "test_module.py::test_module_tracker (test_module uses memray.Tracker); "
             "test_own.py::test_imports_memray_itself (test_imports_memray_itself uses "
             "memray.Tracker); test_own.py::test_runs_under_a_fixtures_tracker (memray could not "

@@ -21,6 +21,7 @@ from harness.attribution.quiet import unobserved
 from harness.attribution.sites import Block, allocator_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
 from harness.attribution.walk import Walk, kind_of, namespace
+from harness.errors import BadArgument
 from harness.units import format_size
 
 _SIZED = (list, tuple, dict, set, frozenset, collections.deque)
@@ -100,7 +101,7 @@ def attribute(
     ``<no Python holder>`` too.
     """
     if max_depth < 1:
-        raise ValueError(f"max_depth must be at least 1, got {max_depth}")
+        raise BadArgument(f"max_depth must be at least 1, got {max_depth}")
     collecting = gc.isenabled()
     gc.disable()
     walk = Walk(max_objects, _targets(before))

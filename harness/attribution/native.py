@@ -75,6 +75,12 @@ def _skipped() -> tuple[str, ...]:
     return (*SKIPPED, *extra, "<")
 
 
+def _memrays(profile: object) -> bool:
+    """Whether a profile function is a running memray tracker's (memray then refuses a second
+    tracker itself, and says so)."""
+    return getattr(profile, "__module__", None) == "memray._memray"
+
+
 class Native:
     """A region tracked by ``memray.Tracker``: after it, :attr:`found` holds the top ``top``
     lines by bytes still held (at least ``floor`` each), or None when memray is not installed
@@ -92,7 +98,8 @@ class Native:
     def __enter__(self) -> Native:
         if not available():
             return self
-        if sys.getprofile() is not None or threading.getprofile() is not None:
+        profile = sys.getprofile() or threading.getprofile()
+        if profile is not None and not _memrays(profile):
             # memray tracks Python frames with a profile function of its own, in place of the
             # user's for as long as it runs: a profiler set already is left as it is
             self.skipped = "a profile function is set (sys.setprofile): memray would replace it"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
-from harness.errors import BadInput
+from harness.errors import BadArgument, BadInput
 from harness.options import option_names
 from harness.verdict import Finding
 
@@ -70,13 +70,13 @@ def register_rule(
     not run/phase.
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise TypeError(f"register_rule: name must be an identifier, got {name!r}")
+        raise BadArgument(f"register_rule: name must be an identifier, got {name!r}")
     if scope not in ("run", "phase"):
-        raise TypeError(f"register_rule: scope must be 'run' or 'phase', got {scope!r}")
+        raise BadArgument(f"register_rule: scope must be 'run' or 'phase', got {scope!r}")
 
     def add(fn: F) -> F:
         if not callable(fn):
-            raise TypeError(f"register_rule: {fn!r} is not callable")
+            raise BadArgument(f"register_rule: {fn!r} is not callable")
         taken = _REGISTRY.get(name)
         if option == "custom" and (
             name in option_names() or (taken is not None and taken.option != "custom")
