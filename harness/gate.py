@@ -10,10 +10,11 @@ odd file, no verdicts at all) raises :class:`~harness.errors.BadInput` for the C
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.artifacts import (
     INDEX,
@@ -39,6 +40,9 @@ from harness.report.index import GateDecision
 from harness.timeline import read_timeline
 from harness.units import format_mib, format_size
 from harness.wording import plural
+
+if TYPE_CHECKING:
+    from harness.history.creep import CreepLimit
 
 PASS, FAIL = 0, 1
 TABLE_ROWS = 20
@@ -80,16 +84,28 @@ class Gated:
 
     decision: GateDecision
     lines: list[str]
+    documents: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def gate_folder(
-    directory: Path, baseline_dir: Path | None, *, tolerance: float, min_bytes: int
+    directory: Path,
+    baseline_dir: Path | None,
+    *,
+    tolerance: float,
+    min_bytes: int,
+    history: str | None = None,
+    max_creep: CreepLimit | None = None,
 ) -> int:
-    """Decide on DIR (:func:`decide_gate`), write its ``index.md`` with the decision, then print one
+    """Decide on DIR (:func:`decide_gate`), append its verdicts to ``history`` and judge their
+    creep (:func:`with_history`), write its ``index.md`` with the decision, then print one
     line per verdict, one per problem, and the total. Input the gate refuses writes nothing but
     an ``index.md`` that says so (:func:`write_refusal`)."""
     try:
+        if max_creep is not None and history is None:
+            raise BadInput("needs --history (the runs it judges)", field="--max-creep")
         gated = decide_gate(directory, baseline_dir, tolerance=tolerance, min_bytes=min_bytes)
+        if history is not None:
+            gated = with_history(gated, history, max_creep, min_bytes=min_bytes)
     except BadInput as exc:
         write_refusal(directory, exc)
         raise
@@ -161,7 +177,30 @@ def decide_gate(
         problems=problems,
         unmatched=unmatched,
     )
-    return Gated(decision, lines)
+    return Gated(decision, lines, docs)
+
+
+def with_history(
+    gated: Gated, given: str, max_creep: CreepLimit | None, *, min_bytes: int
+) -> Gated:
+    """Append the gated verdicts to the history at ``given`` as one run, then, with
+    ``max_creep``, fail the gate for each test whose memory crept (one problem line each)."""
+    from harness.history.gating import creep_lines, record
+    from harness.history.store import summary
+
+    history, rows = record(given, [summary(d) for d in gated.documents.values()], "gate")
+    lines = [*gated.lines[:-1], f"history: appended {plural(len(rows), 'run')} to {given}"]
+    if max_creep is None:
+        return Gated(gated.decision, [*lines, gated.lines[-1]], gated.documents)
+    found = creep_lines(history, rows, max_creep, min_bytes=min_bytes)
+    problems = [*gated.decision.problems, *found.crept]
+    passed = gated.decision.passed and not found.crept
+    totals = gated.decision.totals
+    if found.crept:
+        totals += f", {plural(len(found.crept), 'creep')}"
+    decision = dataclasses.replace(gated.decision, passed=passed, totals=totals, problems=problems)
+    lines += [*found.notes, *found.crept, f"gate: {'PASS' if passed else 'FAIL'}: {totals}"]
+    return Gated(decision, lines, gated.documents)
 
 
 def _baseline(folder: Path) -> dict[str, Path]:

@@ -129,10 +129,11 @@ class TestOutcome:
     worst_growth: float | None
     findings: list[str]
     phases: list[dict[str, Any]]
+    history: dict[str, Any] | None = None  # its history row's summary (--memreport-history)
 
     def to_json(self) -> str:
         """The test's ``leakgate`` property: its status, phases, worst growth and findings."""
-        fields = ("status", "phases", "worst_growth", "findings")
+        fields = ("status", "phases", "worst_growth", "findings", "history")
         return json.dumps({name: getattr(self, name) for name in fields})
 
     @classmethod
@@ -140,7 +141,12 @@ class TestOutcome:
         """The outcome a worker's ``leakgate`` property carries."""
         data = json.loads(text)
         return cls(
-            nodeid, data["status"], data["worst_growth"], data["findings"], data.get("phases", [])
+            nodeid,
+            data["status"],
+            data["worst_growth"],
+            data["findings"],
+            data.get("phases", []),
+            data.get("history"),
         )
 
 
@@ -349,6 +355,11 @@ class LeakGate:
             + ([f"[ERROR] {verdict.error}"] if verdict.error else []),
             [{k: getattr(p, k) for k in PHASE_FIELDS} for p in verdict.phases],
         )
+        if self.session.history is not None:
+            from harness.artifacts import run_document
+            from harness.history.store import summary
+
+            outcome.history = {**summary(run_document(finished.run)), "test": item.nodeid}
         self.outcomes.append(outcome)
         item.user_properties.append((PROPERTY, outcome.to_json()))
         return verdict
@@ -403,6 +414,11 @@ class LeakGate:
             self.session_lines, self.decision = closed.lines, closed.decision
             if closed.failed and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.session.history is not None and not hasattr(self.config, "workerinput"):
+            from harness.history.gating import append_session
+
+            summaries = [o.history for o in self.outcomes if o.history is not None]
+            self.session_lines.append(append_session(self.session.history, summaries))
         if self.directory is None or hasattr(self.config, "workerinput"):
             return
         if self.directory.is_dir():

@@ -9,8 +9,9 @@ they must be: a folder or none yet, a summary that is a file or a stream
 one plain entry of the storage, never a link out of it, and a complete one whose verdicts are
 all regular files (:func:`~harness.baseline.baseline_verdicts`). Nothing compared or saved is
 the folder the session writes its verdicts into, and the summary is never one of the session's
-folders nor written among verdicts. Anything else is :class:`~harness.errors.BadInput`, which
-the plugin turns into pytest's usage error.
+folders nor written among verdicts. ``--memreport-history`` is a history, or a new or empty
+folder that can be written (:func:`~harness.history.store.open_history`). Anything else is
+:class:`~harness.errors.BadInput`, which the plugin turns into pytest's usage error.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def add_session_options(group: pytest.OptionGroup) -> None:
         help=f"where named baselines are kept (default: {STORAGE}/ in the rootdir)",
     )
     group.addoption(
+        "--memreport-history",
+        default=None,
+        metavar="DIR",
+        help="append each traced test's summary to the history DIR (a folder or a pyarrow "
+        "URI, made when new) at the session's end; see 'leakgate history'",
+    )
+    group.addoption(
         "--memreport-json",
         default=None,
         metavar="PATH",
@@ -78,6 +86,7 @@ def read_session_options(config: pytest.Config) -> SessionOptions:
         summary=config.getoption("memreport_json"),
         storage=config.getoption("memreport_storage"),
         default_storage=config.rootpath / STORAGE,
+        history=config.getoption("memreport_history"),
     )
 
 
@@ -90,6 +99,7 @@ class SessionOptions:
     compare: Path | None = None
     save: Path | None = None
     json: Path | None = None
+    history: str | None = None
 
     @property
     def ends(self) -> bool:
@@ -105,6 +115,7 @@ def session_options(
     summary: str | None = None,
     storage: str | None = None,
     default_storage: Path,
+    history: str | None = None,
 ) -> SessionOptions:
     """Every option checked; ``storage`` is ``--memreport-storage`` as given (None for
     ``default_storage``)."""
@@ -138,7 +149,14 @@ def session_options(
         "--memreport-save": saved,
     }
     written = None if summary is None else _summary(summary, verdicts, kept)
-    return SessionOptions(directory, compared, saved, written)
+    if history is not None:
+        from harness.history.store import open_history  # lazily: pyarrow, only when asked
+
+        try:
+            open_history(history, mode="check")
+        except BadInput as exc:
+            raise BadInput(exc.problem, path=exc.path, field="--memreport-history") from None
+    return SessionOptions(directory, compared, saved, written, history)
 
 
 def find_baseline(storage: Path, given: str) -> Path:

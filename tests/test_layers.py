@@ -76,6 +76,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.finish",
             "harness.baseline",
             "harness.snapshot",
+            "harness.history",
         ),
     ),
     ("merging ranks", ("harness.merge",)),

@@ -1,0 +1,169 @@
+"""Memory over commits: a series' runs reduced to one value a commit, its noise, the creep
+rule and the steps.
+
+A series' runs are grouped by commit, in the order commits were first run; a commit's value
+is the median of its runs. The noise is the runs' own spread: the robust standard deviation
+of runs around their commit's median where commits were run more than once, else that of
+the steps from one commit to the next (divided by √2: a step holds two runs' noise), which a
+steady creep or a single step does not inflate.
+
+**Creep** (:func:`creep`): over the last ``runs`` comparable runs (one test, one machine
+fingerprint, one metric), a Mann-Kendall test of the commits' values for an increasing trend
+(one-sided ``p`` below :data:`ALPHA`), whose Theil-Sen rise over the window exceeds the limit
+(a fraction of the level the line starts at), the noise floor in bytes and
+:data:`NOISE_SIGMAS` times the noise. It starts at the commit after the hinge of the best
+flat-then-rising line. Fewer than :data:`MIN_RUNS` runs decide nothing.
+
+**Steps** (:func:`steps`): binary segmentation of the commits' values; a split stands where
+the medians on its sides differ by more than :data:`STEP` of the level, the noise floor and
+:data:`NOISE_SIGMAS` noise, each side at least two commits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.errors import BadArgument
+from harness.stats import MAD_TO_SIGMA, trend
+
+ALPHA = 0.01
+"""The Mann-Kendall test's one-sided level: at most 1% false alarms on a flat series."""
+MIN_RUNS = 5
+NOISE_SIGMAS = 3.0
+STEP = 0.05
+DEFAULT_CREEP = "10%/20"
+
+
+@dataclass(frozen=True)
+class CreepLimit:
+    """``--max-creep``: a rise of more than ``fraction`` over the last ``runs`` runs."""
+
+    fraction: float
+    runs: int
+
+    @classmethod
+    def parse(cls, given: str) -> CreepLimit:
+        """``10%/20`` (or ``10/20``): 10% over 20 runs. ``BadArgument`` otherwise."""
+        percent, _, runs = given.partition("/")
+        try:
+            fraction = float(percent.strip().removesuffix("%")) / 100
+            count = int(runs)
+        except ValueError:
+            raise BadArgument(f"expected PCT/RUNS like 10%/20, got {given!r}") from None
+        if not (0 < fraction < math.inf) or count < MIN_RUNS:
+            raise BadArgument(f"expected a percentage > 0 and at least {MIN_RUNS} runs: {given!r}")
+        return cls(fraction, count)
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}%/{self.runs}"
+
+
+@dataclass(frozen=True)
+class Commits:
+    """A series' runs as one value a commit: the commits in order, their values, the noise."""
+
+    names: list[str | None]
+    values: np.ndarray
+    noise: float
+    runs: int
+
+
+def by_commit(commits: list[str | None], values: np.ndarray) -> Commits:
+    """The runs (``values``, NaN for unknown, dropped) grouped by commit in the order each
+    commit was first run, each the median of its runs, and their noise."""
+    known = ~np.isnan(values)
+    order: dict[str | None, list[float]] = {}
+    for commit, value in zip(
+        (c for c, k in zip(commits, known, strict=True) if k), values[known], strict=True
+    ):
+        order.setdefault(commit, []).append(float(value))
+    medians = np.array([float(np.median(v)) for v in order.values()])
+    around = [x - np.median(v) for v in order.values() if len(v) > 1 for x in v]
+    if len(around) >= 3:
+        noise = _sigma(np.array(around))
+    elif len(medians) > 2:
+        noise = _sigma(np.diff(medians)) / math.sqrt(2)
+    else:
+        noise = 0.0
+    return Commits(list(order), medians, noise, int(known.sum()))
+
+
+def _sigma(values: np.ndarray) -> float:
+    return MAD_TO_SIGMA * float(np.median(np.abs(values - np.median(values))))
+
+
+@dataclass(frozen=True)
+class Creep:
+    """The creep rule's answer for one series' value: ``crept`` (None: not enough history),
+    the rise over the window (bytes, and as a fraction of where it started), the test's p,
+    the commit the rise started at, and how many runs and commits were weighed."""
+
+    crept: bool | None
+    rise: float = 0.0
+    fraction: float | None = None
+    p: float = 1.0
+    since: str | None = None
+    runs: int = 0
+    commits: int = 0
+
+
+def creep(commits: Commits, limit: CreepLimit, *, min_bytes: float) -> Creep:
+    """Whether the commits' values crept past ``limit`` (see the module's doc)."""
+    y = commits.values
+    if commits.runs < MIN_RUNS or len(y) < 3:
+        return Creep(None, runs=commits.runs, commits=len(y))
+    x = np.arange(len(y), dtype=np.float64)
+    fitted = trend(x, y)
+    rise = fitted.slope * (len(y) - 1)
+    start = fitted.intercept
+    base = abs(start) or float(np.median(np.abs(y)))
+    fraction = rise / base if base else None
+    floor = max(limit.fraction * base, min_bytes, NOISE_SIGMAS * commits.noise)
+    crept = fitted.p < ALPHA and rise > floor
+    since = commits.names[onset(y)] if crept else None
+    return Creep(crept, rise, fraction, fitted.p, since, commits.runs, len(y))
+
+
+def onset(y: np.ndarray) -> int:
+    """The first commit of a rise: the one after the hinge of the least-squares line that is
+    flat up to a commit and straight after it (of the values' logarithms where all are above
+    zero: a creep by a share a commit is straight there)."""
+    y = np.log(y) if len(y) and y.min() > 0 else y
+    x = np.arange(len(y), dtype=np.float64)
+    best, at = math.inf, 0
+    for hinge in range(len(y) - 1):
+        design = np.stack([np.ones_like(x), np.maximum(x - hinge, 0.0)], axis=1)
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        error = float(((design @ coef - y) ** 2).sum())
+        if error < best * (1 - 1e-9):
+            best, at = error, hinge
+    return at + 1
+
+
+def steps(commits: Commits, *, min_bytes: float) -> list[int]:
+    """The commits at which the values stepped (each the first on its new level), in order."""
+    found: list[int] = []
+    _split(commits.values, 0, commits.noise, min_bytes, found)
+    return sorted(found)
+
+
+def _split(y: np.ndarray, offset: int, noise: float, min_bytes: float, found: list[int]) -> None:
+    n = len(y)
+    if n < 4:
+        return
+    level = float(np.median(np.abs(y)))
+    floor = max(STEP * level, min_bytes, NOISE_SIGMAS * noise)
+    best, at = 0.0, 0
+    for k in range(2, n - 1):
+        shift = abs(float(np.median(y[k:]) - np.median(y[:k])))
+        score = shift * math.sqrt(k * (n - k) / n)
+        if shift > floor and score > best:
+            best, at = score, k
+    if not at:
+        return
+    found.append(offset + at)
+    _split(y[:at], offset, noise, min_bytes, found)
+    _split(y[at:], offset + at, noise, min_bytes, found)

@@ -1,0 +1,94 @@
+"""A run appended to a history, and the creep gate over what the history then holds.
+
+Both front ends append the same way (:func:`record`): ``pytest --memreport-history`` each
+test's verdict, ``leakgate gate --history`` each gated verdict. :func:`creep_lines` judges
+each appended row's series on its own machine fingerprint, never across fingerprints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import BadInput
+from harness.history.creep import MIN_RUNS, CreepLimit, by_commit, creep
+from harness.history.series import VALUES, Selection, read_series
+from harness.history.store import History, Place, Row, append, open_history
+from harness.markdown import plain
+from harness.units import format_size
+from harness.wording import plural
+
+
+def record(
+    given: str | os.PathLike[str], summaries: Sequence[Mapping[str, Any]], source: str
+) -> tuple[History, list[Row]]:
+    """Append one run, a row per verdict's :func:`~harness.history.store.summary`, to the
+    history at ``given`` (made when new); the history and the rows appended."""
+    history = open_history(given, mode="append")
+    rows = Place.here().rows(summaries, source)
+    append(history, rows)
+    return history, rows
+
+
+def append_session(given: str, summaries: Sequence[Mapping[str, Any]]) -> str:
+    """A pytest session's tests appended as one run; the line that says so, or that says why
+    the history was not written (the verdicts stand either way)."""
+    try:
+        _, rows = record(given, summaries, "pytest")
+    except (BadInput, OSError) as exc:
+        return f"leakgate warning: history not appended ({exc})"
+    return f"leakgate history: appended {plural(len(rows), 'test')} to {given}"
+
+
+@dataclass(frozen=True)
+class CreepReport:
+    """What the creep gate found: ``crept`` (a problem line each), ``notes`` (too little
+    history to decide)."""
+
+    crept: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def creep_lines(
+    history: History, rows: Sequence[Row], limit: CreepLimit, *, min_bytes: float
+) -> CreepReport:
+    """Each row's series (its test, fingerprint and metric, its last ``limit.runs`` runs, the
+    row's own among them) judged by :func:`~harness.history.creep.creep`, peak and growth."""
+    report = CreepReport()
+    for fingerprint in sorted({r.fingerprint for r in rows}):
+        mine = {r.test: r for r in rows if r.fingerprint == fingerprint}
+        chosen = Selection(fingerprint=fingerprint, tests=frozenset(mine))
+        for series in read_series(history, chosen, window=limit.runs):
+            row = mine.get(series.test)
+            if row is None or series.metric != row.metric:
+                continue
+            answers = {
+                name: creep(
+                    by_commit(series.commits, series.values(name)), limit, min_bytes=min_bytes
+                )
+                for name in VALUES
+            }
+            test = plain(series.test)
+            if all(a.crept is None for a in answers.values()):
+                runs = max(a.runs for a in answers.values())
+                report.notes.append(
+                    f"creep: {test}: not enough history ({runs} comparable runs, "
+                    f"{MIN_RUNS} needed): nothing decided"
+                )
+            for name, answer in answers.items():
+                if answer.crept:
+                    share = f"{answer.fraction:+.1%} " if answer.fraction is not None else ""
+                    held = f"held now by {row.holder}" if row.holder else "no holder named now"
+                    report.crept.append(
+                        f"creep: {test} {name} {share}({format_size(answer.rise, signed=True)}) "
+                        f"over the last {answer.runs} runs ({answer.commits} commits, "
+                        f"p={answer.p:.2g}), more than {limit}, since {_short(answer.since)}; "
+                        f"{held}"
+                    )
+    return report
+
+
+def _short(commit: str | None) -> str:
+    return commit[:10] if commit else "an unknown commit"

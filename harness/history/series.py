@@ -1,0 +1,203 @@
+"""A history read as series: one per test, machine fingerprint and metric, in run order.
+
+Reading stays bounded whatever the history's length: columns are read a batch at a time as
+parquet keeps them (strings as dictionaries, mapped to small integers once per batch, not per
+row), and only the last ``window`` runs of each series are kept (older ones are dropped each
+time :data:`COMPACT` rows have gathered).
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from harness.errors import BadInput
+from harness.history.store import History, scan
+
+COMPACT = 1 << 20
+"""Rows gathered before the runs beyond each series' window are dropped."""
+VALUES = ("peak", "growth")
+
+
+class Names:
+    """Strings as small integers, assigned as they are first met."""
+
+    def __init__(self) -> None:
+        self.known = pa.array([], pa.string())
+        self.names: list[str] = []
+
+    def ids(self, column: pa.Array) -> np.ndarray:
+        """Each value's integer (-1 for a null), from a dictionary column."""
+        if not isinstance(column, pa.DictionaryArray):
+            column = column.dictionary_encode()
+        values = column.dictionary.cast(pa.string())
+        found = pc.index_in(values, value_set=self.known)
+        new = pc.is_null(found).to_numpy(zero_copy_only=False) & pc.is_valid(values).to_numpy(
+            zero_copy_only=False
+        )
+        if new.any():
+            added = values.filter(pa.array(new))
+            self.names += added.to_pylist()
+            self.known = pa.concat_arrays([self.known, added])
+            found = pc.index_in(values, value_set=self.known)
+        table = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
+        indices = column.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        if not len(table):
+            return np.full(len(indices), -1, np.int32)
+        return np.where(indices >= 0, table[np.maximum(indices, 0)], -1).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One test's runs on one machine for one metric, oldest first: each run's commit, time
+    (microseconds since the epoch), peak and growth (NaN where unknown)."""
+
+    test: str
+    fingerprint: str
+    metric: str | None
+    commits: list[str | None]
+    times: np.ndarray
+    peak: np.ndarray
+    growth: np.ndarray
+
+    def values(self, name: str) -> np.ndarray:
+        return self.peak if name == "peak" else self.growth
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows a reading takes: tests matching ``test`` (a glob; a plain text matches as a
+    part of the id), runs since ``since`` (microseconds), one ``metric``, one ``fingerprint``
+    and, when given, only the ``tests`` named."""
+
+    test: str | None = None
+    since: int | None = None
+    metric: str | None = None
+    fingerprint: str | None = None
+    tests: frozenset[str] | None = None
+
+    def where(self) -> ds.Expression | None:
+        parts = []
+        if self.since is not None:
+            at = datetime.datetime.fromtimestamp(self.since / 1e6, datetime.UTC)
+            parts.append(ds.field("time") >= pa.scalar(at, pa.timestamp("us", tz="UTC")))
+        if self.metric is not None:
+            parts.append(ds.field("metric") == self.metric)
+        if self.fingerprint is not None:
+            parts.append(ds.field("fingerprint") == self.fingerprint)
+        if not parts:
+            return None
+        found = parts[0]
+        for part in parts[1:]:
+            found &= part
+        return found
+
+    def matcher(self) -> re.Pattern[str] | None:
+        if self.test is None:
+            return None
+        glob = self.test if any(c in self.test for c in "*?[") else f"*{self.test}*"
+        return re.compile(fnmatch.translate(glob))
+
+
+COLUMNS = ("test", "fingerprint", "metric", "commit", "time", *VALUES)
+
+
+def read_series(history: History, selection: Selection, *, window: int) -> list[Series]:
+    """The history's series that ``selection`` takes, each its last ``window`` runs."""
+    names = {c: Names() for c in ("test", "fingerprint", "metric", "commit")}
+    kept = _Kept(window)
+    matcher = selection.matcher()
+    for batch in scan(history, COLUMNS, selection.where()):
+        tests = names["test"].ids(batch.column("test"))
+        keep = _taken(tests, names["test"].names, matcher, selection.tests)
+        if not keep.all():
+            batch, tests = batch.filter(pa.array(keep)), tests[keep]
+        if not len(tests):
+            continue
+        ids = [names[c].ids(batch.column(c)) for c in ("fingerprint", "metric", "commit")]
+        times = pc.cast(batch.column("time"), pa.int64()).to_numpy(zero_copy_only=False)
+        values = [_floats(batch.column(v)) for v in VALUES]
+        kept.add(tests, *ids, times, *values)
+    return list(kept.series(names))
+
+
+def _taken(
+    tests: np.ndarray,
+    known: list[str],
+    matcher: re.Pattern[str] | None,
+    named: frozenset[str] | None,
+) -> np.ndarray:
+    if matcher is None and named is None:
+        return np.ones(len(tests), bool)
+    wanted = np.array(
+        [
+            (matcher is None or matcher.match(n) is not None) and (named is None or n in named)
+            for n in known
+        ],
+        bool,
+    )
+    return (tests >= 0) & wanted[np.maximum(tests, 0)]
+
+
+def _floats(column: pa.Array) -> np.ndarray:
+    return pc.cast(column, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+
+
+class _Kept:
+    """Rows gathered in columns, each series cut to its last ``window`` runs now and then."""
+
+    FIELDS = ("test", "fingerprint", "metric", "commit", "time", *VALUES)
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.chunks: list[tuple[np.ndarray, ...]] = []
+        self.rows = 0
+
+    def add(self, *columns: np.ndarray) -> None:
+        self.chunks.append(columns)
+        self.rows += len(columns[0])
+        if self.rows >= COMPACT:
+            self.compact()
+
+    def compact(self) -> tuple[np.ndarray, ...]:
+        """The rows kept, sorted by series then time, only each series' last ``window``."""
+        if not self.chunks:
+            return tuple(np.array([]) for _ in self.FIELDS)
+        cols = tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))
+        order = np.lexsort((cols[4], cols[2], cols[1], cols[0]))
+        cols = tuple(c[order] for c in cols)
+        key = np.stack(cols[:3], axis=1)
+        starts = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])
+        ends = np.r_[starts[1:], len(key)]
+        from_end = np.repeat(ends, ends - starts) - np.arange(len(key))
+        keep = from_end <= self.window
+        cols = tuple(c[keep] for c in cols)
+        self.chunks, self.rows = [cols], len(cols[0])
+        return cols
+
+    def series(self, names: dict[str, Names]) -> Iterator[Series]:
+        test, fingerprint, metric, commit, time, peak, growth = self.compact()
+        if not len(test):
+            return
+        key = np.stack([test, fingerprint, metric], axis=1)
+        starts = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])
+        for a, b in zip(starts, np.r_[starts[1:], len(test)], strict=True):
+            if fingerprint[a] < 0:
+                raise BadInput(f"a run of {names['test'].names[test[a]]} has no fingerprint")
+            yield Series(
+                names["test"].names[test[a]],
+                names["fingerprint"].names[fingerprint[a]],
+                names["metric"].names[metric[a]] if metric[a] >= 0 else None,
+                [names["commit"].names[c] if c >= 0 else None for c in commit[a:b]],
+                time[a:b],
+                peak[a:b],
+                growth[a:b],
+            )
