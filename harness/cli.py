@@ -18,6 +18,7 @@ import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from harness.artifacts import (
     DEFAULT_MIN_BYTES,
@@ -36,6 +37,7 @@ from harness.errors import (
 from harness.finish import finish_run, rules_of, summary_line
 from harness.fsio import make_folders, would_replace
 from harness.gate import FAIL, PASS, comparison_lines, gate_folder, write_index_to
+from harness.history.creep import DEFAULT_CREEP, CreepLimit
 from harness.identity import check_world_size
 from harness.merge import merge_timelines
 from harness.naming import check_file_name, rebuilt
@@ -127,6 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("directory", type=Path, metavar="DIR")
     gate.add_argument("--baseline", type=Path, metavar="BASELINE", help="folder of base verdicts")
     _tolerance_options(gate)
+    gate.add_argument(
+        "--history",
+        metavar="HISTORY",
+        help="append the gated verdicts to this history (a folder or a pyarrow URI) as one run",
+    )
+    gate.add_argument(
+        "--max-creep",
+        nargs="?",
+        const=CreepLimit.parse(DEFAULT_CREEP),
+        type=_creep,
+        metavar="PCT/RUNS",
+        help=f"fail a test whose peak or growth rose significantly by more than PCT over its "
+        f"last RUNS comparable runs in --history (default {DEFAULT_CREEP.replace('%', '%%')})",
+    )
+    _history_commands(commands)
 
     merge = commands.add_parser(
         "merge",
@@ -140,6 +157,38 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--directory", type=Path, help="where the report goes (default: theirs)")
     merge.add_argument("--world-size", type=int, help="ranks the run had (default: the headers')")
     return parser
+
+
+def _history_commands(commands: Any) -> None:
+    """``history``, ``bisect`` and the step ``git bisect run`` runs (not listed)."""
+    history = commands.add_parser(
+        "history",
+        help="one markdown page of a history: a chart per test across commits, what moved",
+        description="Read a history (pytest --memreport-history, leakgate gate --history) as "
+        "series, one per test, machine fingerprint and metric, and write one page: the series "
+        "that stepped or crept, each step at its commit, then a Mermaid chart of each series' "
+        "peak and growth across its last commits.",
+    )
+    history.add_argument("history", metavar="DIR", help="the history: a folder or a pyarrow URI")
+    history.add_argument("--test", metavar="PATTERN", help="tests matching a glob (or containing)")
+    history.add_argument("--since", metavar="DATE|COMMIT", help="runs since a date or a commit")
+    history.add_argument("--metric", metavar="M", help="one metric (allocated, reserved, rss)")
+    history.add_argument("-o", "--output", metavar="PAGE.md", help="the page (default: stdout)")
+    bisect = commands.add_parser(
+        "bisect",
+        help="the first commit whose test fails its memory verdict (git bisect run)",
+        description="Run git bisect between GOOD and BAD with the test command's memory "
+        "verdict: FAIL marks a commit bad, PASS good, ERROR or no verdict skips it. Prints the "
+        "first bad commit with its holder line. With --history, the commits the history already "
+        "judged on this machine narrow the range first.",
+    )
+    bisect.add_argument("good", metavar="GOOD")
+    bisect.add_argument("bad", metavar="BAD")
+    bisect.add_argument("--history", metavar="DIR", help="a history to narrow the range with")
+    bisect.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    step = commands.add_parser("bisect-step")
+    step.add_argument("--state", type=Path, required=True)
+    step.add_argument("command", nargs=argparse.REMAINDER)
 
 
 def _tolerance_options(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "index": _index,
         "gate": _gate,
         "merge": _merge,
+        "history": _history,
+        "bisect": _bisect,
+        "bisect-step": _bisect_step,
     }[args.command]
     try:
         return command(args)
@@ -315,8 +367,50 @@ def _index(args: argparse.Namespace) -> int:
 def _gate(args: argparse.Namespace) -> int:
     with _pyarrow_without_pandas():
         return gate_folder(
-            args.directory, args.baseline, tolerance=args.tolerance, min_bytes=args.min_bytes
+            args.directory,
+            args.baseline,
+            tolerance=args.tolerance,
+            min_bytes=args.min_bytes,
+            history=args.history,
+            max_creep=args.max_creep,
         )
+
+
+def _history(args: argparse.Namespace) -> int:
+    from harness.history.page import render_page, since_time, write_page
+    from harness.history.series import Selection
+    from harness.history.store import open_history
+
+    history = open_history(args.history)
+    since = None if args.since is None else since_time(history, args.since)
+    with _pyarrow_without_pandas():
+        page = render_page(history, Selection(args.test, since, args.metric))
+    try:
+        write_page(page, args.output)
+    except OSError as exc:
+        raise as_unwritable(exc, args.output) from None
+    if args.output not in (None, "-"):
+        print(f"wrote {args.output}")
+    return PASS
+
+
+def _bisect(args: argparse.Namespace) -> int:
+    from harness.history.bisect import bisect
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return bisect(args.good, args.bad, command, args.history)
+
+
+def _bisect_step(args: argparse.Namespace) -> int:
+    """One commit for ``git bisect run``: never 2, which git would read as bad."""
+    from harness.history.bisect import SKIP, step
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        return step(command, args.state)
+    except (LeakgateError, OSError) as exc:
+        print(f"leakgate bisect: skipped ({one_line(exc)})", file=sys.stderr)
+        return SKIP
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -340,6 +434,14 @@ def _merge(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         raise BadInput(one_line(exc)) from None
     return finished.exit_code()
+
+
+def _creep(text: str) -> CreepLimit:
+    """``--max-creep``: PCT/RUNS."""
+    try:
+        return CreepLimit.parse(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _percent(text: str) -> float:

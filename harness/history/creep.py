@@ -2,8 +2,8 @@
 rule and the steps.
 
 A series' runs are grouped by commit, in the order commits were first run; a commit's value
-is the median of its runs. The noise is the runs' own spread: the robust standard deviation
-of runs around their commit's median where commits were run more than once, else that of
+is the median of its runs. The noise is the runs' own spread: the median of the robust
+standard deviations of each commit's runs where commits were run more than once, else that of
 the steps from one commit to the next (divided by √2: a step holds two runs' noise), which a
 steady creep or a single step does not inflate.
 
@@ -11,12 +11,14 @@ steady creep or a single step does not inflate.
 fingerprint, one metric), a Mann-Kendall test of the commits' values for an increasing trend
 (one-sided ``p`` below :data:`ALPHA`), whose Theil-Sen rise over the window exceeds the limit
 (a fraction of the level the line starts at), the noise floor in bytes and
-:data:`NOISE_SIGMAS` times the noise. It starts at the commit after the hinge of the best
-flat-then-rising line. Fewer than :data:`MIN_RUNS` runs decide nothing.
+:data:`NOISE_SIGMAS` times the noise (a step that large is a creep too). It starts where the
+best fitting flat-then-rising line or step does (:func:`onset`). Fewer than
+:data:`MIN_RUNS` runs decide nothing.
 
-**Steps** (:func:`steps`): binary segmentation of the commits' values; a split stands where
-the medians on its sides differ by more than :data:`STEP` of the level, the noise floor and
-:data:`NOISE_SIGMAS` noise, each side at least two commits.
+**Steps** (:func:`steps`): binary segmentation of the commits' values, each split where the
+means on its sides differ most (weighed by their lengths, as a least-squares step fits); it
+stands where the medians on its sides differ by more than :data:`STEP` of the level, the noise
+floor and :data:`NOISE_SIGMAS` noise, each side at least two commits.
 """
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ def by_commit(commits: list[str | None], values: np.ndarray) -> Commits:
     ):
         order.setdefault(commit, []).append(float(value))
     medians = np.array([float(np.median(v)) for v in order.values()])
-    around = [x - np.median(v) for v in order.values() if len(v) > 1 for x in v]
-    if len(around) >= 3:
-        noise = _sigma(np.array(around))
+    spreads = [_sigma(np.array(v)) for v in order.values() if len(v) > 1]
+    if spreads:
+        noise = float(np.median(spreads))
     elif len(medians) > 2:
         noise = _sigma(np.diff(medians)) / math.sqrt(2)
     else:
@@ -128,19 +130,23 @@ def creep(commits: Commits, limit: CreepLimit, *, min_bytes: float) -> Creep:
 
 
 def onset(y: np.ndarray) -> int:
-    """The first commit of a rise: the one after the hinge of the least-squares line that is
-    flat up to a commit and straight after it (of the values' logarithms where all are above
-    zero: a creep by a share a commit is straight there)."""
+    """The first commit of a rise: of the least-squares lines that are flat up to a commit and
+    straight after it, and the steps from one level to another, the one that fits best (of
+    the values' logarithms where all are above zero: a creep by a share a commit is straight
+    there); the commit after the bend, or the first on the new level."""
     y = np.log(y) if len(y) and y.min() > 0 else y
     x = np.arange(len(y), dtype=np.float64)
     best, at = math.inf, 0
-    for hinge in range(len(y) - 1):
-        design = np.stack([np.ones_like(x), np.maximum(x - hinge, 0.0)], axis=1)
-        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-        error = float(((design @ coef - y) ** 2).sum())
-        if error < best * (1 - 1e-9):
-            best, at = error, hinge
-    return at + 1
+    for k in range(1, len(y)):
+        bend = np.maximum(x - (k - 1), 0.0)  # straight from commit k on
+        step = (x >= k).astype(np.float64)  # a new level from commit k on
+        for shape in (bend, step):
+            design = np.stack([np.ones_like(x), shape], axis=1)
+            coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+            error = float(((design @ coef - y) ** 2).sum())
+            if error < best * (1 - 1e-9):
+                best, at = error, k
+    return at
 
 
 def steps(commits: Commits, *, min_bytes: float) -> list[int]:
@@ -156,13 +162,11 @@ def _split(y: np.ndarray, offset: int, noise: float, min_bytes: float, found: li
         return
     level = float(np.median(np.abs(y)))
     floor = max(STEP * level, min_bytes, NOISE_SIGMAS * noise)
-    best, at = 0.0, 0
-    for k in range(2, n - 1):
-        shift = abs(float(np.median(y[k:]) - np.median(y[:k])))
-        score = shift * math.sqrt(k * (n - k) / n)
-        if shift > floor and score > best:
-            best, at = score, k
-    if not at:
+    k = np.arange(2, n - 1)
+    total = np.cumsum(y)
+    means = total[k - 1] / k, (total[-1] - total[k - 1]) / (n - k)
+    at = int(k[np.argmax(np.abs(means[1] - means[0]) * np.sqrt(k * (n - k) / n))])
+    if abs(float(np.median(y[at:]) - np.median(y[:at]))) <= floor:
         return
     found.append(offset + at)
     _split(y[:at], offset, noise, min_bytes, found)

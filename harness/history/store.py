@@ -117,7 +117,10 @@ def open_history(
         empty = info.type == pafs.FileType.NotFound or (
             info.type == pafs.FileType.Directory
             and not marked
-            and not fs.get_file_info(pafs.FileSelector(history.path))
+            and all(  # hidden: another writer's marker on its way
+                e.base_name.startswith(".")
+                for e in fs.get_file_info(pafs.FileSelector(history.path))
+            )
         )
     except BadInput:
         raise

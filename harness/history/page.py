@@ -1,0 +1,175 @@
+"""``leakgate history``: one markdown page of a history, read as series (one per test, machine
+fingerprint and metric: never two machines in one series).
+
+The page has, first, a table of the series whose memory moved (steps, each at its commit, and
+a creep by the default rule), then a Mermaid chart per series across its last commits: peak
+and growth, one value a commit (the median of its runs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+
+import numpy as np
+
+from harness.errors import BadInput
+from harness.fsio import write_output
+from harness.history.creep import (
+    DEFAULT_CREEP,
+    Commits,
+    CreepLimit,
+    by_commit,
+    creep,
+    steps,
+)
+from harness.history.series import VALUES, Selection, Series, read_series
+from harness.history.store import History, scan
+from harness.markdown import Markdown, code, heading, mermaid, table, text
+from harness.units import format_size
+from harness.wording import plural
+
+MIB = 2**20
+WINDOW = 100
+"""The runs of each series a page reads (the newest)."""
+CHART_COMMITS = 50
+"""The commits a chart shows (the newest)."""
+
+
+def since_time(history: History, given: str) -> int:
+    """``--since``: a date (``2026-05-01``, or an ISO time) or a commit (a prefix of at least
+    four hex digits), as microseconds since the epoch: the first run of that commit. ``BadInput``
+    for neither, or a commit the history never ran."""
+    try:
+        when = datetime.datetime.fromisoformat(given)
+    except ValueError:
+        when = None
+    if when is not None:
+        when = when if when.tzinfo else when.replace(tzinfo=datetime.UTC)
+        return int(when.timestamp() * 1e6)
+    if len(given) < 4 or any(c not in "0123456789abcdef" for c in given.lower()):
+        raise BadInput(f"expected a date (2026-05-01) or a commit, got {given!r}", field="--since")
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    first: int | None = None
+    for batch in scan(history, ("commit", "time")):
+        commits = batch.column("commit").dictionary_decode()
+        hits = pc.starts_with(commits, given.lower()).fill_null(False)
+        times = pc.cast(batch.column("time"), pa.int64()).filter(hits)
+        if len(times):
+            low = int(pc.min(times).as_py())
+            first = low if first is None else min(first, low)
+    if first is None:
+        raise BadInput(f"no run of commit {given} in the history", field="--since")
+    return first
+
+
+def render_page(history: History, selection: Selection, *, window: int = WINDOW) -> str:
+    """The page's markdown."""
+    series = read_series(history, selection, window=window)
+    limit = CreepLimit.parse(DEFAULT_CREEP)
+    lines = [heading(1, "leakgate memory history"), ""]
+    chosen = [f"tests matching {code(selection.test)}"] if selection.test else []
+    chosen += [f"metric {code(selection.metric)}"] if selection.metric else []
+    if selection.since is not None:
+        at = datetime.datetime.fromtimestamp(selection.since / 1e6, datetime.UTC)
+        chosen.append(f"runs since {at:%Y-%m-%d %H:%M} UTC")
+    machines = {s.fingerprint for s in series}
+    lines.append(
+        f"{plural(len({s.test for s in series}), 'test')} on "
+        f"{plural(len(machines), 'machine fingerprint')}, {plural(len(series), 'series')} "
+        f"(a test on one machine, one metric: runs of different machines are never one series), "
+        f"each its last {window} runs" + (f"; {', '.join(chosen)}" if chosen else "") + "."
+    )
+    moved, charts = [], []
+    for s in series:
+        commits = {name: by_commit(s.commits, s.values(name)) for name in VALUES}
+        for name, c in commits.items():
+            row = _moved(s, name, c, limit)
+            if row is not None:
+                moved.append(row)
+        charts += _chart(s, commits)
+    lines += ["", heading(2, "Moved"), ""]
+    if moved:
+        lines += table(
+            ["test", "machine", "metric", "value", "steps (commit: change)", "creep"], moved
+        )
+    else:
+        lines.append("No series stepped or crept.")
+    lines += ["", heading(2, "Series"), "", *charts]
+    return "\n".join(lines) + "\n"
+
+
+def _moved(s: Series, name: str, c: Commits, limit: CreepLimit) -> list[str] | None:
+    found = steps(c, min_bytes=MIB)
+    crept = creep(c, limit, min_bytes=MIB)
+    if not found and not crept.crept:
+        return None
+    said = []
+    for at in found:
+        before, after = float(np.median(c.values[:at])), float(np.median(c.values[at:]))
+        share = f" ({(after - before) / abs(before):+.0%})" if before else ""
+        said.append(
+            f"{code(_short(c.names[at]))}: {format_size(after - before, signed=True)}{share}"
+        )
+    creeping = ""
+    if crept.crept:
+        share = f"{crept.fraction:+.0%} " if crept.fraction is not None else ""
+        creeping = f"{share}over {crept.commits} commits since {code(_short(crept.since))}"
+    return [
+        code(s.test),
+        code(s.fingerprint),
+        text(s.metric or "?"),
+        name,
+        Markdown("; ".join(said) or "none"),
+        Markdown(creeping or "no"),
+    ]
+
+
+def _chart(s: Series, commits: dict[str, Commits]) -> list[str]:
+    peak, growth = commits["peak"], commits["growth"]
+    names = peak.names if len(peak.names) >= len(growth.names) else growth.names
+    shown = names[-CHART_COMMITS:]
+    lines = [heading(3, f"{s.test} on {s.fingerprint} ({s.metric or '?'})"), ""]
+    if not shown:
+        return [*lines, "No value recorded.", ""]
+    values = {n: _aligned(commits[n], shown) for n in VALUES}
+    known = [v for vs in values.values() for v in vs if not math.isnan(v)]
+    top = max([MIB, *known])
+    lines += [
+        f"{plural(len(names), 'commit')}; the last {len(shown)} shown: the first line peak, the "
+        "second growth (MiB, the median of each commit's runs).",
+        "",
+        "```mermaid",
+        "xychart-beta",
+        f'    title "{mermaid(s.test)}"',
+        f"    x-axis [{', '.join(chr(34) + mermaid(_short(n)) + chr(34) for n in shown)}]",
+        f'    y-axis "MiB" {min([0.0, *known]) / MIB:.1f} --> {top / MIB * 1.05:.1f}',
+        *(f"    line [{', '.join(_mib(v) for v in vs)}]" for vs in values.values()),
+        "```",
+        "",
+    ]
+    return lines
+
+
+def _aligned(c: Commits, shown: list[str | None]) -> list[float]:
+    at = dict(zip(c.names, c.values.tolist(), strict=True))
+    return [at.get(n, math.nan) for n in shown]
+
+
+def _mib(value: float) -> str:
+    return "0" if math.isnan(value) else f"{value / MIB:.2f}"
+
+
+def _short(commit: str | None) -> str:
+    return commit[:8] if commit else "unknown"
+
+
+def write_page(page: str, output: str | os.PathLike[str] | None) -> None:
+    """The page to ``output`` (atomically, or a stream), or to stdout."""
+    if output is None or os.fspath(output) == "-":
+        print(page, end="")
+    else:
+        write_output(output, page)
