@@ -13,8 +13,11 @@ import harness.recorder  # noqa: F401
 # last copy wrapped.
 
 CASES = """
+import collections
 import contextlib
 import copy
+import logging
+import logging.handlers
 
 import pytest
 import torch
@@ -217,6 +220,145 @@ def test_leak_a_buffer_cleared_in_the_main_process_only(memtrace):
 @WORKERS
 def test_clean_persistent_workers_keeping_nothing(memtrace):
     in_workers(memtrace, keep=False, epochs=2, persistent=True)
+
+
+# a logger outside logging's tree: pytest's own capture, which keeps every record (and its
+# tensor arguments) for the test's report, never sees it
+LOSSES = logging.Logger("holders.losses")
+
+
+def logged_activations(memtrace, capacity):
+    # records keep their tensor arguments (128 KiB) in a MemoryHandler's buffer; the model's
+    # grads (8 MiB, more than the records' 6.8), made in batch 0, are the warm-up's
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024))
+    handler = logging.handlers.MemoryHandler(
+        capacity, flushLevel=logging.CRITICAL + 1, target=logging.NullHandler()
+    )
+    LOSSES.addHandler(handler)
+    try:
+        with memtrace.phase("validation", epoch=0):
+            for i in range(60):
+                model(torch.randn(8, 1024)).pow(2).mean().backward()
+                LOSSES.warning("batch %d activations %s", i, torch.randn(32_768))
+                memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+    finally:
+        LOSSES.removeHandler(handler)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_leak_records_kept_by_a_memory_handler(memtrace):
+    logged_activations(memtrace, capacity=100_000)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_clean_records_flushed_by_a_small_memory_handler(memtrace):
+    logged_activations(memtrace, capacity=4)
+
+
+class BatchHandler(logging.Handler):
+    # keeps the batch it was made for (128 KiB)
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+
+RUN_LOG = logging.getLogger("holders.run")
+RUN_LOG.propagate = False
+
+
+def a_handler_per_batch(memtrace, remove):
+    added = []
+    try:
+        with memtrace.phase("validation", epoch=0):
+            for i in range(60):
+                handler = BatchHandler(torch.randn(32_768))
+                logging.getLogger("holders.run").addHandler(handler)
+                if remove:
+                    RUN_LOG.removeHandler(handler)
+                else:
+                    added.append(id(handler))
+                del handler
+                memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+    finally:
+        for handler in list(RUN_LOG.handlers):
+            RUN_LOG.removeHandler(handler)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_leak_a_handler_added_per_batch(memtrace):
+    a_handler_per_batch(memtrace, remove=False)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_clean_a_handler_added_and_removed(memtrace):
+    a_handler_per_batch(memtrace, remove=True)
+
+
+class History:
+    def __init__(self):
+        self.values = collections.defaultdict(list)
+
+
+class Store:
+    def __init__(self):
+        self.history = History()
+
+
+class MetricTracker:
+    def __init__(self):
+        self.store = Store()
+
+
+def tracked_metrics(memtrace, keep):
+    tracker = MetricTracker()
+    with memtrace.phase("validation", epoch=0):
+        for i in range(60):
+            scores = torch.randn(64, 4)  # 64 samples, 4 metrics
+            for name, column in zip("abcd", scores.T):
+                values = column.unbind()  # 0-d views of one storage
+                if keep:
+                    tracker.store.history.values[name].extend(values)
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_leak_a_tracker_keeping_each_samples_metrics(memtrace):
+    tracked_metrics(memtrace, keep=True)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_clean_a_tracker_keeping_nothing(memtrace):
+    tracked_metrics(memtrace, keep=False)
+
+
+def remember(item, seen=[]):  # noqa: B006 - the leak under test
+    seen.append(item)
+    return len(seen)
+
+
+def remember_afresh(item, seen=None):
+    seen = [] if seen is None else seen
+    seen.append(item)
+    return len(seen)
+
+
+def with_a_default(memtrace, remembering):
+    with memtrace.phase("validation", epoch=0):
+        for i in range(60):
+            remembering(torch.randn(32_768))
+            memtrace.checkpoint("VALIDATION_BATCH", batch=i)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_leak_a_mutable_default_list(memtrace):
+    with_a_default(memtrace, remember)
+
+
+@pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+def test_clean_a_default_made_afresh(memtrace):
+    with_a_default(memtrace, remember_afresh)
 """
 
 NAMED = {
@@ -227,6 +369,10 @@ NAMED = {
     "each_epochs_optimizer_kept": r"Monitor\.schedulers \(list, \d+ items",
     "a_copy_kept_after_each_epoch": r"Keeper\.copies \(list, \d+ items",
     "exceptions_kept_with_their_tracebacks": r"stored_errors:errors \(list, 60 items",
+    "records_kept_by_a_memory_handler": r"MemoryHandler\.buffer \(list, \d+ items",
+    "a_handler_added_per_batch": r"Logger\.handlers \(list, \d+ items",
+    "a_tracker_keeping_each_samples_metrics": r"History\.values \(defaultdict, 4 items",
+    "a_mutable_default_list": r"test_cases\.remember<function>\[0\] \(list, 60 items",
 }
 HELD = re.compile(r"held: ([\d.]+) of ([\d.]+) [KMG]iB")
 
