@@ -176,6 +176,7 @@ def _history_commands(commands: Any) -> None:
     history.add_argument("-o", "--output", metavar="PAGE.md", help="the page (default: stdout)")
     bisect = commands.add_parser(
         "bisect",
+        usage="leakgate bisect [-h] [--history DIR] GOOD BAD -- COMMAND ...",
         help="the first commit whose test fails its memory verdict (git bisect run)",
         description="Run git bisect between GOOD and BAD with the test command's memory "
         "verdict: FAIL marks a commit bad, PASS good, ERROR or no verdict skips it. Prints the "
@@ -185,10 +186,10 @@ def _history_commands(commands: Any) -> None:
     bisect.add_argument("good", metavar="GOOD")
     bisect.add_argument("bad", metavar="BAD")
     bisect.add_argument("--history", metavar="DIR", help="a history to narrow the range with")
-    bisect.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    bisect.set_defaults(test_command=[])  # what follows --, split off by main
     step = commands.add_parser("bisect-step")
     step.add_argument("--state", type=Path, required=True)
-    step.add_argument("command", nargs=argparse.REMAINDER)
+    step.set_defaults(test_command=[])
 
 
 def _tolerance_options(parser: argparse.ArgumentParser) -> None:
@@ -210,10 +211,16 @@ def _tolerance_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; returns the exit code (argparse's for ``--help`` and usage errors)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command_after = []  # bisect's test command: all after its --, options of its own included
+    if argv[:1] in (["bisect"], ["bisect-step"]) and "--" in argv:
+        argv, command_after = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else BAD_INPUT
+    if command_after:
+        args.test_command = command_after
     command = {
         "report": _report,
         "compare": _compare,
@@ -397,17 +404,15 @@ def _history(args: argparse.Namespace) -> int:
 def _bisect(args: argparse.Namespace) -> int:
     from harness.history.bisect import bisect
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    return bisect(args.good, args.bad, command, args.history)
+    return bisect(args.good, args.bad, args.test_command, args.history)
 
 
 def _bisect_step(args: argparse.Namespace) -> int:
     """One commit for ``git bisect run``: never 2, which git would read as bad."""
     from harness.history.bisect import SKIP, step
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        return step(command, args.state)
+        return step(args.test_command, args.state)
     except (LeakgateError, OSError) as exc:
         print(f"leakgate bisect: skipped ({one_line(exc)})", file=sys.stderr)
         return SKIP
