@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import BadArgument, BadInput
 from harness.json_values import check_tree
+from harness.markdown import code, table
 from harness.units import parse_size
 
 CHILD_METRICS = ("heap", "anon")
@@ -93,8 +94,8 @@ class Rules:
     cache_is_leak: bool = field(
         default=False,
         metadata=_option(
-            "judge growth that shrinks to nothing epoch over epoch as a leak too (default: a "
-            "bounded cache, a P2 warning)",
+            "judge growth that stops and stays flat (a cache that fills, a bounded window) or "
+            "shrinks to nothing epoch over epoch as a leak too (default: a P2 cache warning)",
             "flag",
         ),
     )
@@ -319,6 +320,32 @@ def judged_options() -> Iterator[Field[Any]]:
     """The options that decide a verdict (every option but the ``live`` ones): what a rebuild
     from a timeline takes and what a report lists."""
     return (f for f in options() if not f.metadata["live"])
+
+
+_KINDS = {
+    "size": "size (50MB, 512KiB)",
+    "count": "whole number",
+    "flag": "true or false",
+    "name": "name",
+    "phases": "name(s)",
+}
+
+
+def options_table() -> list[str]:
+    """The options a marker, an ini file (``memleak_<name>``) and ``leakgate report`` take, as
+    a markdown table: the README's, generated from the fields' metadata."""
+    rows: list[list[str]] = []
+    for option in options():
+        meta = option.metadata
+        if meta["fallback"] is not None:
+            default: str = code(meta["fallback"])
+        elif option.default is None:
+            default = "every phase" if meta["kind"] == "phases" else "off"
+        else:
+            value = option.default
+            default = code(str(value).lower() if isinstance(value, bool) else value)
+        rows.append([code(option.name), _KINDS[meta["kind"]], default, meta["help"]])
+    return table(["option", "takes", "default", "what it sets"], rows)
 
 
 def _of_kind(kind: str) -> tuple[str, ...]:
