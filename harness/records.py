@@ -30,8 +30,10 @@ class Header(TypedDict, total=False):
     device: str
     total_memory: int | None
     driver: str | None
+    cuda: str | None
     capacity: int | None
     capacity_emulated: bool
+    capacity_metric: str
     host: str
     pid: int
     started: float

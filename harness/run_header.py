@@ -11,7 +11,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +40,8 @@ def run_header(
         config = dataclasses.asdict(config)
     if config is not None and not isinstance(config, Mapping):
         raise BadArgument(f"config: expected a mapping or a dataclass, got {config!r}")
-    header = {
+    facts = probe.describe()
+    header: Header = {
         "leakgate": __version__,
         "run_id": uuid.uuid4().hex,
         "torch": torch.__version__,
@@ -48,7 +49,9 @@ def run_header(
         "probe": probe.name,
         "primary": probe.primary,
         "metrics": [*probe.metrics, *(SUMS if children is not None else ())],
-        **probe.describe(),
+        "device": facts["device"],
+        "total_memory": facts["total_memory"],
+        "driver": facts["driver"],
         "capacity": capacity,
         "capacity_emulated": emulated,
         "capacity_metric": probe.capacity_metric,
@@ -64,7 +67,9 @@ def run_header(
         if probe.strided
         else None,
     }
-    return cast("Header", header)  # the probe's own facts (describe()) among its keys
+    if "cuda" in facts:
+        header["cuda"] = facts["cuda"]
+    return header
 
 
 @functools.cache
