@@ -35,6 +35,7 @@ from harness.report import (
 )
 from harness.rules import Verdict
 from harness.terminal import worst_growth
+from harness.verdict import Status
 from harness.verdict_schema import check_verdict
 
 if TYPE_CHECKING:
@@ -249,7 +250,7 @@ class Comparison:
     @property
     def status_regressed(self) -> bool:
         """The base passed and the new run did not."""
-        return self.base_status == "PASS" and self.new_status != "PASS"
+        return self.base_status == Status.PASS and self.new_status != Status.PASS
 
     @property
     def nothing_compared(self) -> bool:

@@ -42,6 +42,7 @@ from harness.json_values import read_json
 from harness.naming import safe_name
 from harness.report import GateDecision
 from harness.units import format_mib, format_size
+from harness.verdict import Status
 from harness.wording import plural
 
 SUMMARY_SCHEMA = "leakgate-session/1"
@@ -62,7 +63,7 @@ class Judged:
 
     @property
     def failed(self) -> bool:
-        return self.status != "PASS" or self.regressed
+        return self.status != Status.PASS or self.regressed
 
 
 def judge_verdict(
@@ -191,7 +192,7 @@ def session_summary(
         "saved": None if saved is None else str(saved),
         "regressions": regressed,
         "missing": lost,
-        "failed": any(t["verdict"] != "PASS" for t in entries) or bool(regressed or lost),
+        "failed": any(t["verdict"] != Status.PASS for t in entries) or bool(regressed or lost),
     }
 
 
@@ -272,12 +273,11 @@ def close_session(
             f"{len(regressed)} of {len(judged)} verdicts regressed, {len(missing)} missing, "
             f"{len(unmatched)} without a base"
         )
-        lines.append(
-            f"leakgate baseline {compare}: {'FAIL' if regressed or missing else 'PASS'}: {totals}"
-        )
+        outcome = Status.FAIL if regressed or missing else Status.PASS
+        lines.append(f"leakgate baseline {compare}: {outcome}: {totals}")
         failed = failed or bool(regressed or missing)
         decision = GateDecision(
-            not failed and all(o.status == "PASS" for o in outcomes),
+            not failed and all(o.status == Status.PASS for o in outcomes),
             totals,
             baseline=str(compare),
             tolerance=tolerance_text(DEFAULT_TOLERANCE, DEFAULT_MIN_BYTES),

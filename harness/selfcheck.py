@@ -43,6 +43,7 @@ from harness.rules import Rules, judge
 from harness.snapshot import dump_snapshot, record_history
 from harness.timeline import read_timeline
 from harness.units import format_size
+from harness.verdict import Status
 
 KNOWN = 64 * 2**20  # the known allocation: 64 MiB
 BATCHES = 60
@@ -120,9 +121,12 @@ def leak_and_twin(device: str, *, sites: bool) -> str:
     leaking, clean = loop(device, keep=True), loop(device, keep=False)
     leak, twin = judge(leaking.samples, RULES), judge(clean.samples, RULES)
     kinds = {(f.kind, f.phase) for f in leak.findings}
-    require(leak.status == "FAIL" and ("leak", "validation") in kinds, f"leak judged {leak.status}")
     require(
-        twin.status == "PASS", f"clean twin judged {twin.status}: {twin.error or twin.findings}"
+        leak.status == Status.FAIL and ("leak", "validation") in kinds, f"leak judged {leak.status}"
+    )
+    require(
+        twin.status == Status.PASS,
+        f"clean twin judged {twin.status}: {twin.error or twin.findings}",
     )
     found = [h.path for h in leaking.holders]
     tracer = memory_tracer()
@@ -156,7 +160,7 @@ def incident_replay(device: str, *, at_capacity: bool) -> str:
         capacity = None
         if at_capacity:
             code, clean = _train(bars, folder, device, [], None)
-            require(code == 0 and clean["status"] == "PASS", f"clean run: exit {code}")
+            require(code == 0 and clean["status"] == Status.PASS, f"clean run: exit {code}")
             readings = read_timeline(folder / "tft-train-clean.jsonl").samples
             level = probe_type(device).capacity_metric
             start = readings[0].get(level) or 0
@@ -164,7 +168,7 @@ def incident_replay(device: str, *, at_capacity: bool) -> str:
             capacity = str(start + 2 * (highest - start))
         code, found = _train(bars, folder, device, list(INCIDENT), capacity)
     kinds = sorted({f["kind"] for f in found["findings"] if f["phase"] == "validation"})
-    require(code == 1 and found["status"] == "FAIL", f"exit {code}, verdict {found['status']}")
+    require(code == 1 and found["status"] == Status.FAIL, f"exit {code}, verdict {found['status']}")
     require(bool(kinds), "no validation finding")
     if capacity is not None:
         at = format_size(int(capacity))

@@ -17,11 +17,11 @@ from typing import Any
 
 from harness.markdown import code, link_to, plain, strong, table, text
 from harness.units import format_size
-from harness.verdict import Finding, Kind
+from harness.verdict import Finding, Kind, Status
 from harness.wording import plural
 
 REGRESSION = "REGRESSION"
-SHOWN = ("PASS", REGRESSION, "FAIL", "ERROR")
+SHOWN = (Status.PASS, REGRESSION, Status.FAIL, Status.ERROR)
 """What the index's Verdict column may show, mildest first."""
 
 
@@ -83,7 +83,7 @@ def index_lines(
         most = worst[path]
         rows.append(
             (
-                strong(status) if status != "PASS" else status,
+                strong(status) if status != Status.PASS else status,
                 code(run_title(path, doc)),
                 finding_text(most) if most is not None else "none",
                 findings_cell(doc.get("findings")),
@@ -108,7 +108,7 @@ def decision_lines(decision: GateDecision | None) -> list[str]:
     against = "no baseline"
     if decision.baseline is not None:
         against = f"the baseline {code(decision.baseline)} (tolerance {decision.tolerance})"
-    verdict = strong(f"Gate: {'PASS' if decision.passed else 'FAIL'}")
+    verdict = strong(f"Gate: {Status.PASS if decision.passed else Status.FAIL}")
     lines = [f"{verdict}: {text(decision.totals)}; decided {when} against {against}.", ""]
     regressions = [
         f"- {code(name)}: {text(reason)}"
@@ -132,8 +132,8 @@ def shown_status(path: Path, doc: Mapping[str, Any], decision: GateDecision | No
     found it regressed against its base; a status that is not one reads as ERROR."""
     status = doc.get("status")
     if status not in SHOWN or status == REGRESSION:
-        return "ERROR"
-    if status == "PASS" and decision is not None and path.name in decision.regressions:
+        return Status.ERROR
+    if status == Status.PASS and decision is not None and path.name in decision.regressions:
         return REGRESSION
     return str(status)
 
