@@ -18,9 +18,8 @@ from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.attribution.torch_state import torch_holders
-from harness.options import Rules, check_count
+from harness.options import Rules
 from harness.sample import Sample
-from harness.units import parse_size
 
 
 class PhaseAttribution:
@@ -69,15 +68,17 @@ class PhaseAttribution:
         drift: int | str | None = None,
         warmup_epochs: int = 1,
     ) -> None:
-        self.warmup = check_count(warmup, where="PhaseAttribution.warmup")
-        self.drift = None if drift is None else parse_size(drift, what="drift")
-        self.warmup_epochs = check_count(warmup_epochs, where="PhaseAttribution.warmup_epochs")
+        # read and checked as the rules read them: one parse of every option, one error
+        rules = Rules(
+            max_growth=growth, warmup=warmup, max_drift=drift, warmup_epochs=warmup_epochs
+        )
+        self.growth, self.drift = rules.max_growth, rules.max_drift
+        self.warmup, self.warmup_epochs = rules.warmup, rules.warmup_epochs
         self._epochs: dict[str | None, _Epochs] = {}
         self.explain = explain
         self.lines = Lines() if explain else None
         self._python: dict[str | None, Any] = {}
         self._python_first: Any = None
-        self.growth = None if growth is None else parse_size(growth, what="growth")
         self.at_end = at_end
         self.limit = limit
         self.max_depth = max_depth
