@@ -40,18 +40,6 @@ def rank_config(config: TrainConfig, environ: dict[str, str] | None = None) -> T
     return replace(config, device=f"cuda:{local}")
 
 
-def quiet_flight_recorder() -> None:
-    """Turn off c10d's flight recorder for this process's groups, unless the user set its size.
-
-    It keeps the last 2000 collectives with their stacks (about 1 KB each, measured with gloo),
-    so a traced run's first 2000 collectives would grow memory like a leak."""
-    if (
-        "TORCH_FR_BUFFER_SIZE" not in os.environ
-        and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ
-    ):
-        os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
-
-
 @contextmanager
 def process_group(config: TrainConfig) -> Iterator[None]:
     """Under ``torchrun`` (``WORLD_SIZE`` set), join the default process group for the run,

@@ -45,7 +45,7 @@ from tft.checkpoint import CheckpointError
 from tft.checks import watch
 from tft.config import TrainConfig, resolve_device
 from tft.data import DataError, Split, default_parquet, load
-from tft.launch import leave, process_group, quiet_flight_recorder, rank_config
+from tft.launch import leave, process_group, rank_config
 from tft.loading import Batch
 from tft.model import TemporalFusionTransformer, TFTConfig
 from tft.progress import Progress
@@ -168,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --resume: {exc}", file=sys.stderr)
             return 2
     if rules is not None and "WORLD_SIZE" in os.environ:
+        from harness.spawn import quiet_flight_recorder
+
         quiet_flight_recorder()
     with process_group(config):
         if rules is not None:
