@@ -101,6 +101,12 @@ def is_run_end(label: str) -> bool:
     return canonical(label) in RUN_ENDS
 
 
+def reports_oom(label: str) -> bool:
+    """A label that reports an out-of-memory error (``OOM``, any case or separator), as a
+    trainer does after the batch that failed; not a reading over the capacity."""
+    return canonical(label) == OOM
+
+
 def is_oom(sample: Labelled) -> bool:
     """An out-of-memory event: labelled ``OOM``, a checkpoint over an emulated capacity, or
     one its recorder was told is one."""

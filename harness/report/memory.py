@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+import harness.labels as labels
 from harness.chart import CHART_POINTS, memory_chart, shows_capacity
 from harness.markdown import Markdown, code, fenced, plain, strong, table, text
 from harness.report.run import (
@@ -17,7 +18,6 @@ from harness.report.run import (
     as_int,
     checkpoint_name,
     oom_events,
-    oom_labelled,
     turns,
     unbatched,
 )
@@ -255,8 +255,10 @@ def batch_runs(run: Run) -> list[np.ndarray]:
 
 
 def batch_positions(run: Run) -> np.ndarray:
-    """Positions of the per-batch samples, OOM events left out."""
-    return np.flatnonzero((run.columns.batch != NONE) & ~oom_labelled(run))
+    """Positions of the per-batch samples, the OOM reports left out (a reading over the
+    capacity is a batch's)."""
+    reports = run.columns.labelled(labels.reports_oom)
+    return np.flatnonzero((run.columns.batch != NONE) & ~reports)
 
 
 def _starts(positions: np.ndarray, *keys: np.ndarray, adjacent: bool = False) -> np.ndarray:

@@ -14,16 +14,16 @@ from typing import Any
 
 import numpy as np
 
+import harness.labels as labels
 from harness.markdown import plain
 from harness.records import HolderRecord
 from harness.rules.columns import Columns
+from harness.rules.run import oom_events as grouped
 from harness.sample import Sample
 from harness.store import NONE
 from harness.verdict import Kind, Verdict
 
 SHOWN_FALLBACK = "rss"
-START_LABELS = ("SESSION_START", "session START", "TEST_START")
-END_LABELS = ("SESSION_END", "session END", "TEST_END")
 
 
 @dataclass(frozen=True)
@@ -110,10 +110,10 @@ def epochs(run: Run) -> tuple[int, int | None]:
 
 def ended(run: Run) -> bool | None:
     """Whether the run reached its end checkpoint; ``None`` when it has no start one either."""
-    labels = run.columns.distinct_labels()
-    if labels & set(END_LABELS):
+    seen = [label for label in run.columns.distinct_labels() if label]
+    if any(map(labels.is_run_end, seen)):
         return True
-    return False if labels & set(START_LABELS) else None
+    return False if any(map(labels.is_run_start, seen)) else None
 
 
 def unbatched(run: Run) -> list[int]:
@@ -121,15 +121,10 @@ def unbatched(run: Run) -> list[int]:
     return np.flatnonzero(run.columns.batch == NONE).tolist()
 
 
-def oom_labelled(run: Run) -> np.ndarray:
-    """Where a sample is labelled ``OOM``."""
-    return run.columns.labelled(lambda label: label.upper() == "OOM")
-
-
 def oom_positions(run: Run) -> set[int]:
-    """Positions of the samples where the run ran out of memory: the OOM findings' evidence
-    (when it points at this timeline), and samples labelled ``OOM``."""
-    positions = set(np.flatnonzero(oom_labelled(run)).tolist())
+    """Positions of the samples where the run ran out of memory: its OOM events, and the OOM
+    findings' evidence (when it points at this timeline)."""
+    positions = set(np.flatnonzero(run.columns.oom).tolist())
     for finding in run.verdict.of_kind("oom"):
         for e in finding.evidence:
             if 0 <= e.index < len(run.samples) and run.samples[e.index].label == e.label:
@@ -138,19 +133,14 @@ def oom_positions(run: Run) -> set[int]:
 
 
 def oom_events(run: Run) -> list[list[int]]:
-    """The run's out-of-memory events, in timeline order, each the positions of its samples:
-    samples of :func:`oom_positions` at the same phase, epoch and batch are one event (a
-    checkpoint over the capacity and the OOM the trainer then reports for that batch)."""
-    events: dict[tuple[Any, Any, Any], list[int]] = {}
-    for i in sorted(oom_positions(run)):
-        s = run.samples[i]
-        events.setdefault((s.phase, s.epoch, s.batch), []).append(i)
-    return sorted(events.values())
+    """The run's out-of-memory events, in timeline order, each the positions of its samples,
+    grouped as the oom rule groups them."""
+    return grouped(run.samples, sorted(oom_positions(run)))
 
 
 def checkpoint_name(sample: Sample) -> str:
     """``Epoch 0 VALIDATION_BATCH #12``, ``SESSION_START``; an OOM event names its phase."""
-    if sample.label.upper() == "OOM" and sample.phase:
+    if labels.reports_oom(sample.label) and sample.phase:
         phase = sample.phase
         text = str(phase) if sample.batch is None else f"{phase} batch {sample.batch}"
     else:

@@ -205,15 +205,8 @@ def oom(ctx: Context, _: None) -> list[Finding]:
     are one failure, read at the checkpoint (:func:`_failures`). The error the run raised is
     judged by :func:`harness.rules.judge`."""
     samples = ctx.samples
-    events: list[list[int]] = []
-    for i in np.flatnonzero(ctx.columns.oom).tolist():
-        s = samples[i]
-        if events and _place(samples[events[-1][0]]) == _place(s):
-            events[-1].append(i)
-        else:
-            events.append([i])
     findings = []
-    for event in events:
+    for event in oom_events(samples, np.flatnonzero(ctx.columns.oom).tolist()):
         s = samples[event[0]]
         metric = next(
             (m for m in ("peak", ctx.rules.metric, FALLBACK_METRIC) if s.get(m) is not None),
@@ -235,6 +228,19 @@ def oom(ctx: Context, _: None) -> list[Finding]:
     return findings
 
 
+def oom_events(samples: Sequence[Sample], positions: Sequence[int]) -> list[list[int]]:
+    """Out-of-memory samples (``positions``, ascending) as events: those at the same phase,
+    epoch and batch one after another are one event (a checkpoint over the capacity and the
+    OOM the trainer then reports for that batch). The rule's and the report's grouping."""
+    events: list[list[int]] = []
+    for i in positions:
+        if events and _place(samples[events[-1][0]]) == _place(samples[i]):
+            events[-1].append(i)
+        else:
+            events.append([i])
+    return events
+
+
 def _failures(samples: Sequence[Sample], event: list[int]) -> list[int]:
     """The positions of ``event`` (OOM samples at one place) that are failures of their own:
     an ``OOM`` label right after a checkpoint the capacity stopped is that failure reported
@@ -242,17 +248,13 @@ def _failures(samples: Sequence[Sample], event: list[int]) -> list[int]:
     kept: list[int] = []
     echoed = False
     for i in event:
-        reported = _reported(samples[i])
-        if reported and kept and not echoed and not _reported(samples[kept[-1]]):
+        reported = labels.reports_oom(samples[i].label)
+        if reported and kept and not echoed and not labels.reports_oom(samples[kept[-1]].label):
             echoed = True
             continue
         kept.append(i)
         echoed = False
     return kept
-
-
-def _reported(s: Sample) -> bool:
-    return labels.canonical(s.label) == labels.OOM
 
 
 def _place(s: Sample) -> tuple[str | None, int | None, int | None]:
