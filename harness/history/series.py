@@ -22,37 +22,54 @@ import pyarrow.dataset as ds
 from harness.errors import BadInput
 from harness.history.store import History, scan
 
-COMPACT = 1 << 20
-"""Rows gathered before the runs beyond each series' window are dropped."""
+COMPACT = 1 << 18
+"""Rows gathered (beyond those kept) before the runs beyond each series' window are dropped."""
 VALUES = ("peak", "growth")
 
 
 class Names:
-    """Strings as small integers, assigned as they are first met."""
+    """Strings as small integers, assigned as they are first met. Each file brings its own
+    dictionary: mostly the one before it again (its integers are kept for that), or a few
+    values (a run's commit: looked up one by one)."""
+
+    FEW = 64
 
     def __init__(self) -> None:
-        self.known = pa.array([], pa.string())
         self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.last: tuple[pa.Array, np.ndarray] | None = None
 
     def ids(self, column: pa.Array) -> np.ndarray:
         """Each value's integer (-1 for a null), from a dictionary column."""
         if not isinstance(column, pa.DictionaryArray):
             column = column.dictionary_encode()
-        values = column.dictionary.cast(pa.string())
-        found = pc.index_in(values, value_set=self.known)
-        new = pc.is_null(found).to_numpy(zero_copy_only=False) & pc.is_valid(values).to_numpy(
-            zero_copy_only=False
-        )
-        if new.any():
-            added = values.filter(pa.array(new))
-            self.names += added.to_pylist()
-            self.known = pa.concat_arrays([self.known, added])
-            found = pc.index_in(values, value_set=self.known)
-        table = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
-        indices = column.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        values = column.dictionary
+        if values.type != pa.string():
+            values = values.cast(pa.string())
+        if self.last is not None and self.last[0].equals(values):
+            table = self.last[1]
+        else:
+            table = self._table(values)
+            self.last = values, table
+        indices = _numbers(column.indices, -1)
         if not len(table):
             return np.full(len(indices), -1, np.int32)
         return np.where(indices >= 0, table[np.maximum(indices, 0)], -1).astype(np.int32)
+
+    def _table(self, values: pa.Array) -> np.ndarray:
+        if len(values) > self.FEW:
+            known = pa.array(self.names, pa.string())
+            found = pc.index_in(values, value_set=known).fill_null(-1).to_numpy(False)
+            new = (found < 0) & pc.is_valid(values).to_numpy(zero_copy_only=False)
+            if not new.any():
+                return found.astype(np.int32)
+        table = np.full(len(values), -1, np.int32)
+        for i, name in enumerate(values.to_pylist()):
+            if name is not None:
+                table[i] = self.index.setdefault(name, len(self.index))
+                if table[i] == len(self.names):
+                    self.names.append(name)
+        return table
 
 
 @dataclass(frozen=True)
@@ -114,10 +131,10 @@ def read_series(history: History, selection: Selection, *, window: int) -> list[
     """The history's series that ``selection`` takes, each its last ``window`` runs."""
     names = {c: Names() for c in ("test", "fingerprint", "metric", "commit")}
     kept = _Kept(window)
-    matcher = selection.matcher()
+    taken = _Taken(selection)
     for batch in scan(history, COLUMNS, selection.where()):
         tests = names["test"].ids(batch.column("test"))
-        keep = _taken(tests, names["test"].names, matcher, selection.tests)
+        keep = taken(tests, names["test"].names)
         if not keep.all():
             batch, tests = batch.filter(pa.array(keep)), tests[keep]
         if not len(tests):
@@ -129,26 +146,36 @@ def read_series(history: History, selection: Selection, *, window: int) -> list[
     return list(kept.series(names))
 
 
-def _taken(
-    tests: np.ndarray,
-    known: list[str],
-    matcher: re.Pattern[str] | None,
-    named: frozenset[str] | None,
-) -> np.ndarray:
-    if matcher is None and named is None:
-        return np.ones(len(tests), bool)
-    wanted = np.array(
-        [
-            (matcher is None or matcher.match(n) is not None) and (named is None or n in named)
-            for n in known
-        ],
-        bool,
-    )
-    return (tests >= 0) & wanted[np.maximum(tests, 0)]
+class _Taken:
+    """Which tests a selection takes, asked once for each test met."""
+
+    def __init__(self, selection: Selection) -> None:
+        self.matcher = selection.matcher()
+        self.named = selection.tests
+        self.wanted = np.zeros(0, bool)
+
+    def __call__(self, tests: np.ndarray, known: list[str]) -> np.ndarray:
+        if self.matcher is None and self.named is None:
+            return np.ones(len(tests), bool)
+        if len(self.wanted) < len(known):
+            more = [self._takes(name) for name in known[len(self.wanted) :]]
+            self.wanted = np.concatenate([self.wanted, np.array(more, bool)])
+        return (tests >= 0) & self.wanted[np.maximum(tests, 0)]
+
+    def _takes(self, name: str) -> bool:
+        matched = self.matcher is None or self.matcher.match(name) is not None
+        return matched and (self.named is None or name in self.named)
 
 
 def _floats(column: pa.Array) -> np.ndarray:
-    return pc.cast(column, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    return _numbers(column, np.nan).astype(np.float64, copy=False)
+
+
+def _numbers(column: pa.Array, missing: float) -> np.ndarray:
+    """A column as numpy, ``missing`` for its nulls (filled only where there are some)."""
+    if column.null_count:
+        column = column.fill_null(missing)
+    return column.to_numpy(zero_copy_only=False)
 
 
 class _Kept:
@@ -159,12 +186,12 @@ class _Kept:
     def __init__(self, window: int) -> None:
         self.window = window
         self.chunks: list[tuple[np.ndarray, ...]] = []
-        self.rows = 0
+        self.rows = self.kept = 0
 
     def add(self, *columns: np.ndarray) -> None:
         self.chunks.append(columns)
         self.rows += len(columns[0])
-        if self.rows >= COMPACT:
+        if self.rows >= COMPACT + self.kept:
             self.compact()
 
     def compact(self) -> tuple[np.ndarray, ...]:
@@ -181,6 +208,7 @@ class _Kept:
         keep = from_end <= self.window
         cols = tuple(c[keep] for c in cols)
         self.chunks, self.rows = [cols], len(cols[0])
+        self.kept = self.rows
         return cols
 
     def series(self, names: dict[str, Names]) -> Iterator[Series]:

@@ -17,7 +17,9 @@ import os
 import platform
 import subprocess
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_type_hints
 
@@ -206,37 +208,50 @@ def new_run() -> tuple[str, datetime.datetime]:
     return f"{now:%Y%m%dT%H%M%S%f}-{uuid.uuid4().hex[:12]}", now
 
 
+STRINGS = tuple(f.name for f in SCHEMA if pa.types.is_string(f.type))
+FILTERED = ("time", "metric", "fingerprint", "cpu_model", "cores")
+"""The columns a reading's filter may name."""
+FOREIGN = "not a leakgate history file (foreign schema)"
+READ_AHEAD = 8
+"""Files read at once, ahead of the one being handed over."""
+
+
 def scan(
     history: History, columns: Sequence[str], where: ds.Expression | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """The history's rows, a batch at a time in the order runs were appended, only
-    ``columns`` (strings read as dictionaries, as parquet keeps them). ``BadInput`` naming a
-    file whose schema is not a history's."""
+    """The history's rows that ``where`` (over :data:`FILTERED` columns) takes, a file at a time
+    in the order runs were appended, only ``columns`` (strings as dictionaries, as parquet
+    keeps them). At most :data:`READ_AHEAD` files are held at once, whatever the history's
+    length. ``BadInput`` naming a file that is not a history's (not parquet, a foreign
+    schema)."""
     files = history.files()
-    if not files:
-        return
-    strings = [f.name for f in SCHEMA if pa.types.is_string(f.type)]
-    fmt = ds.ParquetFileFormat(read_options={"dictionary_columns": strings})
-    schema = pa.schema(
-        [
-            pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if f.name in strings else f
-            for f in SCHEMA
-        ]
-    )
+    wanted = list(dict.fromkeys([*columns, *(FILTERED if where is not None else ())]))
+    with ThreadPoolExecutor(READ_AHEAD) as pool:
+        pending: deque[Future[pa.Table]] = deque()
+        for path in files:
+            pending.append(pool.submit(_read, history, path, wanted, where))
+            if len(pending) >= READ_AHEAD:
+                yield from pending.popleft().result().select(list(columns)).to_batches()
+        while pending:
+            yield from pending.popleft().result().select(list(columns)).to_batches()
+
+
+def _read(history: History, path: str, columns: list[str], where: ds.Expression | None) -> pa.Table:
     try:
-        dataset = ds.dataset(files, schema=schema, format=fmt, filesystem=history.fs)
-        for fragment in dataset.get_fragments():
-            _check_schema(fragment.physical_schema, fragment.path)
-        yield from dataset.scanner(columns=list(columns), filter=where).to_batches()
-    except BadInput:
-        raise
+        with history.fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source, read_dictionary=STRINGS)
+            _check_schema(parquet.schema_arrow, path)
+            table = parquet.read(columns=columns, use_threads=False)
+    except KeyError:  # a column of ours it does not have
+        raise BadInput(FOREIGN, path=path) from None
     except (OSError, pa.ArrowException) as exc:
-        raise BadInput(f"cannot read ({one_line(exc)})", path=history.where) from None
+        raise BadInput(f"cannot read ({one_line(exc)})", path=path) from None
+    return table if where is None else table.filter(where)
 
 
 def _check_schema(found: pa.Schema, path: str) -> None:
     if (found.metadata or {}).get(SCHEMA_KEY) != VERSION:
-        raise BadInput("not a leakgate history file (foreign schema)", path=path)
+        raise BadInput(FOREIGN, path=path)
 
 
 def summary(document: Mapping[str, Any]) -> dict[str, Any]:
