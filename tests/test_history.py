@@ -365,3 +365,77 @@ def test_creep_false_alarms_on_flat_noisy_series_are_at_most_1_percent(level, sp
         values = level * np.maximum(1 + spread * noise, 0.01)
         alarms += bool(creep(by_commit(names, values), limit, min_bytes=MIB).crept)
     assert alarms <= trials // 100
+
+
+def test_an_object_store_history_is_written_under_a_hidden_name_then_moved():
+    import fsspec
+    import pyarrow.fs as pafs
+
+    from harness.history.store import MARKER, History
+
+    moves = []
+
+    class Bucket(pafs.FSSpecHandler):
+        def move(self, src, dest):
+            moves.append((src.rsplit("/", 1)[1], dest.rsplit("/", 1)[1]))
+            super().move(src, dest)
+
+    bucket = pafs.PyFileSystem(Bucket(fsspec.filesystem("memory")))
+    bucket.create_dir("/bucket/history")
+    history = History(bucket, "/bucket/history", "memory://bucket/history")
+    assert not history.local
+    for i in range(3):
+        append(history, [row(i, MIB)])
+    names = [i.base_name for i in bucket.get_file_info(pafs.FileSelector("/bucket/history"))]
+    assert len(history.files()) == 3 and not [n for n in names if n.startswith(".")]
+    assert len(moves) == 3 and all(a.startswith(".") and b.endswith(".parquet") for a, b in moves)
+    (found,) = read_series(history, Selection(), window=10)
+    assert found.commits == ["c000", "c001", "c002"]
+    assert MARKER not in names  # made by open_history(mode="append"), not by append
+
+
+def test_a_file_uri_is_a_local_history(tmp_path, capsys):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "run.json").write_text(json.dumps(verdict(MIB)))
+    uri = (tmp_path / "history").as_uri()
+    assert main(["gate", str(reports), "--history", uri]) == 0
+    assert main(["history", uri]) == 0
+    assert "1 test on 1 machine fingerprint" in capsys.readouterr().out
+
+
+def test_an_object_store_history_is_written_under_a_hidden_name_then_moved():
+    import fsspec
+    import pyarrow.fs as pafs
+
+    from harness.history.store import MARKER, History
+
+    moves = []
+
+    class Bucket(pafs.FSSpecHandler):
+        def move(self, src, dest):
+            moves.append((src.rsplit("/", 1)[1], dest.rsplit("/", 1)[1]))
+            super().move(src, dest)
+
+    bucket = pafs.PyFileSystem(Bucket(fsspec.filesystem("memory")))
+    bucket.create_dir("/bucket/history")
+    history = History(bucket, "/bucket/history", "memory://bucket/history")
+    assert not history.local
+    for i in range(3):
+        append(history, [row(i, MIB)])
+    names = [i.base_name for i in bucket.get_file_info(pafs.FileSelector("/bucket/history"))]
+    assert len(history.files()) == 3 and not [n for n in names if n.startswith(".")]
+    assert len(moves) == 3 and all(a.startswith(".") and b.endswith(".parquet") for a, b in moves)
+    (found,) = read_series(history, Selection(), window=10)
+    assert found.commits == ["c000", "c001", "c002"]
+    assert MARKER not in names  # made by open_history(mode="append"), not by append
+
+
+def test_a_file_uri_is_a_local_history(tmp_path, capsys):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "run.json").write_text(json.dumps(verdict(MIB)))
+    uri = (tmp_path / "history").as_uri()
+    assert main(["gate", str(reports), "--history", uri]) == 0
+    assert main(["history", uri]) == 0
+    assert "1 test on 1 machine fingerprint" in capsys.readouterr().out
