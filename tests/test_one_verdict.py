@@ -81,7 +81,7 @@ def shapes(draw: st.DrawFn) -> Shape:
     b = np.arange(n, dtype=np.float64)
     stops = None
     if kind == "onset":  # a leak from a batch anywhere it can be seen on the stride
-        start = draw(st.integers(0, last_read(n) - 4 * STRIDE.every))  # 5 readings see it
+        start = draw(st.integers(0, last_read(n) - 6 * STRIDE.every))  # 7 readings see it
         clean = np.maximum(b - start, 0) * total / (n - 1 - start)
         kind += f" at {start}"
     elif kind == "plateau":  # a cache that fills by a batch and stays
