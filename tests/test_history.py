@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
+from harness.errors import BadInput
 from harness.history.creep import DEFAULT_CREEP, CreepLimit, by_commit, creep, steps
 from harness.history.series import Selection, read_series
 from harness.history.store import Place, Row, append, open_history, scan, summary
@@ -402,3 +403,14 @@ def test_a_file_uri_is_a_local_history(tmp_path, capsys):
     assert main(["gate", str(reports), "--history", uri]) == 0
     assert main(["history", uri]) == 0
     assert "1 test on 1 machine fingerprint" in capsys.readouterr().out
+
+
+def test_the_gate_reads_the_newest_runs_and_no_further_than_its_window(tmp_path):
+    folder = built(tmp_path / "h", [MIB] * 30)
+    pq.write_table(pa.table({"a": [1]}), folder / "00000000T000000000000-old.parquet")
+    history = open_history(folder)
+    with pytest.raises(BadInput, match=r"old\.parquet: not a leakgate history"):
+        read_series(history, Selection(), window=5)  # the whole history: the foreign file too
+    chosen = Selection(metric="allocated", fingerprint="fp-a", tests=frozenset({"t.py::test_x"}))
+    (found,) = read_series(history, chosen, window=5)
+    assert found.commits == [f"c{i:03d}" for i in range(25, 30)]

@@ -57,12 +57,12 @@ def creep_lines(
     """Each row's series (its test, fingerprint and metric, its last ``limit.runs`` runs, the
     row's own among them) judged by :func:`~harness.history.creep.creep`, peak and growth."""
     report = CreepReport()
-    for fingerprint in sorted({r.fingerprint for r in rows}):
-        mine = {r.test: r for r in rows if r.fingerprint == fingerprint}
-        chosen = Selection(fingerprint=fingerprint, tests=frozenset(mine))
+    for fingerprint, metric in sorted({(r.fingerprint, r.metric) for r in rows}, key=str):
+        mine = {r.test: r for r in rows if (r.fingerprint, r.metric) == (fingerprint, metric)}
+        chosen = Selection(metric=metric, fingerprint=fingerprint, tests=frozenset(mine))
         for series in read_series(history, chosen, window=limit.runs):
             row = mine.get(series.test)
-            if row is None or series.metric != row.metric:
+            if row is None or series.metric != metric:
                 continue
             answers = {
                 name: creep(

@@ -128,11 +128,15 @@ COLUMNS = ("test", "fingerprint", "metric", "commit", "time", *VALUES)
 
 
 def read_series(history: History, selection: Selection, *, window: int) -> list[Series]:
-    """The history's series that ``selection`` takes, each its last ``window`` runs."""
+    """The history's series that ``selection`` takes, each its last ``window`` runs. Where it
+    names its ``tests``, one ``fingerprint`` and one ``metric`` (the gate's reading), the
+    newest runs are read first, and no further once each test has its ``window``."""
     names = {c: Names() for c in ("test", "fingerprint", "metric", "commit")}
     kept = _Kept(window)
     taken = _Taken(selection)
-    for batch in scan(history, COLUMNS, selection.where()):
+    one_each = None not in (selection.tests, selection.fingerprint, selection.metric)
+    counts = np.zeros(0, np.int64)
+    for batch in scan(history, COLUMNS, selection.where(), newest_first=one_each):
         tests = names["test"].ids(batch.column("test"))
         keep = taken(tests, names["test"].names)
         if not keep.all():
@@ -143,6 +147,12 @@ def read_series(history: History, selection: Selection, *, window: int) -> list[
         times = pc.cast(batch.column("time"), pa.int64()).to_numpy(zero_copy_only=False)
         values = [_floats(batch.column(v)) for v in VALUES]
         kept.add(tests, *ids, times, *values)
+        if one_each and selection.tests is not None:
+            counts = np.pad(counts, (0, len(taken.wanted) - len(counts)))
+            counts += np.bincount(tests, minlength=len(counts))
+            met = counts[taken.wanted]
+            if len(met) == len(selection.tests) and met.min() >= window:
+                break
     return list(kept.series(names))
 
 

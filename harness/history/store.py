@@ -217,14 +217,18 @@ READ_AHEAD = 8
 
 
 def scan(
-    history: History, columns: Sequence[str], where: ds.Expression | None = None
+    history: History,
+    columns: Sequence[str],
+    where: ds.Expression | None = None,
+    *,
+    newest_first: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The history's rows that ``where`` (over :data:`FILTERED` columns) takes, a file at a time
-    in the order runs were appended, only ``columns`` (strings as dictionaries, as parquet
-    keeps them). At most :data:`READ_AHEAD` files are held at once, whatever the history's
-    length. ``BadInput`` naming a file that is not a history's (not parquet, a foreign
-    schema)."""
-    files = history.files()
+    in the order runs were appended (the newest first with ``newest_first``), only ``columns``
+    (strings as dictionaries, as parquet keeps them). At most :data:`READ_AHEAD` files are held
+    at once, whatever the history's length. ``BadInput`` naming a file that is not a history's
+    (not parquet, a foreign schema)."""
+    files = history.files()[:: -1 if newest_first else 1]
     wanted = list(dict.fromkeys([*columns, *(FILTERED if where is not None else ())]))
     with ThreadPoolExecutor(READ_AHEAD) as pool:
         pending: deque[Future[pa.Table]] = deque()
