@@ -141,6 +141,8 @@ def _narrowed(
     """GOOD and BAD narrowed by what the history knows of the test on this machine's CPU: the
     newest commit that passed before the first that failed after it. The third item is the
     holder line (or "") when those two are next to each other: the first bad commit is known."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     from harness.history.store import Place, open_history, scan
@@ -154,11 +156,15 @@ def _narrowed(
     order = [good, *path]
     statuses: dict[str, set[str]] = {}
     holders: dict[str, str] = {}
+    commits = pa.array(order, pa.string())
     for batch in scan(history, ("test", "commit", "status", "holder"), where):
-        for row in batch.to_pylist():
-            if row["test"] == test and row["commit"] in order:
-                statuses.setdefault(row["commit"], set()).add(row["status"])
-                holders[row["commit"]] = row["holder"] or ""
+        ours = pc.and_(
+            pc.equal(batch.column("test").dictionary_decode(), test),
+            pc.is_in(batch.column("commit").dictionary_decode(), value_set=commits),
+        )
+        for row in batch.filter(ours.fill_null(False)).to_pylist():  # this test's rows only
+            statuses.setdefault(row["commit"], set()).add(row["status"])
+            holders[row["commit"]] = row["holder"] or ""
     verdict = {c: next(iter(s)) for c, s in statuses.items() if len(s) == 1}
     fails = [i for i, c in enumerate(order) if verdict.get(c) == "FAIL"]
     first_fail = fails[0] if fails else len(order) - 1
