@@ -100,8 +100,9 @@ def _sigma(values: np.ndarray) -> float:
 @dataclass(frozen=True)
 class Creep:
     """The creep rule's answer for one series' value: ``crept`` (None: not enough history),
-    the rise over the window (bytes, and as a fraction of where it started), the test's p,
-    the commit the rise started at, and how many runs and commits were weighed."""
+    the trend line's rise over the window (bytes, and as a fraction of where it starts), the
+    test's p, the commit the rise started at, how many runs and commits were weighed, and the
+    values of the window's first and last commits (what a person compares)."""
 
     crept: bool | None
     rise: float = 0.0
@@ -110,6 +111,8 @@ class Creep:
     since: str | None = None
     runs: int = 0
     commits: int = 0
+    first: float = math.nan
+    last: float = math.nan
 
 
 def creep(commits: Commits, limit: CreepLimit, *, min_bytes: float) -> Creep:
@@ -126,7 +129,8 @@ def creep(commits: Commits, limit: CreepLimit, *, min_bytes: float) -> Creep:
     floor = max(limit.fraction * base, min_bytes, NOISE_SIGMAS * commits.noise)
     crept = fitted.p < ALPHA and rise > floor
     since = commits.names[onset(y)] if crept else None
-    return Creep(crept, rise, fraction, fitted.p, since, commits.runs, len(y))
+    ends = float(y[0]), float(y[-1])
+    return Creep(crept, rise, fraction, fitted.p, since, commits.runs, len(y), *ends)
 
 
 def onset(y: np.ndarray) -> int:

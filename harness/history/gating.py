@@ -79,15 +79,20 @@ def creep_lines(
                 )
             for name, answer in answers.items():
                 if answer.crept:
-                    share = f"{answer.fraction:+.1%} " if answer.fraction is not None else ""
-                    held = f"held now by {row.holder}" if row.holder else "no holder named now"
+                    held = f"now {row.holder}" if row.holder else "no holder named now"
                     report.crept.append(
-                        f"creep: {test} {name} {share}({format_size(answer.rise, signed=True)}) "
-                        f"over the last {answer.runs} runs ({answer.commits} commits, "
-                        f"p={answer.p:.2g}), more than {limit}, since {_short(answer.since)}; "
-                        f"{held}"
+                        f"creep: {test} {name} {_moved(answer.first, answer.last)} over the "
+                        f"last {answer.runs} runs ({answer.commits} commits; trend "
+                        f"{format_size(answer.rise, signed=True)}, p={answer.p:.2g}), more "
+                        f"than {limit}, since {_short(answer.since)}; {held}"
                     )
     return report
+
+
+def _moved(first: float, last: float) -> str:
+    """``100.0MiB -> 180.2MiB (+80.2%)``: a window's first and last commits' values."""
+    share = f" ({(last - first) / abs(first):+.1%})" if first else ""
+    return f"{format_size(first)} -> {format_size(last)}{share}"
 
 
 def _short(commit: str | None) -> str:

@@ -116,7 +116,7 @@ def _moved(s: Series, name: str, c: Commits, limit: CreepLimit) -> list[str] | N
         )
     creeping = ""
     if crept.crept:
-        share = f"{crept.fraction:+.0%} " if crept.fraction is not None else ""
+        share = f"{(crept.last - crept.first) / abs(crept.first):+.0%} " if crept.first else ""
         creeping = f"{share}over {crept.commits} commits since {code(_short(crept.since))}"
     return [
         code(s.test),
