@@ -151,6 +151,10 @@ class Recorder:
         self._phase: str | None = None
         self._epoch: int | None = None
         self._runs: dict[str, int] = {}  # each label's batches since a checkpoint of none
+        self._checked: set[str] = set()  # labels and phase names found valid: checked once
+        # labels found valid that name no event and no phase's edge: a loop's batches, which
+        # may be recorded between two stride readings (_between)
+        self._plain: set[str] = set()
         self._notes_said = len(self.probe.notes)
         self._over = False
         self._closed = False
@@ -187,57 +191,57 @@ class Recorder:
         the innermost :meth:`phase`'s. ``note`` is text (an OOM message); ``event`` says what
         happened (``"OOM"``, ``"CHECK_FAILED"``) where the label does not.
         """
-        if (
-            batch is not None
-            and self._strided
-            and not (collect or note or event)
-            and type(label) is str
-            and label in _PLAIN
-            and (phase is None or (type(phase) is str and phase in _CHECKED))
+        checked = self._checked
+        if not (
+            type(label) is str
+            and label in checked
+            and (phase is None or (type(phase) is str and phase in checked))
             and (epoch is None or (type(epoch) is int and 0 <= epoch < _LIMIT))
-            and type(batch) is int
-            and 0 <= batch < _LIMIT
+            and (batch is None or (type(batch) is int and 0 <= batch < _LIMIT))
+            and (note is None or type(note) is str)
         ):
-            # A loop's batch whose arguments are known good: between two stride readings it
-            # takes the short path, which touches little, so that it costs little on the
-            # caches a training step leaves cold: no reading (neither the probe's nor the
-            # children's, whose live processes are the last reading's), no Python function
-            # called (STRIDE.reads is inlined: _FIRST, _EVERY), its store row and line made
-            # at the next reading.
-            runs = self._runs
-            run = runs.get(label, 0)
-            if run >= _FIRST and run % _EVERY:
-                runs[label] = run + 1
-                sample = _new(Sample)  # make_sample's two steps, a call less
-                _set(
-                    sample,
-                    "__dict__",
-                    {
-                        "label": label,
-                        "phase": self._phase if phase is None else phase,
-                        "epoch": self._epoch if epoch is None else epoch,
-                        "batch": batch,
-                        "time": time.time(),
-                        "metrics": self._unread_metrics.copy(),
-                        "collected": False,
-                        "note": None,
-                        "processes": self._processes,
-                        "event": None,
-                        "edge": None,
-                    },
-                )
-                self._unread_samples.append(sample)
-                if self._wait is not None:
-                    self._wait(sample)
-                return sample
-        if event is not None or type(label) is not str or label not in _PLAIN:
+            _check_arguments(label, phase, epoch, batch, note)
+            if len(checked) < _MAX_CHECKED:
+                checked.update(t for t in (label, phase) if type(t) is str)
+        plain = label in self._plain
+        if event is not None or not plain:
             event = labels.given_event(label, event)
+        full = self._reads_all(label, batch, collect)
+        if not full and plain and self._strided and note is None and event is None:
+            return self._between(label, phase, epoch, batch)
         may = event != labels.OOM
         return self._record(
-            label, phase, epoch, batch, collect, note, event, may_raise=may, rollup=collect
+            label, phase, epoch, batch, collect, note, event, full, may_raise=may, rollup=collect
         )
 
     __call__ = checkpoint
+
+    def _between(
+        self, label: str, phase: str | None, epoch: int | None, batch: int | None
+    ) -> Sample:
+        """A loop's batch between two stride readings: no reading (neither the probe's nor the
+        children's, whose live processes are the last reading's), so that it costs little on
+        the caches a training step leaves cold; its store row and line are made at the next
+        reading."""
+        sample = make_sample(
+            {
+                "label": label,
+                "phase": self._phase if phase is None else phase,
+                "epoch": self._epoch if epoch is None else epoch,
+                "batch": batch,
+                "time": time.time(),
+                "metrics": self._unread_metrics.copy(),
+                "collected": False,
+                "note": None,
+                "processes": self._processes,
+                "event": None,
+                "edge": None,
+            }
+        )
+        self._unread_samples.append(sample)
+        if self._wait is not None:
+            self._wait(sample)
+        return sample
 
     def _record(
         self,
@@ -248,32 +252,22 @@ class Recorder:
         collect: bool,
         note: str | None,
         event: str | None,
+        full: bool,
         *,
         may_raise: bool,
         rollup: bool,
     ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
-        if not (
-            type(label) is str
-            and label in _CHECKED
-            and (phase is None or (type(phase) is str and phase in _CHECKED))
-            and (epoch is None or (type(epoch) is int and 0 <= epoch < _LIMIT))
-            and (batch is None or (type(batch) is int and 0 <= batch < _LIMIT))
-            and (note is None or type(note) is str)
-        ):
-            _check_arguments(label, phase, epoch, batch, note)
-            if len(_CHECKED) < _MAX_CHECKED:
-                _CHECKED.update(t for t in (label, phase) if type(t) is str)
-        edge = None if label in _PLAIN else labels.edge_of(label)
-        if event is None and edge is None and label not in _PLAIN and len(_PLAIN) < _MAX_CHECKED:
-            _PLAIN.add(label)
+        plain = self._plain
+        edge = None if label in plain else labels.edge_of(label)
+        if event is None and edge is None and label not in plain and len(plain) < _MAX_CHECKED:
+            plain.add(label)
         store = self.samples  # the unread samples' store rows, before the probe is read
         if collect:
             gc.collect()
             self.probe.release()
         probe = self.probe
-        full = self._reads_all(label, batch, collect)
         own = 0
         if probe.host and full:
             # Less the recorder's own sample store, which grows with every checkpoint, and the
@@ -419,7 +413,10 @@ class Recorder:
         ended_by = None
         try:
             start = f"{name} START"
-            self._record(start, None, None, None, collect, None, None, may_raise=True, rollup=True)
+            full = self._reads_all(start, None, collect)
+            self._record(
+                start, None, None, None, collect, None, None, full, may_raise=True, rollup=True
+            )
             yield self
         except BaseException as error:
             ended_by = f"phase ended by {type(error).__name__}"
@@ -428,8 +425,18 @@ class Recorder:
             try:
                 if not self._closed:
                     end, by = f"{name} END", ended_by
+                    full = self._reads_all(end, None, collect)
                     self._record(
-                        end, None, None, None, collect, by, None, may_raise=not by, rollup=True
+                        end,
+                        None,
+                        None,
+                        None,
+                        collect,
+                        by,
+                        None,
+                        full,
+                        may_raise=not by,
+                        rollup=True,
                     )
             finally:
                 self._phases.pop()
@@ -531,15 +538,8 @@ class Recorder:
 MAX_TEXT = 256
 """Longest label or phase name a checkpoint takes."""
 _LIMIT = 2**62
-_CHECKED: set[str] = set()
-"""Labels and phase names already found valid, so a checkpoint checks each name once."""
-_new = object.__new__
-_set = object.__setattr__
-_FIRST, _EVERY = STRIDE.first, STRIDE.every
-_PLAIN: set[str] = set()
-"""Labels found valid that name no event and no phase's edge: a loop's batches, which may be
-recorded on :meth:`Recorder.checkpoint`'s short path."""
 _MAX_CHECKED = 4096
+"""The most names a recorder remembers as checked, and as plain labels."""
 
 
 def _check_arguments(

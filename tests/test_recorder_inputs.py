@@ -60,7 +60,7 @@ def test_good(memtrace):
     )
     result = pytester.runpytest("-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*TypeError: checkpoint label: expected a str, got int*"])
+    result.stdout.fnmatch_lines(["*BadArgument: checkpoint label: expected a str, got int*"])
     assert "INTERNALERROR" not in result.stdout.str()
 
 
