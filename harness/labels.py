@@ -16,7 +16,7 @@ import functools
 import re
 from typing import Protocol
 
-from harness.errors import BadArgument, Raised
+from harness.errors import BadArgument, BadInput, Raised
 
 TEST_START = "TEST_START"
 TEST_END = "TEST_END"
@@ -126,3 +126,36 @@ def is_oom_error(error: BaseException | Raised | str) -> bool:
     if any(n in _OOM_TYPES or n.endswith(("OOM", "OutOfMemory")) for n in names):
         return True
     return bool(_OOM_TEXT.search(message))
+
+
+MAX_TEXT = 256
+"""Longest label or phase name a checkpoint takes."""
+LIMIT = 2**62
+"""A checkpoint's epoch and batch are below this."""
+
+
+def check_checkpoint(
+    label: object, phase: object, epoch: object, batch: object, note: object
+) -> None:
+    """A :class:`~harness.errors.BadArgument` (a ``TypeError``), or a
+    :class:`~harness.errors.BadInput` for absurd values, at the call for a checkpoint's bad
+    arguments, before anything is recorded."""
+    for name, value, optional in (("label", label, False), ("phase", phase, True)):
+        if value is None and optional:
+            continue
+        if not isinstance(value, str):
+            raise BadArgument(f"checkpoint {name}: expected a str, got {type(value).__name__}")
+        if not value.strip() or len(value) > MAX_TEXT or "\x00" in value:
+            raise BadInput(
+                f"expected 1 to {MAX_TEXT} printable characters, got {value[:40]!r}",
+                field=f"checkpoint {name}",
+            )
+    for name, value in (("epoch", epoch), ("batch", batch)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadArgument(f"checkpoint {name}: expected an int or None, got {value!r}")
+        if not 0 <= value < LIMIT:
+            raise BadInput(f"expected 0 <= {name} < 2**62, got {value}", field=f"checkpoint {name}")
+    if note is not None and not isinstance(note, str):
+        raise BadArgument(f"checkpoint note: expected a str or None, got {type(note).__name__}")

@@ -17,7 +17,7 @@ import torch
 import harness.heap_board as heap_board
 import harness.labels as labels
 from harness.children import ChildSampler
-from harness.errors import BadArgument, BadInput, UnwritableReport
+from harness.errors import BadArgument, UnwritableReport
 from harness.identity import rank_info
 from harness.naming import rank_timeline
 from harness.probes import Probe, make_probe
@@ -25,10 +25,11 @@ from harness.run_header import run_header
 from harness.sample import STRIDE, Sample
 from harness.store import SampleStore, make_sample
 from harness.timeline_writer import TimelineWriter
-from harness.units import format_mib, parse_size
+from harness.units import parse_size
 
 if TYPE_CHECKING:  # the judging and explaining layers load only when a run asks for them
     from harness.attribution import Holder, PhaseAttribution
+    from harness.capacity import CheckedCapacity
     from harness.options import Rules
 
 
@@ -55,38 +56,24 @@ class Recorder:
     ``world_size``, ``local_rank`` and ``backend``, and the timeline is written to
     ``<stem>.rank<N>.jsonl``: each rank has its own file.
 
-    ``capacity`` (bytes, or a size such as ``"4GiB"``) emulates a smaller device:
+    ``capacity`` (bytes, or a size such as ``"4GiB"``) emulates a smaller device: on CUDA the
+    caching allocator refuses to reserve past it (a real ``torch.OutOfMemoryError``); on the
+    CPU a checkpoint over it (:mod:`harness.capacity`) is recorded with a note, then raises
+    :class:`DeviceOutOfMemory` (a ``torch.OutOfMemoryError``).
 
-    - CUDA: caps the bytes PyTorch's caching allocator reserves in this process (through
-      ``torch.cuda.set_per_process_memory_fraction``), so the allocation that crosses it raises
-      a real ``torch.OutOfMemoryError``. The CUDA context and other processes are not counted.
-    - CPU: counts the process's resident memory (``rss``), the interpreter and libraries
-      included (about 230 MB with torch imported), and its ``peak`` since the previous
-      checkpoint. A checkpoint over it is recorded with a note, then raises
-      :class:`DeviceOutOfMemory` (a ``torch.OutOfMemoryError``), as each batch would fail on a
-      device that small; ``OOM`` events do not raise, as they report one being handled. When
-      the previous checkpoint was over already, its level is where this one's peak window
-      started, so only ``rss`` counts: memory freed after an OOM ends the failures.
-
-    On construction the recorder runs ``gc.freeze()``: what exists then is left out of later
-    collections, which makes ``collect=True`` cost what the run itself allocated rather than
-    tens of milliseconds for torch's own objects. Garbage cycles already present stay until
-    :meth:`close`, which unfreezes them when this recorder was the one to freeze.
+    On construction the recorder runs ``gc.freeze()``, so that ``collect=True`` costs what the
+    run allocated, not torch's own objects; :meth:`close` unfreezes what it froze.
 
     ``attribute=True`` (or a configured :class:`~harness.attribution.PhaseAttribution`) names
     what holds new memory: live tensors are noted at each phase's START, attributed at its END
     and at ``OOM`` events, into :attr:`holders`; on CUDA, allocation stacks are recorded while
     the recorder is open. Without it a checkpoint pays nothing for the feature.
 
-    ``children`` (default: ``rules.children``, else True) also records the memory of this
-    process's live descendants, DataLoader workers by role, on the schedule of
-    :mod:`harness.children`, whatever the probe (workers use host memory on a GPU machine
-    too); the header's ``children`` says how they were sampled (None: not recorded).
+    ``children`` (default: ``rules.children``, else True) also records this process's live
+    descendants, DataLoader workers by role (:mod:`harness.children`), whatever the probe.
 
-    A timeline write that fails mid-run (a full disk, a file size limit) does not stop the
-    run: the timeline is left as it was, no later line is written to it, and the error is
-    kept as :attr:`timeline_error`, which :func:`harness.finish.finish_run` reports as the
-    run's write error. The samples are still recorded and judged.
+    A timeline write that fails mid-run (a full disk) does not stop the run: no later line is
+    written, and the error is kept as :attr:`timeline_error` for the finishing step.
     """
 
     def __init__(
@@ -128,7 +115,12 @@ class Recorder:
         self._timeline = None
         self.timeline_error: UnwritableReport | None = None
         try:
-            self._limit_at_checkpoints = limit is not None and not self.probe.limit(limit)
+            self._checked_capacity: CheckedCapacity | None = None  # not the device's own
+            if limit is not None and not self.probe.limit(limit):
+                from harness.capacity import CheckedCapacity
+
+                probe = self.probe
+                self._checked_capacity = CheckedCapacity(limit, probe.capacity_metric, probe.name)
             self.capacity = limit if limit is not None else self.probe.capacity
             self.header = run_header(
                 self.probe, self._children, self.capacity, limit is not None, config, meta
@@ -156,7 +148,6 @@ class Recorder:
         # may be recorded between two stride readings (_between)
         self._plain: set[str] = set()
         self._notes_said = len(self.probe.notes)
-        self._over = False
         self._closed = False
         self._ended = False
         self._processes: str | None = None  # the live children at the last reading
@@ -165,13 +156,18 @@ class Recorder:
         strided = self.probe.strided
         self._strided = (
             bool(strided) and set(strided) == set(self.probe.metrics)
-        ) and not self._limit_at_checkpoints
+        ) and self._checked_capacity is None
         self._unread_metrics = dict.fromkeys(self.probe.metrics)
         self._unfreeze = gc.get_freeze_count() == 0
         gc.freeze()
         if self.attribution is not None:
             self.attribution.start()
-        self._watching = self._watch_workers(rules)
+        board = self._children.reader.board if self._children is not None else None
+        self._watched: str | None = None  # the board whose workers name their own holders
+        if self.attribution is not None and board is not None:
+            from harness.attribution.workers import watch_workers
+
+            self._watched = board.path if watch_workers(board.path, rules) else None
 
     def checkpoint(
         self,
@@ -200,7 +196,7 @@ class Recorder:
             and (batch is None or (type(batch) is int and 0 <= batch < _LIMIT))
             and (note is None or type(note) is str)
         ):
-            _check_arguments(label, phase, epoch, batch, note)
+            labels.check_checkpoint(label, phase, epoch, batch, note)
             if len(checked) < _MAX_CHECKED:
                 checked.update(t for t in (label, phase) if type(t) is str)
         plain = label in self._plain
@@ -219,10 +215,8 @@ class Recorder:
     def _between(
         self, label: str, phase: str | None, epoch: int | None, batch: int | None
     ) -> Sample:
-        """A loop's batch between two stride readings: no reading (neither the probe's nor the
-        children's, whose live processes are the last reading's), so that it costs little on
-        the caches a training step leaves cold; its store row and line are made at the next
-        reading."""
+        """A loop's batch between two stride readings, read by neither the probe nor the
+        children (their processes are the last reading's); its row and line come later."""
         sample = make_sample(
             {
                 "label": label,
@@ -289,7 +283,8 @@ class Recorder:
             processes = self._processes = None if found is None else found[1]
             if found is not None:
                 metrics.update(found[0])
-        overflow = self._overflow(label, metrics, may_raise) if self._limit_at_checkpoints else None
+        capacity = self._checked_capacity
+        overflow = capacity.exceeded(label, metrics, may_raise) if capacity is not None else None
         if overflow or len(probe.notes) > self._notes_said:
             notes = [note] if note else []
             notes += probe.notes[self._notes_said :]
@@ -328,7 +323,7 @@ class Recorder:
         """Whether this checkpoint reads the probe's strided metrics: every one that is not a
         batch's, and a label's batches on :data:`~harness.sample.STRIDE`, counted from the
         last of those (all of them under an emulated capacity, checked at each)."""
-        if batch is None or collect or not self.probe.strided or self._limit_at_checkpoints:
+        if batch is None or collect or not self.probe.strided or self._checked_capacity:
             self._runs.clear()
             return True
         run = self._runs.get(label, 0)
@@ -378,26 +373,6 @@ class Recorder:
         """What the attribution found so far (empty without ``attribute``)."""
         return self.attribution.holders if self.attribution is not None else []
 
-    def _overflow(
-        self, label: str, metrics: Mapping[str, int | None], may_raise: bool
-    ) -> str | None:
-        """The message to raise when a capacity checked at checkpoints is exceeded here."""
-        capacity = self.capacity
-        if not self._limit_at_checkpoints or capacity is None:
-            return None
-        level = metrics.get(self.probe.capacity_metric)
-        peak = metrics.get("peak")
-        started_over, self._over = self._over, level is not None and level > capacity
-        used = max(
-            (v for v in (level, None if started_over else peak) if v is not None), default=None
-        )
-        if not may_raise or used is None or used <= capacity:
-            return None
-        return (
-            f"emulated capacity {format_mib(self.capacity)} exceeded at {label!r}: "
-            f"{format_mib(used)} on {self.probe.name}"
-        )
-
     @contextmanager
     def phase(
         self, name: str, epoch: int | None = None, *, collect: bool = False
@@ -407,7 +382,7 @@ class Recorder:
         ``epoch`` defaults to the enclosing phase's. END is recorded even when the block
         raises, with a note naming the exception (and no emulated-capacity check).
         """
-        _check_arguments("phase", name, epoch, None, None)
+        labels.check_checkpoint("phase", name, epoch, None, None)
         self._phases.append((name, self._epoch if epoch is None else epoch))
         self._phase, self._epoch = self._phases[-1]
         ended_by = None
@@ -487,34 +462,18 @@ class Recorder:
             self._strided = False
             self._release()
 
-    def _watch_workers(self, rules: Rules | None) -> bool:
-        """Have DataLoader workers name what holds their own growth past the children's budget
-        (with attribution and children on, and a budget); whether they will."""
-        board = self._children.reader.board if self._children is not None else None
-        if self.attribution is None or board is None or rules is None:
-            return False
-        from harness.attribution.workers import WorkerSearch
-
-        name = rules.budget("max_child_growth")
-        limit = rules.size(name) if name is not None else None
-        if limit is None:
-            return False
-
-        heap_board.watch_batches(WorkerSearch(board.path, limit, rules.warmup))
-        return True
-
     def worker_holders(self) -> list[Holder]:
         """What DataLoader workers named as the holders of their own growth, each with its role
         (none where they named nothing)."""
-        if not self._watching or self._children is None or self._children.reader.board is None:
+        if self._watched is None or self._children is None:
             return []
         from harness.attribution.workers import held_in
 
-        return held_in(self._children.reader.board.path, self._children.reader.history)
+        return held_in(self._watched, self._children.reader.history)
 
     def _release(self) -> None:
         try:
-            if self._watching:
+            if self._watched is not None:
                 heap_board.watch_batches(None)
             if self._timeline is not None:
                 self._timeline.close()
@@ -535,34 +494,6 @@ class Recorder:
         self.close()
 
 
-MAX_TEXT = 256
-"""Longest label or phase name a checkpoint takes."""
-_LIMIT = 2**62
+_LIMIT = labels.LIMIT
 _MAX_CHECKED = 4096
 """The most names a recorder remembers as checked, and as plain labels."""
-
-
-def _check_arguments(
-    label: object, phase: object, epoch: object, batch: object, note: object
-) -> None:
-    """``TypeError`` (or :class:`~harness.errors.BadInput` for absurd values) at the call for a
-    checkpoint's bad arguments, before anything is recorded."""
-    for name, value, optional in (("label", label, False), ("phase", phase, True)):
-        if value is None and optional:
-            continue
-        if not isinstance(value, str):
-            raise BadArgument(f"checkpoint {name}: expected a str, got {type(value).__name__}")
-        if not value.strip() or len(value) > MAX_TEXT or "\x00" in value:
-            raise BadInput(
-                f"expected 1 to {MAX_TEXT} printable characters, got {value[:40]!r}",
-                field=f"checkpoint {name}",
-            )
-    for name, value in (("epoch", epoch), ("batch", batch)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise BadArgument(f"checkpoint {name}: expected an int or None, got {value!r}")
-        if not 0 <= value < 2**62:
-            raise BadInput(f"expected 0 <= {name} < 2**62, got {value}", field=f"checkpoint {name}")
-    if note is not None and not isinstance(note, str):
-        raise BadArgument(f"checkpoint note: expected a str or None, got {type(note).__name__}")

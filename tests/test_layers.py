@@ -45,6 +45,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.heap_board",
             "harness.worker_roles",
             "harness.probes",
+            "harness.capacity",
             "harness.run_header",
             "harness.store",
             "harness.options",

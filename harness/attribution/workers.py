@@ -19,6 +19,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
+import harness.heap_board as heap_board
 from harness.attribution.holder import Holder
 from harness.attribution.holders import MAX_OBJECTS
 from harness.attribution.phase import CENSUS_FROM
@@ -27,6 +28,7 @@ from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.errors import LeakgateError
 from harness.fsio import write_atomic
 from harness.json_values import read_json
+from harness.options import Rules
 
 WORKER_SEARCHES = 3
 """Searches a worker may take: where its growth passes the budget, and two doublings."""
@@ -71,6 +73,19 @@ class WorkerSearch:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(**state)  # type: ignore[misc]
+
+
+def watch_workers(board: str, rules: Rules | None) -> bool:
+    """Have the DataLoader workers that publish into ``board`` name what holds their own
+    growth past the children's budget of ``rules``; whether they will (not without one)."""
+    if rules is None:
+        return False
+    name = rules.budget("max_child_growth")
+    limit = rules.size(name) if name is not None else None
+    if limit is None:
+        return False
+    heap_board.watch_batches(WorkerSearch(board, limit, rules.warmup))
+    return True
 
 
 def held_in(board: str, roles: dict[int, str]) -> list[Holder]:
