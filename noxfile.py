@@ -77,7 +77,9 @@ def gpu_leak(session: nox.Session) -> None:
     ``--`` go to ``python -m tft.train`` (``--inject-fault NAME``, ``--capacity 4GiB``, ...);
     ``--update-baseline`` copies this run's verdicts to ``reports/baseline/<device>/``;
     ``--nproc N`` trains with DDP on N local ranks under ``torchrun`` (gloo on the CPU; on CUDA
-    one rank per visible GPU, so N at most their number), judged as one run.
+    one rank per visible GPU, so N at most their number), judged as one run. With
+    ``LEAKGATE_HISTORY`` (a folder or a pyarrow URI) the gate appends the run to that history
+    and fails a test whose memory crept (``--max-creep``), and ``reports/history.md`` shows it.
     """
     args = list(session.posargs)
     update = "--update-baseline" in args
@@ -117,7 +119,15 @@ def gpu_leak(session: nox.Session) -> None:
         gate += ["--baseline", str(baseline)]
     else:
         session.log(f"no baseline verdicts in {baseline}: the gate judges the run's verdicts alone")
-    session.run(*gate)
+    history = os.environ.get("LEAKGATE_HISTORY")  # a folder or URI: the creep gate over it
+    if history:
+        gate += ["--history", history, "--max-creep"]
+    try:
+        session.run(*gate)
+    finally:
+        if history:
+            page = ["python", "-m", "harness", "history", history]
+            session.run(*page, "-o", str(REPORTS / "history.md"), success_codes=[0, 1, 2])
 
 
 @nox.session(venv_params=VENV_PARAMS)

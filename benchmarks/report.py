@@ -56,6 +56,7 @@ def render(doc: Mapping[str, Any], context: Mapping[str, Any]) -> str:
         (verdict_section(verdict), runs["test_time_to_verdict"]),
         (scale_section(scale), scale),
         (children_section(children, workers), children + runs["test_epoch"]),
+        (history_section(runs["test_history"]), runs["test_history"]),
     ]
     checkpoint = checkpoint_vs_raw(checkpoints, raw)
     sections = [
@@ -1291,3 +1292,47 @@ def sensitivity_section(
             noise_table(noise),
         ]
     return "\n\n".join(parts) if len(parts) > 1 else ""
+
+
+HISTORY_STEPS = {
+    "page": "`leakgate history` (every series, 1,000 charts)",
+    "creep": "the creep gate's reading (the last 20 runs of each test)",
+    "one test": "`leakgate history --test` (one test)",
+}
+
+
+def history_section(benches: Sequence[Bench]) -> str:
+    """Reading a history across commits (``bench_history.py``): each step's time and peak
+    memory at 1,000 and 10,000 runs of 1,000 tests."""
+    if not benches:
+        return ""
+    found = {}
+    for bench in benches:
+        info = bench["extra_info"]
+        step = bench["name"].split("-", 1)[1].rstrip("]")
+        found[step, info["runs"]] = info
+    sizes = sorted({runs for _, runs in found})
+    rows = []
+    for step, words in HISTORY_STEPS.items():
+        cells = []
+        for runs in sizes:
+            info = found.get((step, runs))
+            peak = info and info.get("peak_bytes")
+            cells.append(
+                "-" if not info else f"{info['seconds']:.1f} s, {(peak or 0) / 2**20:.0f} MiB"
+            )
+        rows.append([words, *cells])
+    disks = {runs: info["disk"] for (_, runs), info in found.items()}
+    headers = ["step", *(f"{runs:,} runs ({disks[runs] / 2**20:.0f} MiB)" for runs in sizes)]
+    return "\n\n".join(
+        [
+            "## 8. Memory across commits: reading a history",
+            "A seeded history of 1,000 tests per run (one parquet file a run, as `pytest "
+            "--memreport-history` writes it; one test in a hundred steps up by a fifth ten runs "
+            "before the last), each step in a child process (`benchmarks/bench_history.py`): "
+            "wall time and the child's `VmHWM`. Reading is bounded when the peak at 10,000 runs "
+            "stays near the peak at 1,000: the rows kept are each series' window.",
+            table(headers, rows),
+        ]
+    )
+

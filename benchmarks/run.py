@@ -37,11 +37,12 @@ FILES = (
     "bench_peer.py",
     "bench_verdict.py",
     "bench_scale.py",
+    "bench_history.py",
 )
 PACKAGES = (
     "torch",
     "numpy",
-    "leakgate",
+    "pytest-leakgate",
     "pytest",
     "pytest-benchmark",
     "pytest-memray",

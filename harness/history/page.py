@@ -79,7 +79,8 @@ def render_page(history: History, selection: Selection, *, window: int = WINDOW)
     machines = {s.fingerprint for s in series}
     lines.append(
         f"{plural(len({s.test for s in series}), 'test')} on "
-        f"{plural(len(machines), 'machine fingerprint')}, {plural(len(series), 'series')} "
+        f"{plural(len(machines), 'machine fingerprint')}, "
+        f"{plural(len(series), 'series', 'series')} "
         f"(a test on one machine, one metric: runs of different machines are never one series), "
         f"each its last {window} runs" + (f"; {', '.join(chosen)}" if chosen else "") + "."
     )
