@@ -36,9 +36,10 @@ from harness.finish import unfinished
 from harness.fsio import write_atomic
 from harness.markdown import strong, text
 from harness.merge import gate_problems
-from harness.report.index import GateDecision
+from harness.report.index import REGRESSION, GateDecision
 from harness.timeline import read_timeline
 from harness.units import format_mib, format_size
+from harness.verdict import Status
 from harness.wording import plural
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def decide_gate(
         judged = judge_verdict(new, base, tolerance=tolerance, min_bytes=min_bytes)
         if judged.comparison is not None and judged.regressed:
             regressions[path.name] = regression_lines(judged.comparison)
-            status = "REGRESSION" if judged.status == "PASS" else judged.status
+            status = REGRESSION if judged.status == Status.PASS else judged.status
             line = f"{status:<5} {path.name} ({judged.status} by its rules, regressed against "
             line += "the baseline)\n"
             line += "\n".join(f"    {x}" for x in comparison_lines(judged.comparison))
@@ -167,7 +168,7 @@ def decide_gate(
     if problems:
         totals += f", {plural(len(problems), 'problem')}"
     passed = not failed and not problems
-    lines += [*problems, f"gate: {'PASS' if passed else 'FAIL'}: {totals}"]
+    lines += [*problems, f"gate: {Status.PASS if passed else Status.FAIL}: {totals}"]
     decision = GateDecision(
         passed,
         totals,
@@ -199,7 +200,8 @@ def with_history(
     if found.crept:
         totals += f", {plural(len(found.crept), 'creep')}"
     decision = dataclasses.replace(gated.decision, passed=passed, totals=totals, problems=problems)
-    lines += [*found.notes, *found.crept, f"gate: {'PASS' if passed else 'FAIL'}: {totals}"]
+    outcome = Status.PASS if passed else Status.FAIL
+    lines += [*found.notes, *found.crept, f"gate: {outcome}: {totals}"]
     return Gated(decision, lines, gated.documents)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from harness.errors import BadInput
 from harness.fsio import write_atomic
+from harness.verdict import Status
 
 GOOD, BAD, SKIP = 0, 1, 125
 
@@ -61,13 +62,14 @@ def step(command: Sequence[str], state: Path) -> int:
     finally:
         shutil.rmtree(reports, ignore_errors=True)
     statuses = [str(d.get("status")) for d in documents]
-    failed = [d for d in documents if d.get("status") == "FAIL"]
+    failed = [d for d in documents if d.get("status") == Status.FAIL]
+    status: str
     if failed:
-        status, answer = "FAIL", BAD
-    elif statuses and all(s == "PASS" for s in statuses):
-        status, answer = "PASS", GOOD
+        status, answer = Status.FAIL, BAD
+    elif statuses and all(s == Status.PASS for s in statuses):
+        status, answer = Status.PASS, GOOD
     else:
-        status, answer = "ERROR" if statuses else "NO VERDICT", SKIP
+        status, answer = Status.ERROR if statuses else "NO VERDICT", SKIP
     holder = summary(failed[0])["holder"] if failed else None
     commit = _git("rev-parse", "HEAD")
     write_atomic(state / f"{commit}.json", json.dumps({"status": status, "holder": holder}))
@@ -112,7 +114,7 @@ def bisect(good: str, bad: str, command: Sequence[str], history: str | None = No
             print("bisect: no first bad commit could be named (the commits left were skipped)")
             return 1
         found = json.loads(record.read_text())
-        if found["status"] != "FAIL":
+        if found["status"] != Status.FAIL:
             print(f"bisect: {bad[:12]} does not fail its memory verdict here ({found['status']})")
             return 1
         return _print(first, found.get("holder"), "run here")
@@ -166,9 +168,9 @@ def _narrowed(
             statuses.setdefault(row["commit"], set()).add(row["status"])
             holders[row["commit"]] = row["holder"] or ""
     verdict = {c: next(iter(s)) for c, s in statuses.items() if len(s) == 1}
-    fails = [i for i, c in enumerate(order) if verdict.get(c) == "FAIL"]
+    fails = [i for i, c in enumerate(order) if verdict.get(c) == Status.FAIL]
     first_fail = fails[0] if fails else len(order) - 1
-    passes = [i for i in range(first_fail) if verdict.get(order[i]) == "PASS"]
+    passes = [i for i in range(first_fail) if verdict.get(order[i]) == Status.PASS]
     low = passes[-1] if passes else 0
     high = min((i for i in fails if i > low), default=len(order) - 1)
     known = holders.get(order[high], "") if high == low + 1 and high in fails else None

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from harness.errors import BadInput, UnwritableReport, one_line
 from harness.fsio import make_folders, probe_folder, write_atomic
+from harness.verdict import Status
 
 MARKER = "_leakgate_history.json"
 """The file that makes a folder a history (a leading ``_``: parquet readers skip it)."""
@@ -281,7 +282,7 @@ def summary(document: Mapping[str, Any]) -> dict[str, Any]:
         "growth": float(growth) if isinstance(growth, (int, float)) else None,
         "peak": max(peaks) if peaks else None,
         "teardown": max(left) if left else None,
-        "status": str(document.get("status", "ERROR")),
+        "status": str(document.get("status", Status.ERROR)),
         "holder": str(holder_text(top)) if top is not None else None,
         "device": _text(header.get("probe")),
         "device_model": _text(header.get("device")),

@@ -1,0 +1,21 @@
+"""Statuses are enum members wherever the harness decides or writes one: no string literal
+spells a status outside ``harness/verdict.py``, which declares them."""
+
+import ast
+from pathlib import Path
+
+from harness.verdict import CheckStatus, Status
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+SPELLED = {member.value for member in (*Status, *CheckStatus)}
+
+
+def test_no_status_is_spelled_as_text():
+    found = [
+        f"{path.relative_to(HARNESS.parent)}:{node.lineno} {node.value!r}"
+        for path in sorted(HARNESS.rglob("*.py"))
+        if path.name != "verdict.py" or path.parent != HARNESS
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in SPELLED
+    ]
+    assert found == []
