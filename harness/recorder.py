@@ -204,7 +204,14 @@ class Recorder:
             event = labels.given_event(label, event)
         full = self._reads_all(label, batch, collect)
         if not full and plain and self._strided and note is None and event is None:
-            return self._between(label, phase, epoch, batch)
+            # a loop's batch between two stride readings, read by neither the probe nor the
+            # children (their processes are the last reading's); its row and line come later
+            unread = self._unread_metrics.copy()
+            sample = self._sample(label, phase, epoch, batch, unread, False, None, self._processes)
+            self._unread_samples.append(sample)
+            if self._wait is not None:
+                self._wait(sample)
+            return sample
         may = event != labels.OOM
         return self._record(
             label, phase, epoch, batch, collect, note, event, full, may_raise=may, rollup=collect
@@ -212,30 +219,35 @@ class Recorder:
 
     __call__ = checkpoint
 
-    def _between(
-        self, label: str, phase: str | None, epoch: int | None, batch: int | None
+    def _sample(
+        self,
+        label: str,
+        phase: str | None,
+        epoch: int | None,
+        batch: int | None,
+        metrics: dict[str, int | None],
+        collected: bool,
+        note: str | None,
+        processes: str | None,
+        event: str | None = None,
+        edge: str | None = None,
     ) -> Sample:
-        """A loop's batch between two stride readings, read by neither the probe nor the
-        children (their processes are the last reading's); its row and line come later."""
-        sample = make_sample(
+        """A checkpoint's sample: its one builder (phase and epoch default to the phase's)."""
+        return make_sample(
             {
                 "label": label,
                 "phase": self._phase if phase is None else phase,
                 "epoch": self._epoch if epoch is None else epoch,
                 "batch": batch,
                 "time": time.time(),
-                "metrics": self._unread_metrics.copy(),
-                "collected": False,
-                "note": None,
-                "processes": self._processes,
-                "event": None,
-                "edge": None,
+                "metrics": metrics,
+                "collected": collected,
+                "note": note,
+                "processes": processes,
+                "event": event,
+                "edge": edge,
             }
         )
-        self._unread_samples.append(sample)
-        if self._wait is not None:
-            self._wait(sample)
-        return sample
 
     def _record(
         self,
@@ -292,20 +304,9 @@ class Recorder:
             if overflow:
                 notes.append(overflow)
             note = "; ".join(notes)
-        sample = make_sample(
-            {
-                "label": label,
-                "phase": self._phase if phase is None else phase,
-                "epoch": self._epoch if epoch is None else epoch,
-                "batch": batch,
-                "time": time.time(),
-                "metrics": metrics,
-                "collected": collect,
-                "note": note or None,
-                "processes": processes,
-                "event": labels.OOM if overflow else event,
-                "edge": edge,
-            }
+        event = labels.OOM if overflow else event
+        sample = self._sample(
+            label, phase, epoch, batch, metrics, collect, note or None, processes, event, edge
         )
         store.append(sample)
         if self._timeline is not None and self.timeline_error is None:
