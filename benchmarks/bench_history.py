@@ -40,11 +40,11 @@ STEPS = {
     "page": "import runpy; "
     "sys.argv = ['leakgate', 'history', sys.argv[1], '-o', sys.argv[2] + '/page.md']; "
     "runpy.run_module('harness', run_name='__main__')",
-    "creep": "from harness.history.store import open_history, Place, Row; "
+    "creep": "from harness.history.store import open_history, HistoryPlace, HistoryRow; "
     "from harness.history.gating import creep_lines; "
     "from harness.history.creep import CreepLimit; "
     "h = open_history(sys.argv[1]); "
-    "rows = [Row(None, None, None, None, 'r', 'b', f'tests/test_m.py::test_{t:04d}', "
+    "rows = [HistoryRow(None, None, None, None, 'r', 'b', f'tests/test_m.py::test_{t:04d}', "
     "'allocated', None, None, None, 'PASS', None, 'fp-bench', None, None, None, None, None) "
     "for t in range(1000)]; "
     "found = creep_lines(h, rows, CreepLimit.parse('10%/20'), min_bytes=2**20); "

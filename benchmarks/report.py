@@ -1335,4 +1335,3 @@ def history_section(benches: Sequence[Bench]) -> str:
             table(headers, rows),
         ]
     )
-

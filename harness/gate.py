@@ -187,9 +187,9 @@ def with_history(
     """Append the gated verdicts to the history at ``given`` as one run, then, with
     ``max_creep``, fail the gate for each test whose memory crept (one problem line each)."""
     from harness.history.gating import creep_lines, record
-    from harness.history.store import summary
+    from harness.history.store import history_summary
 
-    history, rows = record(given, [summary(d) for d in gated.documents.values()], "gate")
+    history, rows = record(given, [history_summary(d) for d in gated.documents.values()], "gate")
     lines = [*gated.lines[:-1], f"history: appended {plural(len(rows), 'run')} to {given}"]
     if max_creep is None:
         return Gated(gated.decision, [*lines, gated.lines[-1]], gated.documents)

@@ -130,7 +130,7 @@ def is_oom_error(error: BaseException | Raised | str) -> bool:
 
 MAX_TEXT = 256
 """Longest label or phase name a checkpoint takes."""
-LIMIT = 2**62
+INDEX_LIMIT = 2**62
 """A checkpoint's epoch and batch are below this."""
 
 
@@ -155,7 +155,7 @@ def check_checkpoint(
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise BadArgument(f"checkpoint {name}: expected an int or None, got {value!r}")
-        if not 0 <= value < LIMIT:
+        if not 0 <= value < INDEX_LIMIT:
             raise BadInput(f"expected 0 <= {name} < 2**62, got {value}", field=f"checkpoint {name}")
     if note is not None and not isinstance(note, str):
         raise BadArgument(f"checkpoint note: expected a str or None, got {type(note).__name__}")

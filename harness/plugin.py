@@ -358,9 +358,9 @@ class LeakGate:
         )
         if self.session.history is not None:
             from harness.artifacts import run_document
-            from harness.history.store import summary
+            from harness.history.store import history_summary
 
-            outcome.history = {**summary(run_document(finished.run)), "test": item.nodeid}
+            outcome.history = {**history_summary(run_document(finished.run)), "test": item.nodeid}
         self.outcomes.append(outcome)
         item.user_properties.append((PROPERTY, outcome.to_json()))
         return verdict

@@ -495,6 +495,6 @@ class Recorder:
         self.close()
 
 
-_LIMIT = labels.LIMIT
+_LIMIT = labels.INDEX_LIMIT
 _MAX_CHECKED = 4096
 """The most names a recorder remembers as checked, and as plain labels."""

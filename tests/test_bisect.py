@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.history.store import Place, Row, append, open_history
+from harness.history.store import HistoryPlace, HistoryRow, append, open_history
 
 LOOP = """
 import pytest
@@ -80,11 +80,11 @@ def test_bisect_finds_the_commit_that_planted_the_leak(repository, capsys):
 
 
 def test_bisect_reads_the_history_first_where_it_holds_both_sides(repository, tmp_path, capsys):
-    here = Place.here()
+    here = HistoryPlace.here()
     history = open_history(tmp_path / "history", mode="append")
     for i, commit in enumerate(repository):
         status = "FAIL" if i >= 3 else "PASS"
-        row = Row(
+        row = HistoryRow(
             commit=commit,
             dirty=False,
             branch="main",

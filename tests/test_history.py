@@ -22,7 +22,14 @@ from harness.cli import main
 from harness.errors import BadInput
 from harness.history.creep import DEFAULT_CREEP, CreepLimit, by_commit, creep, steps
 from harness.history.series import Selection, read_series
-from harness.history.store import Place, Row, append, open_history, scan, summary
+from harness.history.store import (
+    HistoryPlace,
+    HistoryRow,
+    append,
+    history_summary,
+    open_history,
+    scan,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "reports" / "examples" / "tft-train-clean.json"
@@ -57,7 +64,7 @@ def verdict(peak: float, growth: float = 0.0, holder: bool = True) -> dict:
 
 def row(i: int, peak: float, *, test="t.py::test_x", fingerprint="fp-a", growth=0.0, commit=None):
     """The ``i``-th run of a test, an hour after the one before, at commit ``c<i>``."""
-    return Row(
+    return HistoryRow(
         commit=commit or f"c{i:03d}",
         dirty=False,
         branch="main",
@@ -106,7 +113,7 @@ def gated_with_history(tmp_path, capsys, peaks_before, peak_now, *args):
     """Gate a folder holding one verdict (``peak_now``) with a history that already holds
     ``peaks_before`` for the same test on this machine; the exit code and the output."""
     document = verdict(peak_now)
-    mine = Place.here().rows([summary(document)], "test")[0]
+    mine = HistoryPlace.here().rows([history_summary(document)], "test")[0]
     history = open_history(tmp_path / "history", mode="append")
     for i, peak in enumerate(peaks_before):
         made = row(i, peak, test=mine.test, fingerprint=mine.fingerprint)
@@ -171,7 +178,7 @@ def test_a_single_step_is_found_at_its_commit(tmp_path, capsys):
     assert found == [12]
     assert main(["history", str(tmp_path / "h"), "-o", str(tmp_path / "page.md")]) == 0
     page = (tmp_path / "page.md").read_text()
-    moved = page.split("## Moved")[1].split("## Series")[0]
+    moved = page.split("## Moved")[1].split("## HistorySeries")[0]
     assert "`c012`: +29.4MiB (+29%)" in moved and "since `c012`" in moved and "test_x" in moved
     assert "```mermaid" in page and "xychart-beta" in page
 
@@ -191,7 +198,7 @@ def test_two_fingerprints_are_never_one_series(tmp_path, capsys):
 
 def test_the_gate_never_fails_on_a_trend_across_fingerprints(tmp_path, capsys):
     document = verdict(150 * MIB)
-    mine = Place.here().rows([summary(document)], "test")[0]
+    mine = HistoryPlace.here().rows([history_summary(document)], "test")[0]
     history = open_history(tmp_path / "history", mode="append")
     for i in range(20):  # another machine at 100 MiB: this one's 150 MiB is no creep
         append(history, [row(i, 100 * MIB, test=mine.test, fingerprint="another")])
@@ -205,11 +212,11 @@ def test_the_gate_never_fails_on_a_trend_across_fingerprints(tmp_path, capsys):
 
 WRITER = """
 import datetime, sys
-from harness.history.store import Row, append, open_history
+from harness.history.store import HistoryRow, append, open_history
 history = open_history(sys.argv[1], mode="append")
 for k in range(int(sys.argv[3])):
     rows = [
-        Row(commit="c", dirty=False, branch="b", time=datetime.datetime.now(datetime.UTC),
+        HistoryRow(commit="c", dirty=False, branch="b", time=datetime.datetime.now(datetime.UTC),
             run=f"{sys.argv[2]}-{k}", source="test", test=f"t{t}", metric="allocated",
             growth=0.0, peak=1.0, teardown=0.0, status="PASS", holder=None, fingerprint="f",
             device="cpu", device_model="m", torch="t", cpu_model="c", cores=1)

@@ -48,7 +48,7 @@ def step(command: Sequence[str], state: Path) -> int:
     """Run the test command at HEAD, keep what it found under ``state/<commit>.json``, and
     answer as ``git bisect run`` reads an exit code."""
     from harness.artifacts import load_run_document, verdict_files
-    from harness.history.store import summary
+    from harness.history.store import history_summary
 
     reports = Path(tempfile.mkdtemp(prefix="leakgate-bisect-"))
     try:
@@ -70,7 +70,7 @@ def step(command: Sequence[str], state: Path) -> int:
         status, answer = Status.PASS, GOOD
     else:
         status, answer = Status.ERROR if statuses else "NO VERDICT", SKIP
-    holder = summary(failed[0])["holder"] if failed else None
+    holder = history_summary(failed[0])["holder"] if failed else None
     commit = _git("rev-parse", "HEAD")
     write_atomic(state / f"{commit}.json", json.dumps({"status": status, "holder": holder}))
     return answer
@@ -147,12 +147,12 @@ def _narrowed(
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from harness.history.store import Place, open_history, scan
+    from harness.history.store import HistoryPlace, open_history, scan
 
     test = next((a for a in command if "::" in a), None)
     if test is None:
         return good, path[-1], None
-    here = Place.here()
+    here = HistoryPlace.here()
     history = open_history(given)
     where = (ds.field("cpu_model") == (here.cpu_model or "")) & (ds.field("cores") == here.cores)
     order = [good, *path]

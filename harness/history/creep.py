@@ -9,7 +9,7 @@ steady creep or a single step does not inflate.
 
 **Creep** (:func:`creep`): over the last ``runs`` comparable runs (one test, one machine
 fingerprint, one metric), a Mann-Kendall test of the commits' values for an increasing trend
-(one-sided ``p`` below :data:`ALPHA`), whose Theil-Sen rise over the window exceeds the limit
+(one-sided ``p`` below :data:`CREEP_ALPHA`), whose Theil-Sen rise over the window exceeds the limit
 (a fraction of the level the line starts at), the noise floor in bytes and
 :data:`NOISE_SIGMAS` times the noise (a step that large is a creep too). It starts where the
 best fitting flat-then-rising line or step does (:func:`onset`). Fewer than
@@ -31,7 +31,7 @@ import numpy as np
 from harness.errors import BadArgument
 from harness.stats import MAD_TO_SIGMA, trend
 
-ALPHA = 0.01
+CREEP_ALPHA = 0.01
 """The Mann-Kendall test's one-sided level: at most 1% false alarms on a flat series."""
 MIN_RUNS = 5
 NOISE_SIGMAS = 3.0
@@ -127,7 +127,7 @@ def creep(commits: Commits, limit: CreepLimit, *, min_bytes: float) -> Creep:
     base = abs(start) or float(np.median(np.abs(y)))
     fraction = rise / base if base else None
     floor = max(limit.fraction * base, min_bytes, NOISE_SIGMAS * commits.noise)
-    crept = fitted.p < ALPHA and rise > floor
+    crept = fitted.p < CREEP_ALPHA and rise > floor
     since = commits.names[onset(y)] if crept else None
     ends = float(y[0]), float(y[-1])
     return Creep(crept, rise, fraction, fitted.p, since, commits.runs, len(y), *ends)

@@ -15,7 +15,7 @@ from typing import Any
 from harness.errors import BadInput
 from harness.history.creep import MIN_RUNS, CreepLimit, by_commit, creep
 from harness.history.series import VALUES, Selection, read_series
-from harness.history.store import History, Place, Row, append, open_history
+from harness.history.store import History, HistoryPlace, HistoryRow, append, open_history
 from harness.markdown import plain
 from harness.units import format_size
 from harness.wording import plural
@@ -23,11 +23,11 @@ from harness.wording import plural
 
 def record(
     given: str | os.PathLike[str], summaries: Sequence[Mapping[str, Any]], source: str
-) -> tuple[History, list[Row]]:
-    """Append one run, a row per verdict's :func:`~harness.history.store.summary`, to the
+) -> tuple[History, list[HistoryRow]]:
+    """Append one run, a row per verdict's :func:`~harness.history.store.history_summary`, to the
     history at ``given`` (made when new); the history and the rows appended."""
     history = open_history(given, mode="append")
-    rows = Place.here().rows(summaries, source)
+    rows = HistoryPlace.here().rows(summaries, source)
     append(history, rows)
     return history, rows
 
@@ -52,7 +52,7 @@ class CreepReport:
 
 
 def creep_lines(
-    history: History, rows: Sequence[Row], limit: CreepLimit, *, min_bytes: float
+    history: History, rows: Sequence[HistoryRow], limit: CreepLimit, *, min_bytes: float
 ) -> CreepReport:
     """Each row's series (its test, fingerprint and metric, its last ``limit.runs`` runs, the
     row's own among them) judged by :func:`~harness.history.creep.creep`, peak and growth."""

@@ -24,14 +24,14 @@ from harness.history.creep import (
     creep,
     steps,
 )
-from harness.history.series import VALUES, Selection, Series, read_series
+from harness.history.series import VALUES, HistorySeries, Selection, read_series
 from harness.history.store import History, scan
 from harness.markdown import Markdown, code, heading, mermaid, table, text
 from harness.units import format_size
 from harness.wording import plural
 
-MIB = 2**20
-WINDOW = 100
+_MIB = 2**20
+PAGE_WINDOW = 100
 """The runs of each series a page reads (the newest)."""
 CHART_COMMITS = 50
 """The commits a chart shows (the newest)."""
@@ -66,7 +66,7 @@ def since_time(history: History, given: str) -> int:
     return first
 
 
-def render_page(history: History, selection: Selection, *, window: int = WINDOW) -> str:
+def render_page(history: History, selection: Selection, *, window: int = PAGE_WINDOW) -> str:
     """The page's markdown."""
     series = read_series(history, selection, window=window)
     limit = CreepLimit.parse(DEFAULT_CREEP)
@@ -99,13 +99,13 @@ def render_page(history: History, selection: Selection, *, window: int = WINDOW)
         )
     else:
         lines.append("No series stepped or crept.")
-    lines += ["", heading(2, "Series"), "", *charts]
+    lines += ["", heading(2, "HistorySeries"), "", *charts]
     return "\n".join(lines) + "\n"
 
 
-def _moved(s: Series, name: str, c: Commits, limit: CreepLimit) -> list[str] | None:
-    found = steps(c, min_bytes=MIB)
-    crept = creep(c, limit, min_bytes=MIB)
+def _moved(s: HistorySeries, name: str, c: Commits, limit: CreepLimit) -> list[str] | None:
+    found = steps(c, min_bytes=_MIB)
+    crept = creep(c, limit, min_bytes=_MIB)
     if not found and not crept.crept:
         return None
     said = []
@@ -129,7 +129,7 @@ def _moved(s: Series, name: str, c: Commits, limit: CreepLimit) -> list[str] | N
     ]
 
 
-def _chart(s: Series, commits: dict[str, Commits]) -> list[str]:
+def _chart(s: HistorySeries, commits: dict[str, Commits]) -> list[str]:
     peak, growth = commits["peak"], commits["growth"]
     names = peak.names if len(peak.names) >= len(growth.names) else growth.names
     shown = names[-CHART_COMMITS:]
@@ -138,7 +138,7 @@ def _chart(s: Series, commits: dict[str, Commits]) -> list[str]:
         return [*lines, "No value recorded.", ""]
     values = {n: _aligned(commits[n], shown) for n in VALUES}
     known = [v for vs in values.values() for v in vs if not math.isnan(v)]
-    top = max([MIB, *known])
+    top = max([_MIB, *known])
     lines += [
         f"{plural(len(names), 'commit')}; the last {len(shown)} shown: the first line peak, the "
         "second growth (MiB, the median of each commit's runs).",
@@ -147,7 +147,7 @@ def _chart(s: Series, commits: dict[str, Commits]) -> list[str]:
         "xychart-beta",
         f'    title "{mermaid(s.test)}"',
         f"    x-axis [{', '.join(chr(34) + mermaid(_short(n)) + chr(34) for n in shown)}]",
-        f'    y-axis "MiB" {min([0.0, *known]) / MIB:.1f} --> {top / MIB * 1.05:.1f}',
+        f'    y-axis "MiB" {min([0.0, *known]) / _MIB:.1f} --> {top / _MIB * 1.05:.1f}',
         *(f"    line [{', '.join(_mib(v) for v in vs)}]" for vs in values.values()),
         "```",
         "",
@@ -161,7 +161,7 @@ def _aligned(c: Commits, shown: list[str | None]) -> list[float]:
 
 
 def _mib(value: float) -> str:
-    return "0" if math.isnan(value) else f"{value / MIB:.2f}"
+    return "0" if math.isnan(value) else f"{value / _MIB:.2f}"
 
 
 def _short(commit: str | None) -> str:

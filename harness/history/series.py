@@ -27,7 +27,7 @@ COMPACT = 1 << 18
 VALUES = ("peak", "growth")
 
 
-class Names:
+class SeriesNames:
     """Strings as small integers, assigned as they are first met. Each file brings its own
     dictionary: mostly the one before it again (its integers are kept for that), or a few
     values (a run's commit: looked up one by one)."""
@@ -73,7 +73,7 @@ class Names:
 
 
 @dataclass(frozen=True)
-class Series:
+class HistorySeries:
     """One test's runs on one machine for one metric, oldest first: each run's commit, time
     (microseconds since the epoch), peak and growth (NaN where unknown)."""
 
@@ -127,11 +127,11 @@ class Selection:
 COLUMNS = ("test", "fingerprint", "metric", "commit", "time", *VALUES)
 
 
-def read_series(history: History, selection: Selection, *, window: int) -> list[Series]:
+def read_series(history: History, selection: Selection, *, window: int) -> list[HistorySeries]:
     """The history's series that ``selection`` takes, each its last ``window`` runs. Where it
     names its ``tests``, one ``fingerprint`` and one ``metric`` (the gate's reading), the
     newest runs are read first, and no further once each test has its ``window``."""
-    names = {c: Names() for c in ("test", "fingerprint", "metric", "commit")}
+    names = {c: SeriesNames() for c in ("test", "fingerprint", "metric", "commit")}
     kept = _Kept(window)
     taken = _Taken(selection)
     one_each = None not in (selection.tests, selection.fingerprint, selection.metric)
@@ -221,7 +221,7 @@ class _Kept:
         self.kept = self.rows
         return cols
 
-    def series(self, names: dict[str, Names]) -> Iterator[Series]:
+    def series(self, names: dict[str, SeriesNames]) -> Iterator[HistorySeries]:
         test, fingerprint, metric, commit, time, peak, growth = self.compact()
         if not len(test):
             return
@@ -230,7 +230,7 @@ class _Kept:
         for a, b in zip(starts, np.r_[starts[1:], len(test)], strict=True):
             if fingerprint[a] < 0:
                 raise BadInput(f"a run of {names['test'].names[test[a]]} has no fingerprint")
-            yield Series(
+            yield HistorySeries(
                 names["test"].names[test[a]],
                 names["fingerprint"].names[fingerprint[a]],
                 names["metric"].names[metric[a]] if metric[a] >= 0 else None,

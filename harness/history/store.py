@@ -4,7 +4,7 @@ A history is a folder (local, or any URI :meth:`pyarrow.fs.FileSystem.from_uri` 
 :data:`MARKER` and one ``<time>-<id>.parquet`` file per run, each written whole under a hidden
 temporary name and then renamed into place, so concurrent writers never collide and a killed
 writer leaves only a hidden temporary file, which no reader (nor any parquet engine) reads.
-A row is one test or traced run (:class:`Row`, whose fields declare the columns).
+A row is one test or traced run (:class:`HistoryRow`, whose fields declare the columns).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ VERSION = b"1"
 
 
 @dataclass(frozen=True)
-class Row:
-    """One test's (or traced run's) summary in one run; each field is a column, of the arrow
+class HistoryRow:
+    """One test's (or traced run's) history_summary in one run; each field is a column, of the arrow
     type its annotation carries (``docs/history.md`` says what each holds)."""
 
     commit: Annotated[str | None, pa.string()]
@@ -67,7 +67,7 @@ class Row:
 SCHEMA = pa.schema(
     [
         pa.field(name, hint.__metadata__[0])
-        for name, hint in get_type_hints(Row, include_extras=True).items()
+        for name, hint in get_type_hints(HistoryRow, include_extras=True).items()
     ],
     metadata={SCHEMA_KEY: VERSION},
 )
@@ -187,7 +187,7 @@ def _put(history: History, name: str, data: bytes) -> str:
     return target
 
 
-def append(history: History, rows: Sequence[Row]) -> str | None:
+def append(history: History, rows: Sequence[HistoryRow]) -> str | None:
     """Write ``rows`` (one run's) as one new file; its path, or None when there are none.
     :class:`~harness.errors.UnwritableReport` when it cannot be written (nothing is then read
     of it)."""
@@ -259,7 +259,7 @@ def _check_schema(found: pa.Schema, path: str) -> None:
         raise BadInput(FOREIGN, path=path)
 
 
-def summary(document: Mapping[str, Any]) -> dict[str, Any]:
+def history_summary(document: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a row that a verdict document gives: the test, metric, growth, peak,
     teardown, status, top holder, and its header's device and torch."""
     from harness.report.issues import holder_text  # the report's words for a holder
@@ -299,7 +299,7 @@ def _text(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class Place:
+class HistoryPlace:
     """Where and when a run is appended: the commit, tree, branch, and this machine's CPU."""
 
     commit: str | None
@@ -309,7 +309,7 @@ class Place:
     cores: int | None
 
     @classmethod
-    def here(cls, cwd: str | os.PathLike[str] | None = None) -> Place:
+    def here(cls, cwd: str | os.PathLike[str] | None = None) -> HistoryPlace:
         """The git repository around ``cwd`` (none outside one) and this machine."""
         commit = _git(cwd, "rev-parse", "HEAD")
         changes = _git(cwd, "status", "--porcelain", "--untracked-files=no")
@@ -319,8 +319,8 @@ class Place:
         dirty = None if commit is None else bool(changes)
         return cls(commit, dirty, branch or None, _cpu_model(), os.cpu_count())
 
-    def rows(self, summaries: Sequence[Mapping[str, Any]], source: str) -> list[Row]:
-        """One run's rows, one per summary (:func:`summary`)."""
+    def rows(self, summaries: Sequence[Mapping[str, Any]], source: str) -> list[HistoryRow]:
+        """One run's rows, one per history_summary (:func:`history_summary`)."""
         run, now = new_run()
         made = []
         for s in summaries:
@@ -332,7 +332,7 @@ class Place:
                 "cores": self.cores,
             }
             made.append(
-                Row(
+                HistoryRow(
                     commit=self.commit,
                     dirty=self.dirty,
                     branch=self.branch,

@@ -18,7 +18,7 @@ import harness.labels as labels
 from harness.markdown import plain
 from harness.records import HolderRecord
 from harness.rules.columns import Columns
-from harness.rules.run import oom_events as grouped
+from harness.rules.run import group_ooms
 from harness.sample import Sample
 from harness.store import NONE
 from harness.verdict import Kind, Verdict
@@ -135,7 +135,7 @@ def oom_positions(run: Run) -> set[int]:
 def oom_events(run: Run) -> list[list[int]]:
     """The run's out-of-memory events, in timeline order, each the positions of its samples,
     grouped as the oom rule groups them."""
-    return grouped(run.samples, sorted(oom_positions(run)))
+    return group_ooms(run.samples, sorted(oom_positions(run)))
 
 
 def checkpoint_name(sample: Sample) -> str:

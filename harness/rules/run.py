@@ -206,7 +206,7 @@ def oom(ctx: Context, _: None) -> list[Finding]:
     judged by :func:`harness.rules.judge`."""
     samples = ctx.samples
     findings = []
-    for event in oom_events(samples, np.flatnonzero(ctx.columns.oom).tolist()):
+    for event in group_ooms(samples, np.flatnonzero(ctx.columns.oom).tolist()):
         s = samples[event[0]]
         metric = next(
             (m for m in ("peak", ctx.rules.metric, FALLBACK_METRIC) if s.get(m) is not None),
@@ -228,7 +228,7 @@ def oom(ctx: Context, _: None) -> list[Finding]:
     return findings
 
 
-def oom_events(samples: Sequence[Sample], positions: Sequence[int]) -> list[list[int]]:
+def group_ooms(samples: Sequence[Sample], positions: Sequence[int]) -> list[list[int]]:
     """Out-of-memory samples (``positions``, ascending) as events: those at the same phase,
     epoch and batch one after another are one event (a checkpoint over the capacity and the
     OOM the trainer then reports for that batch). The rule's and the report's grouping."""
