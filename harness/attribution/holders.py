@@ -20,11 +20,10 @@ from harness.attribution.lines import Lines
 from harness.attribution.quiet import unobserved
 from harness.attribution.sites import Block, allocator_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
-from harness.attribution.walk import Walk, kind_of, namespace
+from harness.attribution.walk import SIZED, Walk, kind_of, namespace
 from harness.errors import BadArgument
 from harness.units import format_size
 
-_SIZED = (list, tuple, dict, set, frozenset, collections.deque)
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")
 _PARAMETER_COLLECTIONS = (torch.nn.ParameterList, torch.nn.ParameterDict)
 _COLLECTIONS = (
@@ -268,7 +267,7 @@ class _Grouping:
             if group.why in _LOOSE or len(group.chains) < 2:
                 continue
             depth = _shared_depth(group.chains)
-            if isinstance(group.chains[0][depth], _SIZED):
+            if isinstance(group.chains[0][depth], SIZED):
                 containers[id(group.chains[0][depth])] = (group, depth)
         if not containers:
             return
@@ -302,7 +301,7 @@ class _Grouping:
             container = self.walk.parent.get(id(owner))
             if (
                 isinstance(container, (list, dict, collections.deque))
-                and not isinstance(owner, _SIZED)
+                and not isinstance(owner, SIZED)
                 and not self._module_store(container)
             ):
                 by_container.setdefault(id(container), []).append((key, group))
@@ -404,7 +403,7 @@ class _Grouping:
                 kind, items = "tensor", 1
             else:
                 kind = type(shared).__name__
-                items = len(shared) if isinstance(shared, _SIZED) else len(chains)
+                items = len(shared) if isinstance(shared, SIZED) else len(chains)
         by_site: collections.Counter[str] = collections.Counter()
         for key, nbytes in (*group.storages.items(), *group.graph.items()):
             site = sites.get(key)

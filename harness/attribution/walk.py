@@ -6,6 +6,7 @@ next (``Cache.items``, ``module.NAME``, ``function:variable``, ``[3]``)."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import inspect
 import sys
@@ -366,3 +367,36 @@ def _running_ours(obj: Any) -> bool:
 def _module_level(frame: types.FrameType) -> bool:
     """Whether ``frame`` runs a module's body, whose locals are its globals."""
     return not frame.f_code.co_flags & inspect.CO_OPTIMIZED and frame.f_locals is frame.f_globals
+
+
+SIZED = (list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict)
+"""Builtin containers, whose ``len`` is their items' count (never a user's ``__len__``)."""
+
+
+def contents(holder: Any, referents: list[Any]) -> list[Any]:
+    """``referents`` of ``holder``, the values of its namespace in place of the namespace
+    (a dict of untracked values is itself untracked): each is then named as an attribute."""
+    for at, item in enumerate(referents):
+        if type(item) is dict and not gc.is_tracked(item) and namespace(holder) is item:
+            return [*referents[:at], *item.values(), *referents[at + 1 :]]
+    return referents
+
+
+def kind_name(obj: Any) -> str:
+    """``tensor`` for any tensor, else the type's name."""
+    return "tensor" if kind_of(type(obj)) == "tensor" else type(obj).__name__
+
+
+def length(obj: Any) -> int | None:
+    """``len(obj)`` for builtin containers (never a user's ``__len__``), else None."""
+    if type(obj) in SIZED:
+        return len(obj)
+    return None
+
+
+def describe_item(obj: Any) -> str:
+    """What an object is, for a list of items: ``bound Owner.method`` for a bound method."""
+    if type(obj) is types.MethodType:
+        owner = type(obj.__self__).__name__
+        return f"bound {owner}.{getattr(obj.__func__, '__name__', '?')}"
+    return kind_name(obj)
