@@ -2,13 +2,16 @@
 ancestor reads in microseconds.
 
 The main process is judged on its live heap (``mallinfo2``: what malloc handed out and was not
-freed, :func:`harness.probes.live_heap`). Read from outside, a child shows only RSS-side
+freed, :func:`harness.malloc.live_heap`). Read from outside, a child shows only RSS-side
 memory (anon, USS, PSS), which keeps what its allocator holds after a free: a clean DataLoader
 worker's grows by MiBs as glibc's arenas fill, while its live heap grows by about 20 KiB. So a
 child that runs this interpreter's code reads its own live heap and writes it into its *slot*:
 a 64-byte file named by its pid in a *board*, a private folder (in ``/dev/shm`` where there is
-one) that the recording process makes once (:func:`install`). The parent maps each slot and
-reads it with one ``struct`` unpack: no system call per reading.
+one) that the recording process makes once (:func:`install`). A child reserves its slot's
+blocks before its first write (a full ``/dev/shm`` then leaves it read from outside) and writes
+it with ``pwrite``; the parent reads it with ``pread``: no slot is ever mapped, so a slot cut
+short or a full file system faults neither process. A slot that is not a regular file (a FIFO
+put there) is never opened for long nor read.
 
 **Who publishes, and when.**
 
@@ -41,9 +44,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import mmap
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -88,7 +91,7 @@ class Board:
     def __init__(self, path: str) -> None:
         self.path = path
         self.owner = os.getpid()
-        self._maps: dict[int, mmap.mmap] = {}
+        self._slots: dict[int, int] = {}  # a child's slot, as a descriptor read with pread
         self._last: dict[int, HeapReading] = {}
         self._sequences: dict[int, int] = {}
 
@@ -102,56 +105,70 @@ class Board:
 
     def read(self, pid: int) -> HeapReading | None:
         """``pid``'s latest complete reading: None while it has no slot or has not published
-        yet. A reading being written as it is read gives the one before it."""
-        view = self._maps.get(pid)
-        if view is None:
-            view = self._map(pid)
-            if view is None:
+        yet. A reading being written as it is read gives the one before it. Slots are read
+        with ``pread``, never mapped: a slot cut short (truncated, or a full file system) reads
+        short, where a mapping would fault."""
+        fd = self._slots.get(pid)
+        if fd is None:
+            fd = self._slot_of(pid)
+            if fd is None:
                 return None
         last = self._last.get(pid)
-        if last is not None and _SEQUENCE.unpack_from(view)[0] == self._sequences[pid]:
+        if last is not None and _sequence(fd) == self._sequences[pid]:
             return last  # nothing new since: no second read, no new object
         for _ in range(_TRIES):
-            sequence, owner, *fields = _SLOT.unpack_from(view)
-            whole = sequence % 2 == 0 and _SEQUENCE.unpack_from(view)[0] == sequence
+            data = os.pread(fd, SIZE, 0)
+            if len(data) < _SLOT.size:
+                break
+            sequence, owner, *fields = _SLOT.unpack_from(data)
+            whole = sequence % 2 == 0 and _sequence(fd) == sequence
             if whole and owner == pid and fields[1]:
                 self._last[pid], self._sequences[pid] = HeapReading(*fields), sequence
                 break
         return self._last.get(pid)
 
-    def _map(self, pid: int) -> mmap.mmap | None:
+    def _slot_of(self, pid: int) -> int | None:
+        """``pid``'s slot opened, when it is a regular file of this board (a FIFO or a device
+        put there is never waited on nor read)."""
+        flags = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(os.path.join(self.path, str(pid)), os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(os.path.join(self.path, str(pid)), flags)
         except OSError:
             return None
         try:
-            if os.fstat(fd).st_size < SIZE:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
                 return None
-            view = mmap.mmap(fd, SIZE, prot=mmap.PROT_READ)
-        except (OSError, ValueError):
-            return None
-        finally:
+        except OSError:
             os.close(fd)
-        self._maps[pid] = view
-        return view
+            return None
+        self._slots[pid] = fd
+        return fd
 
     def forget(self, pid: int) -> None:
         """Drop an exited child's slot."""
-        view = self._maps.pop(pid, None)
+        fd = self._slots.pop(pid, None)
         self._last.pop(pid, None)
         self._sequences.pop(pid, None)
-        if view is not None:
-            view.close()
+        if fd is not None:
+            os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.path, str(pid)))
 
     def close(self) -> None:
         """Remove the board (only in the process that made it)."""
-        for view in self._maps.values():
-            view.close()
-        self._maps.clear()
+        for fd in self._slots.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._slots.clear()
         if os.getpid() == self.owner:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _sequence(fd: int) -> int | None:
+    """A slot's sequence number now (None when it is cut short)."""
+    data = os.pread(fd, _SEQUENCE.size, 0)
+    return _SEQUENCE.unpack(data)[0] if len(data) == _SEQUENCE.size else None
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -167,7 +184,8 @@ def _remove_orphans(parent: str) -> None:
         if not entry.name.startswith(_PREFIX):
             continue
         pid = entry.name[len(_PREFIX) :].partition("-")[0]
-        with contextlib.suppress(OSError, ValueError):
+        # a name no board of ours has (a pid past any pid, not a number) is left alone
+        with contextlib.suppress(OSError, ValueError, OverflowError):
             mine = entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid()
             if mine and not _alive(int(pid)):
                 shutil.rmtree(entry.path, ignore_errors=True)
@@ -200,10 +218,15 @@ class _Slot:
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, 0o600)
         try:
-            os.ftruncate(fd, SIZE)
-            self._view = mmap.mmap(fd, SIZE)
-        finally:
+            # the slot's blocks reserved now (ENOSPC on a full /dev/shm, said by the caller's
+            # fallback), so no later write needs a page the file system cannot give
+            os.posix_fallocate(fd, 0, SIZE)
+        except OSError:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        self._fd = fd  # written with pwrite, never mapped: a slot cut short faults nothing
         self._sequence = 0
         self._count = 0
         self._rollup = (0, 0, 0)
@@ -223,14 +246,15 @@ class _Slot:
                 rolled = read_rollup(self.pid)
                 if rolled is not None:
                     self._rollup = (rolled[0], rolled[2], self._count)
-            self._sequence += 1
-            _SEQUENCE.pack_into(self._view, 0, self._sequence)
+            self._sequence += 1  # odd while the slot is written, its first 8 bytes first
             now = time.monotonic_ns()
-            _SLOT.pack_into(
-                self._view, 0, self._sequence, self.pid, heap, self._count, now, *self._rollup
-            )
+            slot = _SLOT.pack(self._sequence, self.pid, heap, self._count, now, *self._rollup)
             self._sequence += 1
-            _SEQUENCE.pack_into(self._view, 0, self._sequence)
+            try:
+                os.pwrite(self._fd, slot, 0)
+                os.pwrite(self._fd, _SEQUENCE.pack(self._sequence), 0)
+            except OSError:  # the slot is gone (the board removed): its last reading stays
+                return None
         return heap
 
     @property

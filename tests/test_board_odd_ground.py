@@ -1,0 +1,98 @@
+"""The heap board on odd ground never crashes nor hangs what it measures: a full file system, a
+slot cut short while it is read, a FIFO at a slot's path, an odd entry beside the boards."""
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import harness.heap_board as heap_board
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter (a hang fails the test at the timeout, a fault shows in
+    the exit status)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_full_file_system_leaves_a_child_read_from_outside(monkeypatch, tmp_path):
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert heap_board._open(str(tmp_path)) is None
+    assert list(tmp_path.iterdir()) == []  # no slot left half made
+
+
+def test_a_slot_cut_short_while_it_is_read_faults_nothing(tmp_path):
+    done = run(
+        f"""
+        import os
+        import harness.heap_board as hb
+        board = hb.Board({str(tmp_path)!r})
+        slot = hb._Slot(board.path)
+        slot.publish()
+        assert board.read(slot.pid) is not None
+        os.truncate(os.path.join(board.path, str(slot.pid)), 0)
+        slot.publish()
+        print("read", board.read(slot.pid) is not None)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "read True"  # the last complete reading stays
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_at_a_slot_path_is_never_waited_on(tmp_path):
+    done = run(
+        f"""
+        import os
+        import harness.heap_board as hb
+        board = hb.Board({str(tmp_path)!r})
+        os.mkfifo(os.path.join(board.path, "4242"))
+        print("read", board.read(4242))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "read None"
+
+
+def test_an_odd_entry_beside_the_boards_breaks_no_test(pytester):
+    parent = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
+    if parent is None:
+        pytest.skip("no writable /dev/shm: boards are made in the temporary folder")
+    odd = parent / "leakgate-heap-99999999999999999999-x"
+    odd.mkdir(exist_ok=True)
+    try:
+        pytester.makepyfile(
+            """
+            import pytest
+            import torch
+
+
+            @pytest.mark.memleak(phase="validation", max_growth="4MB")
+            def test_loop(memtrace):
+                with memtrace.phase("validation", epoch=0):
+                    for batch in range(40):
+                        torch.ones(100).sum()
+                        memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+            """
+        )
+        result = pytester.runpytest_subprocess("-p", "no:randomly", "--memreport=reports")
+        result.assert_outcomes(passed=1)
+        assert odd.is_dir()  # not a board of ours: left as it was
+    finally:
+        odd.rmdir()
