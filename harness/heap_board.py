@@ -322,10 +322,33 @@ def _wrap_workers(board: str) -> str | None:
     loop = getattr(worker, "_worker_loop", None)
     if loop is None or not hasattr(fetch, "_BaseDatasetFetcher"):
         return "spawned DataLoader workers read from outside: this torch has no _worker_loop"
+    if _around_ours(loop):  # a tool wrapped ours since: its wrapper stays, and calls ours
+        return None
     if not _ours(loop):
         _original_loop = loop
     worker._worker_loop = functools.partial(_worker_loop, board, _hook)
     return None
+
+
+def _around_ours(loop: Any) -> bool:
+    """Whether ``loop`` is another tool's wrapper around ours (through ``__wrapped__`` or a
+    closure), which must stay where it is and never become the loop ours calls."""
+    for _ in range(16):
+        if loop is None:
+            return False
+        if any(_ours(_content(cell)) for cell in getattr(loop, "__closure__", None) or ()):
+            return True
+        loop = getattr(loop, "__wrapped__", None)
+        if _ours(loop):
+            return True
+    return False
+
+
+def _content(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 def watch_batches(hook: Callable[[int, int], None] | None) -> None:
@@ -408,9 +431,10 @@ def _worker_loop(
     if _slot is not None:
         for kind in fetch._BaseDatasetFetcher.__subclasses__():
             kind.fetch = _publishing(kind.fetch, _slot, hook)  # type: ignore[method-assign]
-    loop = worker._worker_loop
-    original = _original_loop if _ours(loop) else loop
-    assert original is not None and not _ours(original)
+    # torch's loop as it was when ours went in (a fork inherits it; a spawned worker imports
+    # torch afresh): never the attribute as it is now, which a tool may have wrapped around ours
+    original = _original_loop if _original_loop is not None else worker._worker_loop
+    assert not _ours(original)
     return original(*args, **kwargs)
 
 

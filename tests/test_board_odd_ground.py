@@ -96,3 +96,64 @@ def test_an_odd_entry_beside_the_boards_breaks_no_test(pytester):
         assert odd.is_dir()  # not a board of ours: left as it was
     finally:
         odd.rmdir()
+
+
+def test_a_tool_that_wraps_the_worker_loop_after_leakgate_runs_its_workers(pytester):
+    """Another tool wraps torch's worker loop after leakgate put its own there: each worker
+    runs through both once (no recursion), and a leak in the workers is still judged."""
+    pytester.makepyfile(
+        """
+        import functools
+        import os
+
+        import pytest
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        from torch.utils.data._utils import worker
+
+
+        class Items(Dataset):
+            def __init__(self, keep):
+                self.keep, self.kept = keep, []
+
+            def __len__(self):
+                return 120
+
+            def __getitem__(self, index):
+                item = torch.ones(16_384)
+                if self.keep:
+                    self.kept.append(item)
+                return item.sum()
+
+
+        def wrapped(loop, marks):
+            @functools.wraps(loop)
+            def tool(*args, **kwargs):
+                os.write(marks, b"x")
+                return loop(*args, **kwargs)
+
+            return tool
+
+
+        @pytest.mark.parametrize("keep", [False, True])
+        @pytest.mark.memleak(phase="validation", max_growth="2MB", warmup=5)
+        def test_loader(memtrace, keep, tmp_path):
+            before = worker._worker_loop
+            marks = os.open(tmp_path / "marks", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            worker._worker_loop = wrapped(before, marks)
+            try:
+                loader = DataLoader(
+                    Items(keep), batch_size=2, num_workers=2, multiprocessing_context="fork"
+                )
+                with memtrace.phase("validation", epoch=0):
+                    for batch, _ in enumerate(loader):
+                        memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+            finally:
+                worker._worker_loop = before
+                os.close(marks)
+            assert (tmp_path / "marks").read_bytes() == b"xx"  # each worker, once
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memreport=reports")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAIL*test_loader?True*", "*child-leak*worker*"])
