@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import functools
 import os
 import shutil
@@ -91,6 +92,7 @@ class Board:
     def __init__(self, path: str) -> None:
         self.path = path
         self.owner = os.getpid()
+        self._lease: int | None = None  # a lock held while the board lives (see _lease)
         self._slots: dict[int, int] = {}  # a child's slot, as a descriptor read with pread
         self._last: dict[int, HeapReading] = {}
         self._sequences: dict[int, int] = {}
@@ -101,7 +103,9 @@ class Board:
         shm = "/dev/shm"
         parent = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
         _remove_orphans(parent)
-        return cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent))
+        board = cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent))
+        board._lease = _lease(board.path)
+        return board
 
     def read(self, pid: int) -> HeapReading | None:
         """``pid``'s latest complete reading: None while it has no slot or has not published
@@ -163,6 +167,9 @@ class Board:
         self._slots.clear()
         if os.getpid() == self.owner:
             shutil.rmtree(self.path, ignore_errors=True)
+            if self._lease is not None:
+                os.close(self._lease)
+                self._lease = None
 
 
 def _sequence(fd: int) -> int | None:
@@ -175,7 +182,10 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _remove_orphans(parent: str) -> None:
-    """Remove boards of this user whose process no longer lives."""
+    """Remove this user's boards that are provably dead: their owner's pid is not a live
+    process here and no process holds their lease (a board made in another pid namespace that
+    shares this ``/dev/shm`` has a pid that means nothing here, and a lease that says it
+    lives). An odd name is left alone."""
     try:
         entries = list(os.scandir(parent))
     except OSError:
@@ -184,11 +194,27 @@ def _remove_orphans(parent: str) -> None:
         if not entry.name.startswith(_PREFIX):
             continue
         pid = entry.name[len(_PREFIX) :].partition("-")[0]
-        # a name no board of ours has (a pid past any pid, not a number) is left alone
         with contextlib.suppress(OSError, ValueError, OverflowError):
             mine = entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid()
             if mine and not _alive(int(pid)):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                lease = _lease(entry.path)  # OSError while its owner, anywhere, holds it
+                try:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                finally:
+                    os.close(lease)
+
+
+def _lease(path: str) -> int:
+    """A board's lease: an exclusive ``flock`` on its folder, held by its maker (and by the
+    children that inherit the descriptor) for as long as any of them lives; ``OSError`` while
+    another process holds it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _alive(pid: int) -> bool:

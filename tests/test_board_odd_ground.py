@@ -157,3 +157,29 @@ def test_a_tool_that_wraps_the_worker_loop_after_leakgate_runs_its_workers(pytes
     result = pytester.runpytest_subprocess("-p", "no:randomly", "--memreport=reports")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*FAIL*test_loader?True*", "*child-leak*worker*"])
+
+
+def test_a_board_whose_owner_lives_elsewhere_is_never_removed(tmp_path):
+    """A board made in another pid namespace sharing this /dev/shm: its pid means nothing here,
+    but its owner holds its lease, so the cleanup leaves it; once the lease is let go, it goes."""
+    board = tmp_path / f"leakgate-heap-{2**22 + 1}-x"  # past any pid here
+    board.mkdir()
+    hold = (
+        "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(board)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        heap_board._remove_orphans(str(tmp_path))
+        assert board.is_dir()
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    heap_board._remove_orphans(str(tmp_path))
+    assert not board.exists()
