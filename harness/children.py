@@ -214,10 +214,12 @@ class ChildrenReader:
         self._absent: tuple[str, ...] = ()
         self._marks: tuple[int, int, bool] | None = None
 
-    def _helper(self, pid: int) -> bool:
+    def _helper(self, pid: int, direct: bool) -> bool:
         """Whether ``pid`` is one of multiprocessing's own servers (its resource tracker or
         fork server): a process stays their parent once it used spawn or forkserver, and they
-        are not part of the job's memory. Learned once per pid from its command line."""
+        are not part of the job's memory. Learned once per pid from its command line, which
+        names a server only in a child of this process: the fork server's own children (the
+        DataLoader workers it starts) inherit its command line and are the job's."""
         helper = self._helpers.get(pid)
         if helper is None:
             if len(self._helpers) > 4096:
@@ -225,7 +227,7 @@ class ChildrenReader:
             # Between its fork and its exec a server's command line is still its parent's:
             # multiprocessing's own record of the servers this process started says it then.
             command = procfs.read(f"{procfs.PROC}/{pid}/cmdline") or b""
-            helper = any(name in command for name in _HELPERS)
+            helper = direct and any(name in command for name in _HELPERS)
             helper = helper or (self._own and pid in _own_helpers())
             self._helpers[pid] = helper
         return helper
@@ -242,7 +244,7 @@ class ChildrenReader:
         return {
             pid: parent == self.pid
             for pid, parent in procfs.tree(self.pid).items()
-            if not self._helper(pid)
+            if not self._helper(pid, parent == self.pid)
         }
 
     def _exited(self, pid: int, direct: bool) -> bool:

@@ -183,3 +183,43 @@ def test_a_board_whose_owner_lives_elsewhere_is_never_removed(tmp_path):
         holder.wait()
     heap_board._remove_orphans(str(tmp_path))
     assert not board.exists()
+
+
+def test_forkserver_workers_are_judged(pytester):
+    """DataLoader workers started by multiprocessing's fork server inherit its command line:
+    they are the job's workers, judged like forked ones, not the server that is left out."""
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+
+        class Items(Dataset):
+            def __init__(self, keep):
+                self.keep, self.kept = keep, []
+
+            def __len__(self):
+                return 160
+
+            def __getitem__(self, index):
+                item = torch.ones(40_000)  # 160 KB
+                if self.keep:
+                    self.kept.append(item)
+                return item.sum()
+
+
+        @pytest.mark.parametrize("keep", [False, True])
+        @pytest.mark.memleak(phase="validation", max_growth="4MB", warmup=5)
+        def test_loader(memtrace, keep):
+            loader = DataLoader(
+                Items(keep), batch_size=2, num_workers=2, multiprocessing_context="forkserver"
+            )
+            with memtrace.phase("validation", epoch=0):
+                for batch, _ in enumerate(loader):
+                    memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memreport=reports")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAIL*test_loader?True*", "*child-leak*worker*"])
