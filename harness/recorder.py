@@ -145,7 +145,7 @@ class Recorder:
         self._runs: dict[str, int] = {}  # each label's batches since a checkpoint of none
         self._checked: set[str] = set()  # labels and phase names found valid: checked once
         # labels found valid that name no event and no phase's edge: a loop's batches, which
-        # may be recorded between two stride readings (_between)
+        # may be recorded unread between two stride readings (see checkpoint)
         self._plain: set[str] = set()
         self._notes_said = len(self.probe.notes)
         self._closed = False

@@ -28,6 +28,46 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+LOADERS = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Items(Dataset):
+    # each item made anew, and with keep kept in the worker that made it
+
+    def __init__(self, keep, count, size):
+        self.keep, self.count, self.size, self.kept = keep, count, size, []
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        item = torch.ones(self.size)
+        if self.keep:
+            self.kept.append(item)
+        return item.sum()
+
+
+def validate(memtrace, items, context):
+    loader = DataLoader(items, batch_size=2, num_workers=2, multiprocessing_context=context)
+    with memtrace.phase("validation", epoch=0):
+        for batch, _ in enumerate(loader):
+            memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+"""
+"""A DataLoader over items kept in its workers, and a validation loop over it (``loaders.py``
+of the pytester runs below)."""
+
+
+def worker_leak_fails_and_its_twin_passes(pytester: pytest.Pytester, tests: str) -> None:
+    """``tests`` (a ``test_loader`` per ``keep``) run through the plugin in a fresh process: the
+    kept items fail as a child-leak of a worker, the twin passes."""
+    pytester.makepyfile(loaders=LOADERS, test_loaders=tests)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memreport=reports")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAIL*test_loader?True*", "*child-leak*worker*"])
+
+
 def test_a_full_file_system_leaves_a_child_read_from_outside(monkeypatch, tmp_path):
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -101,29 +141,16 @@ def test_an_odd_entry_beside_the_boards_breaks_no_test(pytester):
 def test_a_tool_that_wraps_the_worker_loop_after_leakgate_runs_its_workers(pytester):
     """Another tool wraps torch's worker loop after leakgate put its own there: each worker
     runs through both once (no recursion), and a leak in the workers is still judged."""
-    pytester.makepyfile(
+    worker_leak_fails_and_its_twin_passes(
+        pytester,
         """
         import functools
         import os
 
         import pytest
-        import torch
-        from torch.utils.data import DataLoader, Dataset
         from torch.utils.data._utils import worker
 
-
-        class Items(Dataset):
-            def __init__(self, keep):
-                self.keep, self.kept = keep, []
-
-            def __len__(self):
-                return 120
-
-            def __getitem__(self, index):
-                item = torch.ones(16_384)
-                if self.keep:
-                    self.kept.append(item)
-                return item.sum()
+        from loaders import Items, validate
 
 
         def wrapped(loop, marks):
@@ -142,21 +169,13 @@ def test_a_tool_that_wraps_the_worker_loop_after_leakgate_runs_its_workers(pytes
             marks = os.open(tmp_path / "marks", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             worker._worker_loop = wrapped(before, marks)
             try:
-                loader = DataLoader(
-                    Items(keep), batch_size=2, num_workers=2, multiprocessing_context="fork"
-                )
-                with memtrace.phase("validation", epoch=0):
-                    for batch, _ in enumerate(loader):
-                        memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
+                validate(memtrace, Items(keep, 120, 16_384), "fork")
             finally:
                 worker._worker_loop = before
                 os.close(marks)
             assert (tmp_path / "marks").read_bytes() == b"xx"  # each worker, once
-        """
+        """,
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memreport=reports")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*FAIL*test_loader?True*", "*child-leak*worker*"])
 
 
 def test_a_board_whose_owner_lives_elsewhere_is_never_removed(tmp_path):
@@ -188,38 +207,17 @@ def test_a_board_whose_owner_lives_elsewhere_is_never_removed(tmp_path):
 def test_forkserver_workers_are_judged(pytester):
     """DataLoader workers started by multiprocessing's fork server inherit its command line:
     they are the job's workers, judged like forked ones, not the server that is left out."""
-    pytester.makepyfile(
+    worker_leak_fails_and_its_twin_passes(
+        pytester,
         """
         import pytest
-        import torch
-        from torch.utils.data import DataLoader, Dataset
 
-
-        class Items(Dataset):
-            def __init__(self, keep):
-                self.keep, self.kept = keep, []
-
-            def __len__(self):
-                return 160
-
-            def __getitem__(self, index):
-                item = torch.ones(40_000)  # 160 KB
-                if self.keep:
-                    self.kept.append(item)
-                return item.sum()
+        from loaders import Items, validate
 
 
         @pytest.mark.parametrize("keep", [False, True])
         @pytest.mark.memleak(phase="validation", max_growth="4MB", warmup=5)
         def test_loader(memtrace, keep):
-            loader = DataLoader(
-                Items(keep), batch_size=2, num_workers=2, multiprocessing_context="forkserver"
-            )
-            with memtrace.phase("validation", epoch=0):
-                for batch, _ in enumerate(loader):
-                    memtrace.checkpoint("VALIDATION_BATCH", batch=batch)
-        """
+            validate(memtrace, Items(keep, 160, 40_000), "forkserver")  # 160 KB items
+        """,
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "--memreport=reports")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*FAIL*test_loader?True*", "*child-leak*worker*"])
