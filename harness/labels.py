@@ -62,7 +62,7 @@ def last_word(label: str) -> str:
 def event_of(label: str) -> str | None:
     """What a label says happened: ``OOM`` (any case or separator), ``CHECK_FAILED``, or
     nothing."""
-    if canonical(label) == OOM:
+    if reports_oom(label):
         return OOM
     return CHECK_FAILED if label == CHECK_FAILED else None
 
