@@ -281,7 +281,7 @@ class Recorder:
             # neither may be judged as the run's growth.
             own = store.nbytes()
             if self.attribution is not None:
-                own += self.attribution.own_bytes()
+                own += self.attribution.own_bytes(exact=edge is not None)
         metrics = probe.sample() if full else probe.sample_between()
         if own:
             for name, value in metrics.items():

@@ -250,13 +250,13 @@ def test_every_object_is_counted_only_once_a_phase_has_grown(monkeypatch, leak):
     from harness.attribution import phase as phase_module
 
     censuses = []
-    real = phase_module.PhaseAttribution._snapshot
+    real = phase_module.live_tensors
 
-    def counted(self, objects=False):
+    def counted(objects=False):
         censuses.append(objects)
-        return real(self, objects)
+        return real(objects)
 
-    monkeypatch.setattr(phase_module.PhaseAttribution, "_snapshot", counted)
+    monkeypatch.setattr(phase_module, "live_tensors", counted)
     cache = Cache()
     attribution = PhaseAttribution(growth="1MiB")
     with Recorder("cpu", attribute=attribution) as rec, rec.phase("validation"):

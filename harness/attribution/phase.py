@@ -6,6 +6,7 @@ locals that hold them are still alive."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,6 +19,7 @@ from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.attribution.torch_state import torch_holders
+from harness.malloc import live_heap
 from harness.options import Rules
 from harness.sample import Sample
 
@@ -79,6 +81,7 @@ class PhaseAttribution:
         self.lines = Lines() if explain else None
         self._python: dict[str | None, Any] = {}
         self._python_first: Any = None
+        self._left = 0
         self.at_end = at_end
         self.limit = limit
         self.max_depth = max_depth
@@ -128,15 +131,21 @@ class PhaseAttribution:
             self.lines.close()
         self._open.clear()
 
-    def own_bytes(self) -> int:
+    def own_bytes(self, exact: bool = False) -> int:
         """Host memory this attribution keeps for itself now (the dearer search's bookkeeping,
         the snapshots it holds): a recorder leaves it out of its readings, so explaining a run
-        never changes its verdict."""
+        never changes its verdict. ``exact`` counts the traces again (a phase's edges, the
+        readings a drift compares)."""
         held = [*self._starts.values(), self._first]
         held += [s for o in self._open.values() for s in (o.snapshot, o.base_snapshot, o.census)]
         held += [e.reference[0] for e in self._epochs.values() if e.reference is not None]
         kept = sum(s.nbytes() for s in {id(s): s for s in held if s is not None}.values())
-        return kept + (self.lines.own_bytes() if self.lines is not None else 0)
+        if self.lines is None:
+            return kept
+        kept += self._left
+        traced = {id(t): t for t in (*self._python.values(), self._python_first) if t}
+        kept += sum(sys.getsizeof(t) for t in traced.values())
+        return kept + self.lines.own_bytes(exact)
 
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
         """What was alive when ``phase`` last ended its warm-up, else when it started, else
@@ -145,7 +154,27 @@ class PhaseAttribution:
         return self._starts.get(phase, self._first)
 
     def observe(self, sample: Sample) -> bool:
-        """Act on one recorded checkpoint; returns whether it took a snapshot or attributed."""
+        """Act on one recorded checkpoint; returns whether it took a snapshot or attributed
+        (the dearer search's traces are then counted again: what it keeps is its own). Under
+        tracing, what the heap grows by while it acts beyond what it counts as kept is its own
+        too, for good: tracemalloc interns the stack of each allocation its searches make, and
+        never frees those tracebacks while it runs."""
+        lines = self.lines
+        if lines is None or not lines.traced:
+            acted = self._act(sample)
+            if acted and lines is not None:
+                lines.recount()
+            return acted
+        heap, own = live_heap(), self.own_bytes()
+        acted = self._act(sample)
+        if acted:
+            lines.recount()
+            now = live_heap()
+            if heap is not None and now is not None:
+                self._left += max(0, now - heap - (self.own_bytes() - own))
+        return acted
+
+    def _act(self, sample: Sample) -> bool:
         edge = sample.edge
         if edge == labels.START:
             self._open_phase(sample)
@@ -181,7 +210,7 @@ class PhaseAttribution:
             if not opened.warm(sample, self.warmup):
                 return False
             opened.base = sample
-            opened.base_snapshot = self._starts[sample.phase] = self._snapshot()
+            opened.base_snapshot = self._starts[sample.phase] = live_tensors()
             return True
         if self.growth is None or opened.attributions >= ATTRIBUTIONS - 1:
             return False
@@ -195,7 +224,7 @@ class PhaseAttribution:
             opened.attributions += 1
             self._name(sample, opened, grown)
         if opened.census is None and grown >= CENSUS_FROM:  # after: it counts from here on
-            opened.census = self._snapshot(objects=True)
+            opened.census = live_tensors(objects=True)
             return True
         return named
 
@@ -214,7 +243,7 @@ class PhaseAttribution:
             and not self._stepped_aside()
         ):
             self.searches += 1
-            better = self._retained(opened.census)
+            better = retained_holders(opened.census, self.max_objects)
             if sum(h.bytes for h in better) > held:
                 del self.holders[len(self.holders) - len(found) :]
                 found = self._tag(sample, growth, better)
@@ -267,14 +296,13 @@ class PhaseAttribution:
             )
         else:
             grown = self.lines.python_growth(python or self._python_first)
-            with self.lines.paused():
-                found = attribute(
-                    before,
-                    limit=None,
-                    max_depth=self.max_depth,
-                    max_objects=self.max_objects,
-                    lines=self.lines,
-                )
+            found = attribute(
+                before,
+                limit=None,
+                max_depth=self.max_depth,
+                max_objects=self.max_objects,
+                lines=self.lines,
+            )
             found += [
                 Holder(
                     f"{PYTHON_OBJECTS} {line}",
@@ -303,7 +331,7 @@ class PhaseAttribution:
             self._python[sample.phase] = python
             if self._python_first is None:
                 self._python_first = python
-        snapshot = self._snapshot()
+        snapshot = live_tensors()
         self._open[sample.phase] = _Open(snapshot, sample)
         self._starts[sample.phase] = snapshot
         if self._first is None:
@@ -320,7 +348,7 @@ class PhaseAttribution:
         epochs.seen.add(sample.epoch)
         if epochs.reference is None:
             if len(epochs.seen) > self.warmup_epochs:
-                epochs.reference = (self._snapshot(objects=True), sample)
+                epochs.reference = (live_tensors(objects=True), sample)
             return
         self._drift_named(sample, epochs)
 
@@ -353,24 +381,10 @@ class PhaseAttribution:
             return
         self.searches += 1
         epochs.retained = True
-        better = self._retained(epochs.reference[0])
+        better = retained_holders(epochs.reference[0], self.max_objects)
         if 2 * sum(h.bytes for h in better) >= sum(h.bytes for h in found):
             del self.holders[len(self.holders) - len(found) :]
             self._tag(sample, drift, better)
-
-    def _retained(self, census: Snapshot) -> list[Holder]:
-        """:func:`retained_holders` since ``census``, the dearer search's bookkeeping paused."""
-        if self.lines is not None and self.lines.open_now:
-            with self.lines.paused():
-                return retained_holders(census, self.max_objects)
-        return retained_holders(census, self.max_objects)
-
-    def _snapshot(self, objects: bool = False) -> Snapshot:
-        """The live tensors, with the dearer search's own bookkeeping paused."""
-        if self.lines is not None and self.lines.open_now:
-            with self.lines.paused():
-                return live_tensors(objects)
-        return live_tensors(objects)
 
     def _growth(self, start: Sample, now: Sample) -> int | None:
         for metric in (self.metric,) if self.metric else ("allocated", "rss"):
