@@ -1,8 +1,8 @@
 """Child processes' live heap, read inside each child and published into a slot that its
 ancestor reads in microseconds.
 
-The main process is judged on its live heap (``mallinfo2``: what malloc handed out and was not
-freed, :func:`harness.malloc.live_heap`). Read from outside, a child shows only RSS-side
+The main process is judged on its live heap (what malloc handed out and was not freed,
+:func:`harness.malloc.live_heap`). Read from outside, a child shows only RSS-side
 memory (anon, USS, PSS), which keeps what its allocator holds after a free: a clean DataLoader
 worker's grows by MiBs as glibc's arenas fill, while its live heap grows by about 20 KiB. So a
 child that runs this interpreter's code reads its own live heap and writes it into its *slot*:
@@ -27,7 +27,7 @@ put there) is never opened for long nor read.
   its slot and a daemon thread publishes every :data:`PERIOD` seconds while it lives.
 - A child that runs no code of this interpreter (an ``exec``'d command, ``subprocess``), a
   spawned process that is not a DataLoader worker, a child of a process whose board could not
-  be made, and any child off glibc (no ``mallinfo2``): no slot. It is read from outside
+  be made, and any child whose live heap cannot be read: no slot. It is read from outside
   (:mod:`harness.children`), and the report says, per role, which measure judged it.
 
 **Freshness.** A slot holds a sequence number (odd while it is being written: a reader that
@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.malloc import live_heap
+from harness.malloc import heap, live_heap
 from harness.procfs import read_rollup
 
 PERIOD = 0.01
@@ -324,8 +324,8 @@ def install() -> tuple[Board | None, str | None]:
     """Make this process's children publish their live heap from now on (idempotent): the
     board to read them from, and why some or all of them cannot publish (None when all can)."""
     global _board, _hooked
-    if live_heap() is None:
-        return None, "children read from outside: no mallinfo2 here"
+    if heap().read is None:
+        return None, f"children read from outside: {heap().note}"
     if _board is None or _board.owner != os.getpid():
         try:
             _board = Board.make()

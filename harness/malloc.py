@@ -1,10 +1,19 @@
-"""glibc's malloc, asked about this process: the live heap (``mallinfo2``) and returning free
-heap to the system (``malloc_trim``). Off glibc, or before 2.33 for ``mallinfo2``, the
-functions are None and callers say so."""
+"""The allocator that serves this process's ``malloc``, asked for the live heap: the bytes it
+has handed out and not taken back. glibc's is read with ``mallinfo2``. A preloaded allocator
+(``LD_PRELOAD`` of jemalloc or tcmalloc) serves ``malloc`` in glibc's place, and ``mallinfo2``
+then reads arenas nobody uses, a measure that cannot move: which one serves is found by a block
+of 1 MiB made through ``malloc`` that ``mallinfo2`` must see, and then jemalloc's own counter
+(``stats.allocated``, after an ``epoch`` refresh) or tcmalloc's
+(``generic.current_allocated_bytes``) is read instead. Where none can be read, :func:`live_heap`
+is None and :func:`heap_note` says why, so that callers judge resident memory and say so.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -47,13 +56,115 @@ def libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
     return function
 
 
-_MALLINFO2 = libc_function("mallinfo2", MallInfo2)
+_PROBE = 1 << 20
+"""The block made to find which allocator serves ``malloc``."""
+
+
+def _glibc() -> Callable[[], int] | None:
+    mallinfo2 = libc_function("mallinfo2", MallInfo2)
+    if mallinfo2 is None:
+        return None
+
+    def read() -> int:
+        info = mallinfo2()
+        return int(info.uordblks + info.hblkhd)
+
+    return read
+
+
+def _serves(read: Callable[[], int]) -> bool:
+    """Whether ``read`` sees a block ``malloc`` makes (half of it at least: another thread may
+    free meanwhile)."""
+    make = libc_function("malloc", ctypes.c_void_p, ctypes.c_size_t)
+    free = libc_function("free", None, ctypes.c_void_p)
+    if make is None or free is None:
+        return False
+    before = read()
+    block = make(_PROBE)
+    after = read()
+    free(block)
+    return after - before >= _PROBE // 2
+
+
+def _jemalloc() -> Callable[[], int | None] | None:
+    mallctl = libc_function(
+        "mallctl",
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    )
+    if mallctl is None:
+        return None
+    epoch = ctypes.c_uint64(1)
+    value = ctypes.c_size_t(0)
+    size = ctypes.c_size_t(ctypes.sizeof(value))
+
+    def read() -> int | None:
+        # its statistics are a snapshot, refreshed by writing the epoch
+        mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
+        found = mallctl(b"stats.allocated", ctypes.byref(value), ctypes.byref(size), None, 0)
+        return int(value.value) if found == 0 else None
+
+    return read
+
+
+def _tcmalloc() -> Callable[[], int | None] | None:
+    property_of = libc_function(
+        "MallocExtension_GetNumericProperty",
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_size_t),
+    )
+    if property_of is None:
+        return None
+    value = ctypes.c_size_t(0)
+
+    def read() -> int | None:
+        found = property_of(b"generic.current_allocated_bytes", ctypes.byref(value))
+        return int(value.value) if found else None
+
+    return read
+
+
+@dataclass(frozen=True)
+class Heap:
+    """Who serves ``malloc`` here, and how its live heap is read (None: it cannot be)."""
+
+    allocator: str
+    read: Callable[[], int | None] | None
+    note: str | None = None
+
+
+@functools.cache
+def heap() -> Heap:
+    """The allocator serving ``malloc`` in this process, found once (a forked child has its
+    parent's; ``heap.cache_clear()`` finds it again)."""
+    glibc = _glibc()
+    if glibc is not None and _serves(glibc):
+        return Heap("glibc", glibc)
+    for name, reader in (("jemalloc", _jemalloc()), ("tcmalloc", _tcmalloc())):
+        if reader is not None and reader() is not None:
+            return Heap(name, reader)
+    if glibc is None:
+        return Heap("unknown", None, "no mallinfo2 (it needs glibc >= 2.33)")
+    return Heap(
+        "unknown",
+        None,
+        "malloc is not glibc's (a preloaded allocator?) and its counters cannot be read",
+    )
 
 
 def live_heap() -> int | None:
-    """This process's live heap: the bytes malloc has handed out and not taken back
-    (``mallinfo2``: ``uordblks + hblkhd``), or None where there is no ``mallinfo2``."""
-    if _MALLINFO2 is None:
-        return None
-    info = _MALLINFO2()
-    return int(info.uordblks + info.hblkhd)
+    """This process's live heap: the bytes the allocator serving ``malloc`` has handed out and
+    not taken back (glibc's ``mallinfo2``: ``uordblks + hblkhd``; jemalloc's or tcmalloc's own
+    counter), or None where it cannot be read (:func:`heap_note` says why)."""
+    read = heap().read
+    return read() if read is not None else None
+
+
+def heap_note() -> str | None:
+    """Why :func:`live_heap` is None here, or None."""
+    return heap().note

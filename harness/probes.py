@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from harness.errors import BadInput
-from harness.malloc import MallInfo2, libc_function
+from harness.malloc import heap, libc_function
 
 Metrics = dict[str, int | None]
 
@@ -97,8 +97,9 @@ def _open(path: str, flags: int) -> tuple[int | None, str | None]:
 class CpuProbe(Probe):
     """Host memory of this process.
 
-    - ``allocated``: bytes malloc has handed out (glibc ``mallinfo2``: ``uordblks + hblkhd``),
-      the analogue of ``torch.cuda.memory_allocated``: PyTorch's CPU tensors come from malloc.
+    - ``allocated``: bytes malloc has handed out (:func:`harness.malloc.live_heap`: glibc's
+      ``mallinfo2``, or a preloaded jemalloc's or tcmalloc's own counter), the analogue of
+      ``torch.cuda.memory_allocated``: PyTorch's CPU tensors come from malloc.
       Python's small objects (512 B or less) live in pymalloc arenas, which bypass malloc:
       they show in ``rss`` only. Precise to a few KB. It walks malloc's free lists: a
       microsecond or two on a normal heap, milliseconds on a badly fragmented one, 67 µs on
@@ -113,13 +114,14 @@ class CpuProbe(Probe):
     heap glibc kept and ``rss`` stays flat. It is not run on every checkpoint because
     ``allocated``, the primary metric, follows live memory anyway, and a trim walks the whole
     heap (about 20 µs on a normal heap, 11 ms on a fragmented 900 MB one) and makes the next
-    allocations fault their pages in again. Without ``mallinfo2`` (glibc < 2.33) the primary
-    metric is ``rss``, so the trim runs before every reading.
+    allocations fault their pages in again. Where the live heap cannot be read (glibc < 2.33, or
+    an allocator whose counters leakgate cannot read) the primary metric is ``rss``, so the trim
+    runs before every reading.
 
     A long loop reads all three on a stride (:data:`~harness.sample.STRIDE`: each of a
     label's first 32 batches, then every 16th): between, a checkpoint makes no system call and
     its readings are ``None``. ``allocated`` is judged on the batches read; ``peak`` loses
-    nothing, since the high-water mark is reset only when it is read. Without ``mallinfo2``
+    nothing, since the high-water mark is reset only when it is read. Without a live heap
     every checkpoint reads ``rss``, the primary metric then.
 
     ``capacity`` is the machine's RAM (``MemTotal``), not a container's limit.
@@ -132,20 +134,21 @@ class CpuProbe(Probe):
 
     def __init__(self) -> None:
         self.notes = []
-        self._mallinfo2 = libc_function("mallinfo2", MallInfo2)
+        found = heap()
+        self._live_heap = found.read
         self._malloc_trim = libc_function("malloc_trim", ctypes.c_int, ctypes.c_size_t)
-        if self._mallinfo2 is None:
-            self.notes.append(
-                "cpu allocated unavailable: no mallinfo2 (it needs glibc >= 2.33); "
-                "the primary metric is rss"
-            )
-        if self._malloc_trim is None:
+        if found.read is None:
+            self.notes.append(f"cpu allocated unavailable: {found.note}; the primary metric is rss")
+        elif found.allocator != "glibc":
+            self.notes.append(f"cpu allocated read from {found.allocator}'s own counter")
+        if self._malloc_trim is None or found.allocator != "glibc":
             self.notes.append(
                 "cpu malloc_trim unavailable: rss keeps heap that malloc freed but holds"
             )
-        self.primary = "allocated" if self._mallinfo2 is not None else "rss"
-        self.strided = self.metrics if self._mallinfo2 is not None else ()
-        self._trim_each = self._mallinfo2 is None and self._malloc_trim is not None
+            self._malloc_trim = None
+        self.primary = "allocated" if found.read is not None else "rss"
+        self.strided = self.metrics if found.read is not None else ()
+        self._trim_each = found.read is None and self._malloc_trim is not None
         self._statm, statm_error = _open(_STATM, os.O_RDONLY)
         psutil = None if self._statm is not None else _psutil()
         self._process = psutil.Process() if psutil is not None else None
@@ -175,10 +178,7 @@ class CpuProbe(Probe):
     def sample(self) -> Metrics:
         if self._trim_each:
             self._malloc_trim(0)
-        allocated = None
-        if self._mallinfo2 is not None:
-            info = self._mallinfo2()
-            allocated = info.uordblks + info.hblkhd
+        allocated = self._live_heap() if self._live_heap is not None else None
         rss = self._rss()
         return {"allocated": allocated, "rss": rss, "peak": self._peak(rss)}
 

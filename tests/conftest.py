@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch._dynamo
 
+from harness import malloc
+
 # The line above: pytester's in-process runs drop the modules a run imported, and a torch
 # optimizer's construction imports torch._dynamo, which registers an operator library that a
 # second import refuses (a later test then fails on "Only a single TORCH_LIBRARY"). Imported
@@ -23,3 +25,12 @@ def heap_frozen():
     yield
     if froze:
         gc.unfreeze()
+
+
+@pytest.fixture
+def fresh_allocator():
+    """The allocator serving malloc found again in the test (after it patches the C library)
+    and after it."""
+    malloc.heap.cache_clear()
+    yield
+    malloc.heap.cache_clear()

@@ -121,7 +121,7 @@ def test_cpu_probe_describes_itself(cpu_probe):
     assert info["driver"].startswith("glibc")
 
 
-def test_without_glibc_allocated_and_trim_are_unavailable(monkeypatch):
+def test_without_glibc_allocated_and_trim_are_unavailable(monkeypatch, fresh_allocator):
     monkeypatch.setattr(malloc, "_LIBC", None)
     probe = CpuProbe()
     try:
