@@ -11,12 +11,14 @@ this is why it is opt-in. On CUDA the allocator's own history
 
 Explaining changes no verdict: a recorder leaves what malloc holds for this bookkeeping out of
 each reading (:meth:`Lines.own_bytes`), and a forked child (a DataLoader worker, judged on its
-own live heap) stops it all before its first reading. Tracing runs from the first phase to the
-close, never stopped and started again between (not around a search, a snapshot nor a fork):
-CPython 3.11's tracemalloc frees its traces when it stops but not the tracebacks it interned
-(measured on 3.11.7: 10 KiB for 30 distinct stacks, 41 KiB for 100, at each restart), and a
-restart at every phase and fork grew a clean trainer's heap by 2 MiB an epoch. A search runs
-traced, in a thread of its own (:func:`~harness.attribution.quiet.watched`).
+own live heap) stops it all before its first reading. Tracing runs from the first phase until
+the first walk of every object (a search by holder or retained size, a census), which stops it
+for good: it is never started again during a run. CPython 3.11's tracemalloc frees its traces
+when it stops but not the tracebacks it interned (measured on 3.11.7: 10 KiB for 30 distinct
+stacks, 41 KiB for 100, at each restart), and the stacks interned again after each restart
+grew a clean trainer's heap by 2 MiB an epoch when tracing paused at every snapshot, fork and
+search; traced, a walk is several times slower. So Python objects are named by line in the
+first search of a run only.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Lines:
         self._mode: _Allocations | None = None
         self._traced = False
         self._per_trace = self._uncounted = 0
+        self._stopped = False
         self._pruned_at = 1024
 
     def open(self) -> None:
@@ -116,13 +119,23 @@ class Lines:
 
     def trace(self) -> None:
         """Start tracing Python allocations, once, at the first phase (unless tracemalloc
-        already runs, which is then left running): only what is allocated from then on is
-        traced, so reading the traces stays cheap."""
-        if self._mode is not None and not tracemalloc.is_tracing():
+        already runs, which is then left running, or :meth:`stop_tracing` stopped it): only
+        what is allocated from then on is traced, so reading the traces stays cheap."""
+        if self._mode is not None and not self._stopped and not tracemalloc.is_tracing():
             tracemalloc.start(_FRAMES)
             self._traced = True
             self._per_trace = _uncounted_per_trace()
             self.recount()
+
+    def stop_tracing(self) -> None:
+        """Stop tracing for good (when this object started it), before a walk of every object:
+        traced, a walk is several times slower, and tracing once stopped is never started again
+        (see above). Python objects are named by line up to here."""
+        if self._traced:
+            tracemalloc.stop()
+            self._traced = False
+            self._uncounted = 0
+            self._stopped = True
 
     def recount(self) -> None:
         """Count the traces now: what malloc holds for each beyond what tracemalloc reports is

@@ -157,7 +157,7 @@ class PhaseAttribution:
         """Act on one recorded checkpoint; returns whether it took a snapshot or attributed
         (the dearer search's traces are then counted again: what it keeps is its own). Under
         tracing, what the heap grows by while it acts beyond what it counts as kept is its own
-        too, for good: tracemalloc interns the stack of each allocation its searches make, and
+        too, for good: tracemalloc interns the stack of each allocation its snapshots make, and
         never frees those tracebacks while it runs."""
         lines = self.lines
         if lines is None or not lines.traced:
@@ -224,6 +224,7 @@ class PhaseAttribution:
             opened.attributions += 1
             self._name(sample, opened, grown)
         if opened.census is None and grown >= CENSUS_FROM:  # after: it counts from here on
+            self._walk_everything()
             opened.census = live_tensors(objects=True)
             return True
         return named
@@ -243,6 +244,7 @@ class PhaseAttribution:
             and not self._stepped_aside()
         ):
             self.searches += 1
+            self._walk_everything()
             better = retained_holders(opened.census, self.max_objects)
             if sum(h.bytes for h in better) > held:
                 del self.holders[len(self.holders) - len(found) :]
@@ -296,6 +298,7 @@ class PhaseAttribution:
             )
         else:
             grown = self.lines.python_growth(python or self._python_first)
+            self._walk_everything()
             found = attribute(
                 before,
                 limit=None,
@@ -348,6 +351,7 @@ class PhaseAttribution:
         epochs.seen.add(sample.epoch)
         if epochs.reference is None:
             if len(epochs.seen) > self.warmup_epochs:
+                self._walk_everything()
                 epochs.reference = (live_tensors(objects=True), sample)
             return
         self._drift_named(sample, epochs)
@@ -381,10 +385,16 @@ class PhaseAttribution:
             return
         self.searches += 1
         epochs.retained = True
+        self._walk_everything()
         better = retained_holders(epochs.reference[0], self.max_objects)
         if 2 * sum(h.bytes for h in better) >= sum(h.bytes for h in found):
             del self.holders[len(self.holders) - len(found) :]
             self._tag(sample, drift, better)
+
+    def _walk_everything(self) -> None:
+        """Before a walk of every object: the dearer search's tracing stops for good."""
+        if self.lines is not None:
+            self.lines.stop_tracing()
 
     def _growth(self, start: Sample, now: Sample) -> int | None:
         for metric in (self.metric,) if self.metric else ("allocated", "rss"):

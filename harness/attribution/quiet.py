@@ -29,13 +29,10 @@ _OWN_MEMRAY: list[object] = []
 
 
 def watched() -> bool:
-    """Whether a tool records the calls of this thread: a trace or profile function, a torch
-    profiler (whose op events a search does not make, but whose Python tracer it would feed),
-    or tracemalloc (under explain: it notes the stack of each allocation, and a search's own,
-    from a fresh thread, is shallow; measured three times faster on a trainer's drift)."""
+    """Whether a tool records the calls of this thread: a trace or profile function, or a torch
+    profiler (whose op events a search does not make, but whose Python tracer it would feed)."""
     return (
-        tracemalloc.is_tracing()
-        or sys.gettrace() is not None
+        sys.gettrace() is not None
         or sys.getprofile() is not None
         or torch._C._autograd._profiler_enabled()
     )
