@@ -2,7 +2,7 @@
 has handed out and not taken back. glibc's is read with ``mallinfo2``. A preloaded allocator
 (``LD_PRELOAD`` of jemalloc or tcmalloc) serves ``malloc`` in glibc's place, and ``mallinfo2``
 then reads arenas nobody uses, a measure that cannot move: which one serves is found by a block
-of 1 MiB made through ``malloc`` that ``mallinfo2`` must see, and then jemalloc's own counter
+of 64 KiB made through ``malloc`` that ``mallinfo2`` must see, and then jemalloc's own counter
 (``stats.allocated``, after an ``epoch`` refresh) or tcmalloc's
 (``generic.current_allocated_bytes``) is read instead. Where none can be read, :func:`live_heap`
 is None and :func:`heap_note` says why, so that callers judge resident memory and say so.
@@ -56,8 +56,9 @@ def libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
     return function
 
 
-_PROBE = 1 << 20
-"""The block made to find which allocator serves ``malloc``."""
+_PROBE = 64 << 10
+"""The block made to find which allocator serves ``malloc``: under glibc's mmap threshold
+(128 KiB at first), so that freeing it does not raise the threshold for the process."""
 
 
 def _glibc() -> Callable[[], int] | None:
