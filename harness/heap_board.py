@@ -324,8 +324,9 @@ def install() -> tuple[Board | None, str | None]:
     """Make this process's children publish their live heap from now on (idempotent): the
     board to read them from, and why some or all of them cannot publish (None when all can)."""
     global _board, _hooked
-    if heap().read is None:
-        return None, f"children read from outside: {heap().note}"
+    found = heap()
+    if found.read is None:
+        return None, f"children read from outside: {found.note}"
     if _board is None or _board.owner != os.getpid():
         try:
             _board = Board.make()

@@ -141,7 +141,7 @@ class CpuProbe(Probe):
             self.notes.append(f"cpu allocated unavailable: {found.note}; the primary metric is rss")
         elif found.allocator != "glibc":
             self.notes.append(f"cpu allocated read from {found.allocator}'s own counter")
-        if self._malloc_trim is None or found.allocator in ("jemalloc", "tcmalloc"):
+        if self._malloc_trim is None or (found.read is not None and found.allocator != "glibc"):
             self.notes.append(
                 "cpu malloc_trim unavailable: rss keeps heap that malloc freed but holds"
             )

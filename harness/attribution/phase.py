@@ -160,14 +160,10 @@ class PhaseAttribution:
         too, for good: tracemalloc interns the stack of each allocation its snapshots make, and
         never frees those tracebacks while it runs."""
         lines = self.lines
-        if lines is None or not lines.traced:
-            acted = self._act(sample)
-            if acted and lines is not None:
-                lines.recount()
-            return acted
-        heap, own = live_heap(), self.own_bytes()
+        traced = lines is not None and lines.traced
+        heap, own = (live_heap(), self.own_bytes()) if traced else (None, 0)
         acted = self._act(sample)
-        if acted:
+        if acted and lines is not None:
             lines.recount()
             now = live_heap()
             if heap is not None and now is not None:
