@@ -501,3 +501,28 @@ def test_retained_sizes_of_a_random_object_graph_are_what_removing_an_object_fre
             continue  # garbage: nothing keeps it
         freed = alive - reached(removed=blob)
         assert kept == sum(weight(b) for b in blobs if id(b) in freed), (edges, roots)
+
+
+class History:
+    values: ClassVar[collections.defaultdict] = collections.defaultdict(list)
+
+
+def metrics_by_name(leak: bool) -> None:
+    """Each batch's four metrics, 0-d views of one storage, kept in a list per metric name."""
+    History.values.clear()
+    for _ in range(60):
+        scores = torch.randn(64, 4)
+        for name, column in zip("abcd", scores.T, strict=True):
+            values = column.unbind()
+            if leak:
+                History.values[name].extend(values)
+
+
+def test_a_dict_subclass_counts_its_keys_as_items_whatever_it_dominates():
+    """The four lists share each batch's storage, which only the defaultdict dominates: its
+    items are still its four keys."""
+    found = search(metrics_by_name, leak=True)
+    top = found[0]
+    assert top.path.endswith("History.values"), found
+    assert (top.container, top.items) == ("defaultdict", 4), top
+    assert top.bytes >= SHARE * top.growth, top

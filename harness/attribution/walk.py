@@ -387,9 +387,13 @@ def kind_name(obj: Any) -> str:
     return "tensor" if kind_of(type(obj)) == "tensor" else type(obj).__name__
 
 
+_BUILTIN_LEN = {sized.__len__ for sized in SIZED}
+
+
 def length(obj: Any) -> int | None:
-    """``len(obj)`` for builtin containers (never a user's ``__len__``), else None."""
-    if type(obj) in SIZED:
+    """``len(obj)`` for builtin containers and subclasses that keep their ``len`` (a
+    ``defaultdict``, a ``Counter``), never a user's ``__len__``; else None."""
+    if isinstance(obj, SIZED) and type(obj).__len__ in _BUILTIN_LEN:
         return len(obj)
     return None
 
