@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -407,13 +408,16 @@ def test_the_report_has_a_column_per_worker(tmp_path):
     assert header == ["checkpoint", "phase", "allocated", "delta", "children_heap"]
 
 
-def test_growth_spread_over_workers_names_each_one():
-    """Two workers growing 160 KiB each: within the budget one by one, over it together."""
+def spread_over_workers(each: int) -> list[Sample]:
+    """Two workers that each grow ``each`` over 60 batches and swing up to 4 MiB at random,
+    out of phase (what one holds the other has freed): each one's trend is lost in its swing,
+    the sum's is not."""
     samples = []
-    for b in range(60):
-        heap = (8 << 20) + b * (160 << 10) // 60
-        metrics = {"allocated": 1000, "children_heap": 2 * heap}
-        for role in ("worker 0", "worker 1"):
+    swings = np.random.default_rng(0).integers(0, 4 << 20, 60)
+    for b, swing in enumerate(swings.tolist()):
+        heaps = [(8 << 20) + b * each // 60 + s for s in (swing, (4 << 20) - swing)]
+        metrics = {"allocated": 1000, "children_heap": sum(heaps)}
+        for role, heap in zip(("worker 0", "worker 1"), heaps, strict=True):
             metrics[f"child_heap:{role}"] = heap
         samples.append(
             Sample(
@@ -425,7 +429,24 @@ def test_growth_spread_over_workers_names_each_one():
                 processes="worker 0=11,worker 1=12",
             )
         )
+    return samples
+
+
+@pytest.mark.parametrize("each", [300 << 10, 200 << 10], ids=["over", "within"])
+def test_growth_spread_over_workers_is_judged_against_each_ones_budget_times_their_number(each):
+    """Two workers growing 300 KiB each, significant only together: over 2 x 256 KiB; 200 KiB
+    each is within it (a budget for the sum alone failed that, and a clean loop by its worker
+    count)."""
     rules = Rules(phase="validation", max_growth="4MB", max_child_growth="256KiB")
-    (finding,) = judge(samples, rules).findings
-    assert re.search(r"all children \+\d+.*\(worker 0 \+\d+.*, worker 1 \+\d+", finding.message)
-    assert "> max_child_growth 256KiB" in finding.message
+    verdict = judge(spread_over_workers(each), rules)
+    checks = {c.scope: c for c in verdict.checks if c.rule == "max_child_growth"}
+    assert checks["validation epoch 0, all children"].limit == 2 * (256 << 10)
+    if each < 256 << 10:
+        assert not verdict.findings, verdict.findings
+        return
+    (finding,) = verdict.findings
+    assert re.match(
+        r"child-leak in validation epoch 0: all children \+5\d\d\.\dKiB", finding.message
+    )
+    assert "> 2 x max_child_growth 256KiB" in finding.message
+    assert [checks[f"validation epoch 0, worker {i}"].status.value for i in (0, 1)] == ["PASS"] * 2
