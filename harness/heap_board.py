@@ -5,7 +5,10 @@ The main process is judged on its live heap (what malloc handed out and was not 
 :func:`harness.malloc.live_heap`). Read from outside, a child shows only RSS-side
 memory (anon, USS, PSS), which keeps what its allocator holds after a free: a clean DataLoader
 worker's grows by MiBs as glibc's arenas fill, while its live heap grows by about 20 KiB. So a
-child that runs this interpreter's code reads its own live heap and writes it into its *slot*:
+child that runs this interpreter's code reads its own live heap, with the anonymous memory it
+mapped outside malloc (:func:`harness.malloc.mapped_outside`, at every :data:`MAPS_EVERY`-th
+reading: an ``mmap`` a worker keeps per item is no malloc block), and writes it into its
+*slot*:
 a 64-byte file named by its pid in a *board*, a private folder (in ``/dev/shm`` where there is
 one) that the recording process makes once (:func:`install`). A child reserves its slot's
 blocks before its first write (a full ``/dev/shm`` then leaves it read from outside) and writes
@@ -57,12 +60,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.malloc import heap, live_heap
+from harness.malloc import heap, live_heap, mapped_outside
 from harness.procfs import read_rollup
 
 PERIOD = 0.01
 """Seconds between two readings of a forked child that is not a DataLoader worker."""
 SIZE = 64
+MAPS_EVERY = 16
+"""A child's mappings outside malloc are read at every 16th reading (0.5 ms each)."""
 _SLOT = struct.Struct("<QqqQqqqQ")
 """sequence, pid, live heap, count, monotonic ns, and the latest rollup: uss, shared, and the
 count it was taken at (0: none yet)."""
@@ -256,6 +261,7 @@ class _Slot:
         self._sequence = 0
         self._count = 0
         self._rollup = (0, 0, 0)
+        self._mapped = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -266,6 +272,9 @@ class _Slot:
         heap = live_heap()
         if heap is None:
             return None
+        if self._count % MAPS_EVERY == 0:
+            self._mapped = mapped_outside() or 0
+        heap += self._mapped
         with self._lock:
             self._count += 1
             if _rolls(self._count):
