@@ -6,7 +6,7 @@ The main process is judged on its live heap (what malloc handed out and was not 
 memory (anon, USS, PSS), which keeps what its allocator holds after a free: a clean DataLoader
 worker's grows by MiBs as glibc's arenas fill, while its live heap grows by about 20 KiB. So a
 child that runs this interpreter's code reads its own live heap, with the anonymous memory it
-mapped outside malloc (:func:`harness.malloc.mapped_outside`, at every :data:`MAPS_EVERY`-th
+mapped outside malloc (:func:`harness.procfs.mapped_outside`, at every :data:`MAPS_EVERY`-th
 reading: an ``mmap`` a worker keeps per item is no malloc block), and writes it into its
 *slot*:
 a 64-byte file named by its pid in a *board*, a private folder (in ``/dev/shm`` where there is
@@ -60,8 +60,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.malloc import heap, live_heap, mapped_outside
-from harness.procfs import read_rollup
+from harness.malloc import heap, live_heap
+from harness.procfs import mapped_outside, read_rollup
 
 PERIOD = 0.01
 """Seconds between two readings of a forked child that is not a DataLoader worker."""

@@ -169,25 +169,3 @@ def live_heap() -> int | None:
 def heap_note() -> str | None:
     """Why :func:`live_heap` is None here, or None."""
     return heap().note
-
-
-_SHARED_ANONYMOUS = b" /dev/zero (deleted)\n"
-
-
-def mapped_outside() -> int | None:
-    """The size of the anonymous shared mappings of this process (``/proc/self/maps``): memory
-    mapped outside ``malloc`` as ``mmap.mmap(-1, n)`` maps it. Neither private mappings (their
-    sizes step by MiBs in a clean worker as Python's own arenas come and go: 3.8 MiB once in
-    240 batches) nor shared-memory files (a DataLoader worker's batches while torch hands them
-    over) are counted: either would fail clean loops. About 0.5 ms a call; None where
-    ``/proc`` cannot be read."""
-    total = 0
-    try:
-        with open("/proc/self/maps", "rb") as maps:
-            for line in maps:
-                if line.endswith(_SHARED_ANONYMOUS):
-                    low, high = line.split(b" ", 1)[0].split(b"-")
-                    total += int(high, 16) - int(low, 16)
-    except (OSError, ValueError):
-        return None
-    return total
