@@ -146,8 +146,8 @@ class Rules:
     max_child_growth: int | None = field(
         default=None,
         metadata=_option(
-            "growth a child process (each role, and all together) may gain in a phase after "
-            "warm-up (default: max_growth)",
+            "growth a child process may gain in a phase after warm-up (all children together: "
+            "that times their number)",
             "size",
             fallback="max_growth",
         ),
