@@ -7,7 +7,6 @@ import functools
 import os
 import platform
 import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Mapping
@@ -74,12 +73,8 @@ def run_header(
 
 @functools.cache
 def _git_commit() -> str | None:
-    """HEAD of the git repository around the working directory, if there is one."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else None
+    """HEAD of the git repository around the working directory, if there is one (git's
+    runner loaded here, once: a recorder's import stays small)."""
+    from harness.git import git
+
+    return git("rev-parse", "HEAD") or None

@@ -25,6 +25,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "harness.labels",
             "harness.sample",
             "harness.fsio",
+            "harness.git",
             "harness.markdown",
             "harness.stats",
             "harness.version",

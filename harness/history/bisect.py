@@ -22,17 +22,10 @@ from pathlib import Path
 
 from harness.errors import BadInput
 from harness.fsio import write_atomic
+from harness.git import git, git_or_refuse
 from harness.verdict import Status
 
 GOOD, BAD, SKIP = 0, 1, 125
-
-
-def _git(*args: str, check: bool = True) -> str:
-    done = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
-    if check and done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or ["failed"])[-1]
-        raise BadInput(f"git {args[0]}: {said}")
-    return done.stdout.strip()
 
 
 def command_of(given: Sequence[str]) -> list[str]:
@@ -71,7 +64,7 @@ def step(command: Sequence[str], state: Path) -> int:
     else:
         status, answer = Status.ERROR if statuses else "NO VERDICT", SKIP
     holder = history_summary(failed[0])["holder"] if failed else None
-    commit = _git("rev-parse", "HEAD")
+    commit = git_or_refuse("rev-parse", "HEAD")
     write_atomic(state / f"{commit}.json", json.dumps({"status": status, "holder": holder}))
     return answer
 
@@ -80,12 +73,12 @@ def bisect(good: str, bad: str, command: Sequence[str], history: str | None = No
     """Find and print the first bad commit between ``good`` and ``bad``; 0 when one is named,
     1 when git could not name one (every candidate skipped)."""
     command_of(command)
-    if not _git("rev-parse", "--is-inside-work-tree", check=False) == "true":
+    if not git("rev-parse", "--is-inside-work-tree") == "true":
         raise BadInput("not inside a git work tree: bisect runs in the repository")
-    if Path(_git("rev-parse", "--git-path", "BISECT_START")).exists():
+    if Path(git_or_refuse("rev-parse", "--git-path", "BISECT_START")).exists():
         raise BadInput("a git bisect is already under way: end it with git bisect reset")
     good, bad = _commit(good, "GOOD"), _commit(bad, "BAD")
-    path = _git("rev-list", "--ancestry-path", f"{good}..{bad}").split()[::-1]
+    path = git_or_refuse("rev-list", "--ancestry-path", f"{good}..{bad}").split()[::-1]
     if not path:
         raise BadInput("GOOD is not an ancestor of BAD: nothing to bisect")
     if history is not None:
@@ -94,23 +87,23 @@ def bisect(good: str, bad: str, command: Sequence[str], history: str | None = No
             return _print(bad, known, "from the history")
     state = Path(tempfile.mkdtemp(prefix="leakgate-bisect-state-"))
     try:
-        _git("bisect", "start", bad, good)
+        git_or_refuse("bisect", "start", bad, good)
         try:
             run = [sys.executable, "-m", "harness", "bisect-step", "--state", str(state), "--"]
             done = subprocess.run(
                 ["git", "bisect", "run", *run, *command], capture_output=True, text=True
             )
             named = "is the first bad commit" in done.stdout
-            first = _git("rev-parse", "--verify", "--quiet", "refs/bisect/bad", check=False)
+            first = git("rev-parse", "--verify", "--quiet", "refs/bisect/bad")
             record = state / f"{first}.json"
-            if named and not record.exists():  # BAD itself, never run by git
-                _git("checkout", "--quiet", first)
+            if named and first and not record.exists():  # BAD itself, never run by git
+                git_or_refuse("checkout", "--quiet", first)
                 step(command, state)
         finally:
-            _git("bisect", "reset", check=False)
+            git("bisect", "reset")
         tried = len(list(state.glob("*.json")))
         print(f"bisect: ran the test at {tried} of {len(path)} commits")
-        if not named or not record.exists():
+        if not named or first is None or not record.exists():
             print("bisect: no first bad commit could be named (the commits left were skipped)")
             return 1
         found = json.loads(record.read_text())
@@ -123,14 +116,14 @@ def bisect(good: str, bad: str, command: Sequence[str], history: str | None = No
 
 
 def _commit(given: str, what: str) -> str:
-    found = _git("rev-parse", "--verify", "--quiet", f"{given}^{{commit}}", check=False)
+    found = git("rev-parse", "--verify", "--quiet", f"{given}^{{commit}}")
     if not found:
         raise BadInput(f"not a commit here: {given!r}", field=what)
     return found
 
 
 def _print(commit: str, holder: str | None, how: str) -> int:
-    subject = _git("log", "-1", "--format=%h %s", commit)
+    subject = git_or_refuse("log", "-1", "--format=%h %s", commit)
     print(f"first bad commit: {commit} ({how})")
     print(f"  {subject}")
     print(f"  {holder}" if holder else "  no holder named for its growth")

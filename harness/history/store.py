@@ -15,7 +15,6 @@ import hashlib
 import io
 import os
 import platform
-import subprocess
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 
 from harness.errors import BadInput, UnwritableReport, one_line
 from harness.fsio import make_folders, probe_folder, write_atomic
+from harness.git import git
 from harness.verdict import Status
 
 MARKER = "_leakgate_history.json"
@@ -311,9 +311,9 @@ class HistoryPlace:
     @classmethod
     def here(cls, cwd: str | os.PathLike[str] | None = None) -> HistoryPlace:
         """The git repository around ``cwd`` (none outside one) and this machine."""
-        commit = _git(cwd, "rev-parse", "HEAD")
-        changes = _git(cwd, "status", "--porcelain", "--untracked-files=no")
-        branch = _git(cwd, "rev-parse", "--abbrev-ref", "HEAD")
+        commit = git("rev-parse", "HEAD", cwd=cwd)
+        changes = git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
+        branch = git("rev-parse", "--abbrev-ref", "HEAD", cwd=cwd)
         if branch == "HEAD":  # detached, as CI checks out: the CI's name for it
             branch = os.environ.get("GITHUB_HEAD_REF") or os.environ.get("GITHUB_REF_NAME")
         dirty = None if commit is None else bool(changes)
@@ -357,16 +357,6 @@ def fingerprint(machine: Mapping[str, Any]) -> str:
     """A machine's fingerprint: a short hash of its :data:`FINGERPRINT` fields."""
     text = "\x1f".join(str(machine.get(k)) for k in FINGERPRINT)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _git(cwd: str | os.PathLike[str] | None, *args: str) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def _cpu_model() -> str | None:
