@@ -197,7 +197,7 @@ class ChildrenReader:
         if not self.available:
             self.notes.append("children not measured: no /proc/<pid>/smaps_rollup here")
             return
-        self._own = self.pid == os.getpid()
+        self._own, self._closed = self.pid == os.getpid(), False
         why_not = worker_roles.watch_dataloaders()
         self.board, unread = heap_board.install() if self._own else (None, None)
         self.notes += [note for note in (why_not, unread) if note]
@@ -213,6 +213,14 @@ class ChildrenReader:
         self._roles_now: tuple[str, ...] = ()
         self._absent: tuple[str, ...] = ()
         self._marks: tuple[int, int, bool] | None = None
+
+    def close(self) -> None:
+        """Undo what reading children installed (torch's worker hooks, the heap board's), once."""
+        if self.available and not self._closed:
+            self._closed = True
+            worker_roles.unwatch_dataloaders()
+            if self._own:
+                heap_board.uninstall()
 
     def _helper(self, pid: int, direct: bool) -> bool:
         """Whether ``pid`` is one of multiprocessing's own servers (its resource tracker or
@@ -365,6 +373,7 @@ class ChildSampler:
 
     def __init__(self, pid: int | None = None) -> None:
         self.reader = ChildrenReader(pid)
+        self.close = self.reader.close
         self.notes = self.reader.notes
         self._text: tuple[dict[str, int], str | None] = ({}, None)
         """The last live processes and their text (they change far less often than read)."""

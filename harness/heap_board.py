@@ -1,37 +1,30 @@
 """Child processes' live heap, read inside each child and published into a slot that its
 ancestor reads in microseconds.
 
-The main process is judged on its live heap (what malloc handed out and was not freed,
-:func:`harness.malloc.live_heap`). Read from outside, a child shows only RSS-side
-memory (anon, USS, PSS), which keeps what its allocator holds after a free: a clean DataLoader
-worker's grows by MiBs as glibc's arenas fill, while its live heap grows by about 20 KiB. So a
-child that runs this interpreter's code reads its own live heap, with the anonymous memory it
-mapped outside malloc (:func:`harness.procfs.mapped_outside`, at every :data:`MAPS_EVERY`-th
-reading: an ``mmap`` a worker keeps per item is no malloc block), and writes it into its
-*slot*:
-a 64-byte file named by its pid in a *board*, a private folder (in ``/dev/shm`` where there is
-one) that the recording process makes once (:func:`install`). A child reserves its slot's
-blocks before its first write (a full ``/dev/shm`` then leaves it read from outside) and writes
-it with ``pwrite``; the parent reads it with ``pread``: no slot is ever mapped, so a slot cut
-short or a full file system faults neither process. A slot that is not a regular file (a FIFO
-put there) is never opened for long nor read.
+Read from outside, a child shows only RSS-side memory, which keeps what its allocator holds
+after a free: a clean DataLoader worker's grows by MiBs, its live heap (as the main process's,
+:func:`harness.malloc.live_heap`) by about 20 KiB. So a child that runs this interpreter's code
+reads its own live heap, with the anonymous memory it mapped outside malloc
+(:func:`harness.procfs.mapped_outside`, every :data:`MAPS_EVERY`-th reading), and writes it
+into its *slot*: a 64-byte file named by its pid in a *board*, a private folder (in
+``/dev/shm`` where there is one) that the recording process makes once (:func:`install`). A
+child reserves its slot's blocks before its first write (a full ``/dev/shm`` then leaves it read
+from outside) and writes it with ``pwrite``; the parent reads it with ``pread``: never mapped, a
+slot cut short or a full file system faults neither process. A slot that is not a regular file
+(a FIFO put there) is never opened for long nor read.
 
 **Who publishes, and when.**
 
-- DataLoader workers, under every start method (fork, spawn, forkserver). torch starts a
-  worker with ``torch.utils.data._utils.worker._worker_loop``, looked up each time an iterator
-  starts its workers; :func:`install` puts a picklable wrapper there that carries the board's
-  path, so a spawned worker finds the board as a forked one does. In the worker, each fetch of
-  a batch first publishes: the state after every earlier batch was handed over, before this one
-  is made. A reading thus covers the batches its ``count`` says were begun before it, never the
-  one in flight. A torch without ``_worker_loop`` or its fetchers: workers forked are read as
-  any forked child below, spawned ones from outside.
-- Any other child forked by Python (``os.fork``, multiprocessing's fork): an at-fork hook opens
-  its slot and a daemon thread publishes every :data:`PERIOD` seconds while it lives.
-- A child that runs no code of this interpreter (an ``exec``'d command, ``subprocess``), a
-  spawned process that is not a DataLoader worker, a child of a process whose board could not
-  be made, and any child whose live heap cannot be read: no slot. It is read from outside
-  (:mod:`harness.children`), and the report says, per role, which measure judged it.
+- DataLoader workers, under every start method: :func:`install` puts a picklable wrapper (it
+  carries the board's path, for a spawned worker) at ``torch.utils.data._utils.worker.
+  _worker_loop`` until :func:`uninstall`. In the worker, each fetch of a batch first publishes:
+  a reading covers the batches its ``count`` says were begun before it, never the one in flight.
+  A torch without ``_worker_loop`` or its fetchers: workers are read as other children.
+- Any other child forked by Python: an at-fork hook opens its slot and a daemon thread
+  publishes every :data:`PERIOD` seconds while it lives.
+- A child that runs no code of this interpreter (``subprocess``), a spawned process that is
+  not a DataLoader worker, and any child whose live heap cannot be read: no slot. It is read
+  from outside (:mod:`harness.children`), and the report says which measure judged it.
 
 **Freshness.** A slot holds a sequence number (odd while it is being written: a reader that
 sees it odd, or changed across its read, reads again), the pid, the live heap, ``count`` (the
@@ -66,8 +59,7 @@ from harness.procfs import mapped_outside, read_rollup
 PERIOD = 0.01
 """Seconds between two readings of a forked child that is not a DataLoader worker."""
 SIZE = 64
-MAPS_EVERY = 16
-"""A child's mappings outside malloc are read at every 16th reading (0.5 ms each)."""
+MAPS_EVERY = 16  # a child's mappings outside malloc are read so often (0.5 ms each)
 _SLOT = struct.Struct("<QqqQqqqQ")
 """sequence, pid, live heap, count, monotonic ns, and the latest rollup: uss, shared, and the
 count it was taken at (0: none yet)."""
@@ -319,6 +311,8 @@ _target: str | None = None
 _slot: _Slot | None = None
 _original_loop: Callable[..., Any] | None = None
 _hooked = False
+_users = 0
+"""Installs not yet undone: children publish while there is one."""
 _forks = 0
 """Children this process forked through Python since it made its board."""
 _generation = 0
@@ -330,9 +324,11 @@ _hook: Callable[[int, int], None] | None = None
 
 
 def install() -> tuple[Board | None, str | None]:
-    """Make this process's children publish their live heap from now on (idempotent): the
-    board to read them from, and why some or all of them cannot publish (None when all can)."""
-    global _board, _hooked
+    """Make this process's children publish their live heap until each call has its
+    :func:`uninstall`: the board to read them from, and why some or all of them cannot publish
+    (None when all can)."""
+    global _board, _hooked, _users
+    _users += 1
     found = heap()
     if found.read is None:
         return None, f"children read from outside: {found.note}"
@@ -346,6 +342,21 @@ def install() -> tuple[Board | None, str | None]:
         os.register_at_fork(before=_before_fork, after_in_parent=_parent_forked)
         _hooked = True
     return _board, _wrap_workers(_board.path)
+
+
+def uninstall() -> None:
+    """Undo one :func:`install`; after the last, torch's worker loop is put back (unless a tool
+    wrapped ours since: its wrapper stays, and ours then calls torch's), no worker started
+    from now on calls a :func:`watch_batches` hook, and children forked from now on publish
+    nothing. The board stays until this process exits."""
+    global _users, _hook
+    _users = max(0, _users - 1)
+    if _users:
+        return
+    _hook = None
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is not None and _ours(getattr(worker, "_worker_loop", None)):
+        setattr(worker, "_worker_loop", _original_loop)  # noqa: B010
 
 
 def _wrap_workers(board: str) -> str | None:
@@ -389,20 +400,17 @@ def _content(cell: Any) -> Any:
 
 def watch_batches(hook: Callable[[int, int], None] | None) -> None:
     """Have each DataLoader worker started from now on call ``hook(heap, count)`` after each
-    reading it publishes (None: no hook); a spawned worker gets a pickled copy. The recording
-    process's attribution passes its search of a worker's own heap."""
+    reading it publishes (None: no hook; a spawned worker gets a pickled copy)."""
     global _hook
     _hook = hook
-    if _board is not None and _board.owner == os.getpid():
+    if _users and _board is not None and _board.owner == os.getpid():
         _wrap_workers(_board.path)
 
 
 def _before_fork() -> None:
-    """Just before this process forks: register :func:`_forked` for the child, once, and again
-    once memray is imported. memray's own handler, registered when it is imported, ends its
-    tracking in a child; a thread that :func:`_forked` started before it would be tracked, and
-    its records written into the parent's capture file, which the child shares. Handlers run
-    in the child in the order they were registered; an earlier registration does nothing."""
+    """Before a fork: register :func:`_forked` for the child, once, and again once memray is
+    imported (its handler ends its tracking in a child: a thread started before it would be
+    tracked into the parent's capture). The latest registration is the one that acts."""
     global _generation, _after_memray
     memray = "memray" in sys.modules
     if _generation and (_after_memray or not memray):
@@ -430,7 +438,7 @@ def _forked(generation: int) -> None:
     """In a child forked by Python: publish into the parent's board (or the board the parent
     publishes into) on a timer; a DataLoader worker switches to its batches."""
     global _board, _target, _slot
-    if generation != _generation:
+    if generation != _generation or not _users:
         return
     if _board is not None:
         _target, _board = _board.path, None

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import harness.heap_board as heap_board
 import harness.labels as labels
 from harness.children import ChildSampler
 from harness.errors import BadArgument, UnwritableReport
@@ -451,9 +450,9 @@ class Recorder:
         return self._closed
 
     def close(self) -> None:
-        """End the run cleanly (the timeline's end record, unless :meth:`end` wrote one), close
-        the timeline and the probe, and undo the recorder's ``gc.freeze()``. Only a timeline
-        that stops without its end record reads as a killed or crashed run."""
+        """End the run (the timeline's end record, unless :meth:`end` wrote one); release the
+        timeline, the probe, torch's hooks and the ``gc.freeze()``. Only a timeline that stops
+        without its end record reads as a killed or crashed run."""
         if self._closed:
             return
         try:
@@ -464,8 +463,7 @@ class Recorder:
             self._release()
 
     def worker_holders(self) -> list[Holder]:
-        """What DataLoader workers named as the holders of their own growth, each with its role
-        (none where they named nothing)."""
+        """What DataLoader workers named as the holders of their own growth, with their roles."""
         if self._watched is None or self._children is None:
             return []
         from harness.attribution.workers import held_in
@@ -474,8 +472,8 @@ class Recorder:
 
     def _release(self) -> None:
         try:
-            if self._watched is not None:
-                heap_board.watch_batches(None)
+            if self._children is not None:  # torch's hooks and the workers' search put back
+                self._children.close()
             if self._timeline is not None:
                 self._timeline.close()
         finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 
 class WorkerRoles:
@@ -56,6 +57,12 @@ class WorkerRoles:
         """Free the iterator's number; its workers keep their roles while they exit."""
         self._loaders.pop(key, None)
 
+    def clear(self) -> None:
+        """Forget every iterator: unwatched, torch no longer says when one ends."""
+        self._loaders.clear()
+        self.roles.clear()
+        self.generation += 1
+
     def forget(self, live: set[int]) -> None:
         """Drop the roles of workers that exited and whose iterator is gone (pids are reused)."""
         current = {pid for _, pids, _ in list(self._loaders.values()) for pid in pids}
@@ -74,9 +81,17 @@ def _dataset_of(frame: FrameType) -> int | None:
     return None if dataset is None else id(dataset)
 
 
+_watchers = 0
+"""Watches not yet undone: torch's hooks are wrapped while there is one."""
+_originals: tuple[Any, Any, Any, Any] | None = None
+"""torch's two hooks and the wrappers put in their place."""
+
+
 def watch_dataloaders() -> str | None:
-    """Learn DataLoader workers' ids from now on (idempotent); why not, when torch lacks the
-    hook."""
+    """Learn DataLoader workers' ids until each call has its :func:`unwatch_dataloaders`; why
+    not, when torch lacks the hook."""
+    global _watchers, _originals
+    _watchers += 1
     if ROLES.watching:
         return None
     try:
@@ -98,5 +113,24 @@ def watch_dataloaders() -> str | None:
 
     signal_handling._set_worker_pids = set_worker_pids
     signal_handling._remove_worker_pids = remove_worker_pids
+    _originals = (set_pids, remove_pids, set_worker_pids, remove_worker_pids)
     ROLES.watching = True
     return None
+
+
+def unwatch_dataloaders() -> None:
+    """Undo one :func:`watch_dataloaders`; after the last, torch's hooks are put back where
+    ours are still in place (another tool's wrapper around ours stays, and calls ours)."""
+    global _watchers
+    _watchers = max(0, _watchers - 1)
+    if _watchers or _originals is None:
+        return
+    from torch.utils.data._utils import signal_handling
+
+    set_pids, remove_pids, ours_set, ours_remove = _originals
+    if signal_handling._set_worker_pids is ours_set:
+        signal_handling._set_worker_pids = set_pids
+    if signal_handling._remove_worker_pids is ours_remove:
+        signal_handling._remove_worker_pids = remove_pids
+    ROLES.watching = False
+    ROLES.clear()

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from harness import malloc
+from harness import heap_board, malloc, worker_roles
 
 # The line above: pytester's in-process runs drop the modules a run imported, and a torch
 # optimizer's construction imports torch._dynamo, which registers an operator library that a
@@ -14,6 +14,18 @@ from harness import malloc
 # Batch-1 workloads gain nothing from intra-op threads, and two spinning threads per process
 # oversubscribe a 2-core machine under pytest-xdist.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def torch_hooks_put_back():
+    """Each test leaves torch's DataLoader hooks as it found them: what a test installed and
+    never undid (a bare ``ChildrenReader``, ``heap_board.install()``) is undone after it."""
+    users, watchers = heap_board._users, worker_roles._watchers
+    yield
+    while heap_board._users > users:
+        heap_board.uninstall()
+    while worker_roles._watchers > watchers:
+        worker_roles.unwatch_dataloaders()
 
 
 @pytest.fixture
