@@ -581,18 +581,19 @@ DRIFT_NAMED = {
 
 
 def test_drift_names_what_later_epochs_keep_with_its_share(pytester):
+    """In a process of its own, as a user runs it: run in the process of earlier in-process
+    runs, model_copies_kept was once named by ``Adam.state`` and ``best[2]`` instead of
+    ``best (list)`` (not reproduced alone)."""
     pytester.makepyfile(test_drift=DRIFT_CASES)
-    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "-v")
-    reports = result.reprec.getreports("pytest_runtest_logreport")  # type: ignore[attr-defined]
-    outcomes = {
-        r.nodeid.split("::test_")[-1]: (r.outcome, str(r.longrepr or ""))
-        for r in reports
-        if r.when == "call"
-    }
-    assert outcomes["clean_optimizers_recreated"][0] == "passed"
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-v")
+    out = result.stdout.str()
+    assert "test_drift.py::test_clean_optimizers_recreated PASSED" in out, out
+    sections = re.split(r"^_+ test_(\w+) _+$", out, flags=re.MULTILINE)
+    failures = dict(zip(sections[1::2], sections[2::2], strict=True))
     for case, pattern in DRIFT_NAMED.items():
-        outcome, text = outcomes[f"leak_{case}"]
-        assert outcome == "failed" and "drift in training: held:" in text, (case, text)
+        assert f"test_drift.py::test_leak_{case} FAILED" in out, (case, out)
+        text = failures[f"leak_{case}"]
+        assert "drift in training: held:" in text, (case, text)
         assert re.search(pattern, text), (case, text)
         held = HELD.search(text)
         assert held and float(held[1]) / float(held[2]) >= SHARE, (case, text)
