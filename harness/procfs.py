@@ -7,6 +7,7 @@ Off Linux (no ``/proc``) every reader answers None or nothing; callers say so.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from collections.abc import Callable
 
@@ -103,8 +104,9 @@ def has_children() -> bool:
     started counts, and so does one that exited and is not yet reaped. Called through
     ``ctypes`` where this kernel takes the call: no child is then a return value, not an
     exception, which inside training is half the cost (18 against 33 µs)."""
-    if _WAITID is not None:
-        return _WAITID(os.P_ALL, 0, None, _WAITED) == 0
+    waitid = _waitid()
+    if waitid is not None:
+        return waitid(os.P_ALL, 0, None, _WAITED) == 0
     return _waits_for_one()
 
 
@@ -119,9 +121,10 @@ def _waits_for_one() -> bool:
     return True
 
 
+@functools.cache
 def _waitid() -> Callable[..., int] | None:
-    """The C library's ``waitid``, where this kernel takes :data:`_WAITED` (asked once through
-    ``os.waitid``: an error other than no child means it does not)."""
+    """The C library's ``waitid``, where this kernel takes :data:`_WAITED` (asked once, at the
+    first use, through ``os.waitid``: an error other than no child means it does not)."""
     waitid = libc_function(
         "waitid", ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p, ctypes.c_int
     )
@@ -135,7 +138,6 @@ def _waitid() -> Callable[..., int] | None:
 
 
 _WAITED = os.WEXITED | os.WNOHANG | os.WNOWAIT | _WALL
-_WAITID = _waitid()
 
 
 def _children(pid: int) -> list[int]:

@@ -289,9 +289,9 @@ def listed(pid):
     raise AssertionError("listed the children files of a process without children")
 
 if sys.argv[1] == "os.waitid":
-    procfs._WAITID = None  # a kernel that refused the C library's call
+    procfs._waitid = lambda: None  # a kernel that refused the C library's call
 else:
-    assert procfs._WAITID is not None  # Linux takes it
+    assert procfs._waitid() is not None  # Linux takes it
 listing, procfs._children = procfs._children, listed
 reader = children.ChildrenReader()
 assert reader.read() == children.TreeReading() and procfs.descendants(os.getpid()) == []
@@ -422,3 +422,11 @@ def test_a_tracker_read_before_its_exec_is_not_a_child_of_the_job(monkeypatch):
     reading = children.ChildrenReader().read(rollup=True)
     assert reading is not None
     assert tracker not in {p.pid for p in reading.processes}
+
+
+def test_importing_the_recorder_makes_no_system_call_about_children():
+    """Whether the kernel takes the C library's ``waitid`` is asked at the first reading of
+    children, not when leakgate is imported."""
+    code = "import harness.recorder, harness.procfs as p; print(p._waitid.cache_info().misses)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr
