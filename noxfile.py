@@ -163,7 +163,8 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks side by side in one run, written to ``reports/bench.md``: checkpoint cost,
     harness overhead, pytest-memray, pytorch-forecasting, time to verdict and sensitivity; then
-    the holder searches' own section (``benchmarks/bench_search.py``) is added to it.
+    the holder searches' and the exiting children's own sections (``benchmarks/bench_search.py``,
+    ``benchmarks/bench_forks.py``) are added to it.
 
     The peers are installed here only, pinned to the torch already installed. Arguments after
     ``--`` go to ``benchmarks/run.py`` (``--reps N``, ``--sensitivity-runs N``, ``-- -k ...``).
@@ -174,6 +175,7 @@ def bench(session: nox.Session) -> None:
     session.install(*BENCH_PEERS, f"torch=={torch_now}")
     session.run("python", "benchmarks/run.py", *session.posargs)
     session.run("python", "benchmarks/bench_search.py", "--write")
+    session.run("python", "benchmarks/bench_forks.py", "--write")
 
 
 @nox.session(venv_params=VENV_PARAMS)

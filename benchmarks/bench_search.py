@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import write_section
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 BENCH = ROOT / "reports" / "bench.md"
@@ -261,20 +263,6 @@ def section(reps: int) -> str:
     )
 
 
-def write(text: str) -> None:
-    """Put ``text`` in place of this file's section of ``reports/bench.md`` (or after it)."""
-    old = BENCH.read_text()
-    start = old.find(HEADING)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    else:
-        end = old.find("\n## ", start + len(HEADING))
-        new = old[:start] + text + "\n" + (old[end:] if end >= 0 else "")
-    temporary = BENCH.with_name(f".{BENCH.name}.tmp")
-    temporary.write_text(new)
-    os.replace(temporary, BENCH)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -289,7 +277,7 @@ def main() -> None:
     text = section(args.reps)
     print(text)
     if args.write:
-        write(text)
+        write_section(BENCH, HEADING, text)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,21 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def write_section(bench: Path, heading: str, text: str) -> None:
+    """Put ``text`` in place of the section under ``heading`` in ``bench`` (a markdown file), up
+    to the next second-level heading, or after the last one; written whole, then renamed."""
+    old = bench.read_text()
+    start = old.find(heading)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    else:
+        end = old.find("\n## ", start + len(heading))
+        new = old[:start] + text + "\n" + (old[end:] if end >= 0 else "")
+    temporary = bench.with_name(f".{bench.name}.tmp")
+    temporary.write_text(new)
+    os.replace(temporary, bench)
+
+
 def alternating(variants: Sequence[str], reps: int = REPS) -> list[tuple[int, str]]:
     """``(rep, variant)`` in run order: the variants alternate, and every other repetition runs
     them in reverse, so that none always goes first."""
