@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from harness import Recorder
-from harness.probes import CpuProbe
+from harness.measure.probes import CpuProbe
 
 PROBES = [
     "cpu",
@@ -51,8 +51,8 @@ def test_checkpoint(benchmark, probe, timeline, tmp_path):
 
 def test_checkpoint_between(benchmark, tmp_path):
     """A loop's batch checkpoint with a timeline, past a label's first batches: all but one in
-    :data:`harness.sample.STRIDE`'s ``every`` read no memory, so the median is one of those; the
-    one read costs what ``test_checkpoint[cpu-timeline]`` does, and writes the others' lines."""
+    :data:`harness.measure.sample.STRIDE`'s ``every`` read no memory, so the median is one of those;
+    the one read costs what ``test_checkpoint[cpu-timeline]`` does, and writes the others' lines."""
     batches = itertools.count()
     with Recorder("cpu", timeline=tmp_path / "t.jsonl") as rec:
         benchmark.pedantic(

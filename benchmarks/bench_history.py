@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 from bench_scale import _measured as measured
 
-from harness.history.store import SCHEMA, open_history
+from harness.history.archive import SCHEMA, open_history
 
 TESTS = 1_000
 SIZES = (1_000, 10_000)
@@ -40,7 +40,7 @@ STEPS = {
     "page": "import runpy; "
     "sys.argv = ['leakgate', 'history', sys.argv[1], '-o', sys.argv[2] + '/page.md']; "
     "runpy.run_module('harness', run_name='__main__')",
-    "creep": "from harness.history.store import open_history, HistoryPlace, HistoryRow; "
+    "creep": "from harness.history.archive import open_history, HistoryPlace, HistoryRow; "
     "from harness.history.gating import creep_lines; "
     "from harness.history.creep import CreepLimit; "
     "h = open_history(sys.argv[1]); "

@@ -11,21 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from harness.version import __version__
+from harness.core.version import __version__
 
 if TYPE_CHECKING:
-    from harness.artifacts import (
-        compare_runs as compare_runs,
-    )
-    from harness.artifacts import (
-        load_run_document as load_run_document,
-    )
-    from harness.artifacts import (
-        save_run as save_run,
-    )
-    from harness.artifacts import (
-        write_index as write_index,
-    )
     from harness.attribution import (
         Holder as Holder,
     )
@@ -41,27 +29,38 @@ if TYPE_CHECKING:
     from harness.attribution import (
         live_tensors as live_tensors,
     )
-    from harness.errors import (
+    from harness.core.errors import (
         BadInput as BadInput,
     )
-    from harness.errors import (
+    from harness.core.errors import (
         LeakgateError as LeakgateError,
     )
-    from harness.errors import (
+    from harness.core.errors import (
         UnwritableReport as UnwritableReport,
     )
-    from harness.finish import MemoryCheckFailed as MemoryCheckFailed
-    from harness.finish import finish_run as finish_run
-    from harness.options import (
-        Rules as Rules,
-    )
-    from harness.probes import CpuProbe as CpuProbe
-    from harness.probes import CudaProbe as CudaProbe
-    from harness.probes import Probe as Probe
+    from harness.core.units import parse_size as parse_size
+    from harness.measure.probes import CpuProbe as CpuProbe
+    from harness.measure.probes import CudaProbe as CudaProbe
+    from harness.measure.probes import Probe as Probe
+    from harness.measure.sample import Sample as Sample
     from harness.recorder import DeviceOutOfMemory as DeviceOutOfMemory
     from harness.recorder import Recorder as Recorder
     from harness.report import Run as Run
     from harness.report import render_report as render_report
+    from harness.results.artifacts import (
+        compare_runs as compare_runs,
+    )
+    from harness.results.artifacts import (
+        load_run_document as load_run_document,
+    )
+    from harness.results.artifacts import (
+        save_run as save_run,
+    )
+    from harness.results.artifacts import (
+        write_index as write_index,
+    )
+    from harness.results.finish import MemoryCheckFailed as MemoryCheckFailed
+    from harness.results.finish import finish_run as finish_run
     from harness.rules import (
         Context as Context,
     )
@@ -74,69 +73,70 @@ if TYPE_CHECKING:
     from harness.rules import (
         register_rule as register_rule,
     )
-    from harness.sample import Sample as Sample
-    from harness.timeline import Timeline as Timeline
-    from harness.timeline import read_timeline as read_timeline
-    from harness.units import parse_size as parse_size
-    from harness.verdict import (
+    from harness.timeline.jsonl import Timeline as Timeline
+    from harness.timeline.jsonl import read_timeline as read_timeline
+    from harness.verdict.model import (
         Check as Check,
     )
-    from harness.verdict import (
+    from harness.verdict.model import (
         Evidence as Evidence,
     )
-    from harness.verdict import (
+    from harness.verdict.model import (
         Finding as Finding,
     )
-    from harness.verdict import (
+    from harness.verdict.model import (
         Kind as Kind,
     )
-    from harness.verdict import (
+    from harness.verdict.model import (
         Outcome as Outcome,
     )
-    from harness.verdict import (
+    from harness.verdict.model import (
         PhaseStats as PhaseStats,
     )
-    from harness.verdict import (
+    from harness.verdict.model import (
         Status as Status,
     )
-    from harness.verdict import (
+    from harness.verdict.model import (
         Verdict as Verdict,
+    )
+    from harness.verdict.options import (
+        Rules as Rules,
     )
 
 _EXPORTS = {
-    "LeakgateError": "harness.errors",
-    "BadInput": "harness.errors",
-    "UnwritableReport": "harness.errors",
-    "MemoryCheckFailed": "harness.finish",
-    "parse_size": "harness.units",
-    "Sample": "harness.sample",
+    "LeakgateError": "harness.core.errors",
+    "BadInput": "harness.core.errors",
+    "UnwritableReport": "harness.core.errors",
+    "MemoryCheckFailed": "harness.results.finish",
+    "parse_size": "harness.core.units",
+    "Sample": "harness.measure.sample",
     "judge": "harness.rules",
     "register_rule": "harness.rules",
     "Context": "harness.rules",
     "Group": "harness.rules",
-    "Rules": "harness.options",
-    "Verdict": "harness.verdict",
-    "Finding": "harness.verdict",
-    "Evidence": "harness.verdict",
-    "PhaseStats": "harness.verdict",
-    "Check": "harness.verdict",
-    "Kind": "harness.verdict",
-    "Status": "harness.verdict",
-    "Outcome": "harness.verdict",
-    "finish_run": "harness.finish",
-    "Probe": "harness.probes",
-    "CpuProbe": "harness.probes",
-    "CudaProbe": "harness.probes",
+    "Rules": "harness.verdict.options",
+    "Verdict": "harness.verdict.model",
+    "Finding": "harness.verdict.model",
+    "Evidence": "harness.verdict.model",
+    "PhaseStats": "harness.verdict.model",
+    "Check": "harness.verdict.model",
+    "Kind": "harness.verdict.model",
+    "Status": "harness.verdict.model",
+    "Outcome": "harness.verdict.model",
+    "finish_run": "harness.results.finish",
+    "Probe": "harness.measure.probes",
+    "CpuProbe": "harness.measure.probes",
+    "CudaProbe": "harness.measure.probes",
     "Recorder": "harness.recorder",
     "DeviceOutOfMemory": "harness.recorder",
-    "Timeline": "harness.timeline",
-    "read_timeline": "harness.timeline",
+    "Timeline": "harness.timeline.jsonl",
+    "read_timeline": "harness.timeline.jsonl",
     "Run": "harness.report",
     "render_report": "harness.report",
-    "save_run": "harness.artifacts",
-    "write_index": "harness.artifacts",
-    "load_run_document": "harness.artifacts",
-    "compare_runs": "harness.artifacts",
+    "save_run": "harness.results.artifacts",
+    "write_index": "harness.results.artifacts",
+    "load_run_document": "harness.results.artifacts",
+    "compare_runs": "harness.results.artifacts",
     "Holder": "harness.attribution",
     "Snapshot": "harness.attribution",
     "PhaseAttribution": "harness.attribution",

@@ -1,7 +1,7 @@
-"""``python -m harness``: see :mod:`harness.cli`."""
+"""``python -m harness``: see :mod:`harness.frontends.cli`."""
 
 import sys
 
-from harness.cli import main
+from harness.frontends.cli import main
 
 sys.exit(main())

@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import harness.labels as labels
-from harness.children import ChildSampler
-from harness.errors import BadArgument, UnwritableReport
-from harness.identity import rank_info
-from harness.naming import rank_timeline
-from harness.probes import Probe, make_probe
-from harness.run_header import run_header
-from harness.sample import STRIDE, Sample
-from harness.store import SampleStore, make_sample
-from harness.timeline_writer import TimelineWriter
-from harness.units import parse_size
+import harness.core.labels as labels
+from harness.core.errors import BadArgument, UnwritableReport
+from harness.core.identity import rank_info
+from harness.core.naming import rank_timeline
+from harness.core.units import parse_size
+from harness.measure.children import ChildSampler
+from harness.measure.probes import Probe, make_probe
+from harness.measure.sample import STRIDE, Sample
+from harness.timeline.header import run_header
+from harness.timeline.store import SampleStore, make_sample
+from harness.timeline.writer import TimelineWriter
 
 if TYPE_CHECKING:  # the judging and explaining layers load only when a run asks for them
     from harness.attribution import Holder, PhaseAttribution
-    from harness.capacity import CheckedCapacity
-    from harness.options import Rules
+    from harness.measure.capacity import CheckedCapacity
+    from harness.verdict.options import Rules
 
 
 class DeviceOutOfMemory(torch.OutOfMemoryError):
@@ -51,13 +51,13 @@ class Recorder:
     emulated capacity when one is given, else the device's.
 
     In a distributed run (an initialised process group, or ``RANK``/``WORLD_SIZE`` set: see
-    :func:`harness.identity.rank_info`, kept as :attr:`rank`) the header also holds ``rank``,
+    :func:`harness.core.identity.rank_info`, kept as :attr:`rank`) the header also holds ``rank``,
     ``world_size``, ``local_rank`` and ``backend``, and the timeline is written to
     ``<stem>.rank<N>.jsonl``: each rank has its own file.
 
     ``capacity`` (bytes, or a size such as ``"4GiB"``) emulates a smaller device: on CUDA the
     caching allocator refuses to reserve past it (a real ``torch.OutOfMemoryError``); on the
-    CPU a checkpoint over it (:mod:`harness.capacity`) is recorded with a note, then raises
+    CPU a checkpoint over it (:mod:`harness.measure.capacity`) is recorded with a note, then raises
     :class:`DeviceOutOfMemory` (a ``torch.OutOfMemoryError``).
 
     On construction the recorder runs ``gc.freeze()``, so that ``collect=True`` costs what the
@@ -69,7 +69,7 @@ class Recorder:
     the recorder is open. Without it a checkpoint pays nothing for the feature.
 
     ``children`` (default: ``rules.children``, else True) also records this process's live
-    descendants, DataLoader workers by role (:mod:`harness.children`), whatever the probe.
+    descendants, DataLoader workers by role (:mod:`harness.measure.children`), whatever the probe.
 
     A timeline write that fails mid-run (a full disk) does not stop the run: no later line is
     written, and the error is kept as :attr:`timeline_error` for the finishing step.
@@ -100,7 +100,7 @@ class Recorder:
             raise BadArgument(f"children: expected a bool or None, got {children!r}")
         self._children = ChildSampler() if children else None
         if attribute is True:
-            from harness.options import Rules
+            from harness.verdict.options import Rules
 
             every_end = (
                 Rules(attribute=True)
@@ -116,7 +116,7 @@ class Recorder:
         try:
             self._checked_capacity: CheckedCapacity | None = None  # not the device's own
             if limit is not None and not self.probe.limit(limit):
-                from harness.capacity import CheckedCapacity
+                from harness.measure.capacity import CheckedCapacity
 
                 probe = self.probe
                 self._checked_capacity = CheckedCapacity(limit, probe.capacity_metric, probe.name)
@@ -164,7 +164,7 @@ class Recorder:
         board = self._children.reader.board if self._children is not None else None
         self._watched: str | None = None  # the board whose workers name their own holders
         if self.attribution is not None and board is not None:
-            from harness.attribution.workers import watch_workers
+            from harness.attribution.worker_holders import watch_workers
 
             self._watched = board.path if watch_workers(board.path, rules) else None
 
@@ -321,7 +321,7 @@ class Recorder:
 
     def _reads_all(self, label: str, batch: int | None, collect: bool) -> bool:
         """Whether this checkpoint reads the probe's strided metrics: every one that is not a
-        batch's, and a label's batches on :data:`~harness.sample.STRIDE`, counted from the
+        batch's, and a label's batches on :data:`~harness.measure.sample.STRIDE`, counted from the
         last of those (all of them under an emulated capacity, checked at each)."""
         if batch is None or collect or not self.probe.strided or self._checked_capacity:
             self._runs.clear()
@@ -466,7 +466,7 @@ class Recorder:
         """What DataLoader workers named as the holders of their own growth, with their roles."""
         if self._watched is None or self._children is None:
             return []
-        from harness.attribution.workers import held_in
+        from harness.attribution.worker_holders import held_in
 
         return held_in(self._watched, self._children.reader.history)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from harness import heap_board, malloc, worker_roles
+from harness.measure import heap_board, malloc, worker_roles
 
 # The line above: pytester's in-process runs drop the modules a run imported, and a torch
 # optimizer's construction imports torch._dynamo, which registers an operator library that a

@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from test_cli import clean, write_timeline
 from test_report import HEADER, RULES, incident
 
-from harness import Recorder, fsio
-from harness.artifacts import write_index
-from harness.cli import main
-from harness.finish import finish_run
-from harness.timeline import TimelineWriter, read_timeline
+from harness import Recorder
+from harness.core import fsio
+from harness.frontends.cli import main
+from harness.results.artifacts import write_index
+from harness.results.finish import finish_run
+from harness.timeline.jsonl import TimelineWriter, read_timeline
 
 MB = 2**20
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from harness import malloc
-from harness.probes import CpuProbe
+from harness.measure import malloc
+from harness.measure.probes import CpuProbe
 
 LIBRARIES = "/usr/lib/x86_64-linux-gnu"
 PRELOADED = {

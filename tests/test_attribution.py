@@ -20,7 +20,7 @@ from harness.attribution import (
 )
 from harness.attribution.graph import NODE_BYTES
 from harness.attribution.snapshot import storage_of
-from harness.units import format_size
+from harness.core.units import format_size
 from tft.trainer import TrainConfig, Trainer
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -17,7 +17,7 @@ from harness.attribution import (
     live_tensors,
     shares,
 )
-from harness.sample import Sample
+from harness.measure.sample import Sample
 
 
 def floats(n: int) -> torch.Tensor:

@@ -1,16 +1,16 @@
-"""Every argument a public function refuses raises :class:`harness.errors.BadArgument`: one
+"""Every argument a public function refuses raises :class:`harness.core.errors.BadArgument`: one
 error for API misuse, a ``TypeError`` at the call and bad input (exit 2) for every front end."""
 
 import pytest
 
 from harness import Recorder
 from harness.attribution.holders import attribute
-from harness.errors import BadArgument, BadInput
-from harness.identity import check_rank, check_world_size
-from harness.labels import given_event
-from harness.naming import check_file_name
+from harness.core.errors import BadArgument, BadInput
+from harness.core.identity import check_rank, check_world_size
+from harness.core.labels import given_event
+from harness.core.naming import check_file_name
+from harness.measure.sample import column
 from harness.rules import register_rule
-from harness.sample import column
 
 
 def _checkpoint(**given):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import harness.heap_board as heap_board
+import harness.measure.heap_board as heap_board
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_a_slot_cut_short_while_it_is_read_faults_nothing(tmp_path):
     done = run(
         f"""
         import os
-        import harness.heap_board as hb
+        import harness.measure.heap_board as hb
         board = hb.Board({str(tmp_path)!r})
         slot = hb._Slot(board.path)
         slot.publish()
@@ -100,7 +100,7 @@ def test_a_fifo_at_a_slot_path_is_never_waited_on(tmp_path):
     done = run(
         f"""
         import os
-        import harness.heap_board as hb
+        import harness.measure.heap_board as hb
         board = hb.Board({str(tmp_path)!r})
         os.mkfifo(os.path.join(board.path, "4242"))
         print("read", board.read(4242))

@@ -1,5 +1,5 @@
-"""harness.children: the memory of live descendants, by role, read from real DataLoader workers
-and subprocesses."""
+"""harness.measure.children: the memory of live descendants, by role, read from real DataLoader
+workers and subprocesses."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import torch
 from torch.utils.data import DataLoader
 from workload import PythonObjects, WorkerCache
 
-import harness.worker_roles as roles_module
-from harness import children, procfs
-from harness.children import ChildrenReader, ProcessMemory, TreeReading
-from harness.procfs import read_anon, read_rollup
-from harness.rules.children import Growth, growth_kind, lifetimes
+import harness.measure.worker_roles as roles_module
+from harness.measure import children, procfs
+from harness.measure.children import ChildrenReader, ProcessMemory, TreeReading
+from harness.measure.procfs import read_anon, read_rollup
+from harness.rules.child_growth import Growth, growth_kind, lifetimes
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
@@ -283,7 +283,8 @@ def test_no_children_reads_nothing():
 
 LONE = """
 import os, subprocess, sys, threading
-from harness import children, procfs
+from harness.measure import children
+from harness.measure import procfs
 
 def listed(pid):
     raise AssertionError("listed the children files of a process without children")
@@ -427,6 +428,8 @@ def test_a_tracker_read_before_its_exec_is_not_a_child_of_the_job(monkeypatch):
 def test_importing_the_recorder_makes_no_system_call_about_children():
     """Whether the kernel takes the C library's ``waitid`` is asked at the first reading of
     children, not when leakgate is imported."""
-    code = "import harness.recorder, harness.procfs as p; print(p._waitid.cache_info().misses)"
+    code = (
+        "import harness.recorder, harness.measure.procfs as p; print(p._waitid.cache_info().misses)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr

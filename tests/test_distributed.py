@@ -1,6 +1,6 @@
 """Distributed runs: rank-aware recording, the cross-rank rule, the merged verdict and report,
 the gate over rank timelines, the trainer under DDP, and the TFT on two gloo ranks, through
-``torchrun`` and through :func:`harness.distributed.run_ranks`.
+``torchrun`` and through :func:`harness.frontends.distributed.run_ranks`.
 
 Under ``torchrun`` the real TFT (hidden size 16) trains on a reduced synthetic file (100
 training and 25 validation windows: 50 and 13 per rank), one epoch at batch size 1, one torch
@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from harness import Rules, judge, read_timeline
-from harness.cli import main as leakgate
-from harness.distributed import (
+from harness.core.units import parse_size
+from harness.frontends.cli import main as leakgate
+from harness.frontends.distributed import (
     RankInfo,
     finish_ranks,
     merge_timelines,
@@ -32,10 +33,9 @@ from harness.distributed import (
     rank_timeline,
     run_ranks,
 )
+from harness.measure.sample import Sample
 from harness.recorder import Recorder
 from harness.report.ranks import RankRun
-from harness.sample import Sample
-from harness.units import parse_size
 from tft import faults
 from tft.data import WindowDataset, load, synth
 from tft.model import TemporalFusionTransformer, TFTConfig
@@ -254,7 +254,12 @@ def test_leakgate_merge_writes_one_report_and_rejects_a_file_that_is_not_a_timel
 def test_python_m_harness_distributed_merges_rank_files(tmp_path, monkeypatch):
     record_ranks(tmp_path, monkeypatch, per_batch=(2 * KB, 0))
     done = subprocess.run(
-        [sys.executable, "-m", "harness.distributed", *map(str, sorted(tmp_path.glob("*.jsonl")))],
+        [
+            sys.executable,
+            "-m",
+            "harness.frontends.distributed",
+            *map(str, sorted(tmp_path.glob("*.jsonl"))),
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,

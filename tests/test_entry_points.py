@@ -8,11 +8,11 @@ import pytest
 from test_lightning import Forecaster, LeakyValidation, fit
 
 from harness import Rules
-from harness.cli import main
+from harness.frontends.cli import main
 from harness.integrations.lightning import LeakGateCallback
 
 RANKS = """
-from harness.distributed import run_ranks
+from harness.frontends.distributed import run_ranks
 
 
 def body(recorder):

@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 from test_report import HEADER, RULES, incident
 
-from harness.artifacts import compare_runs, run_document
 from harness.report import Run
+from harness.results.artifacts import compare_runs, run_document
 from harness.rules import judge
 
 MB = 2**20

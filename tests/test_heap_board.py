@@ -1,5 +1,5 @@
-"""harness.heap_board: children publish their live heap into slots their parent reads; the board
-is private, removed with its process, and what a child cannot publish is said."""
+"""harness.measure.heap_board: children publish their live heap into slots their parent reads; the
+board is private, removed with its process, and what a child cannot publish is said."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from harness import heap_board, malloc
-from harness.heap_board import Board
+from harness.measure import heap_board, malloc
+from harness.measure.heap_board import Board
 from harness.recorder import Recorder
 from harness.rules import Rules, judge
 
@@ -100,7 +100,7 @@ def test_a_child_reads_its_own_rollup_at_8_32_128_and_on():
 
 LIVE = """
 import os, sys
-from harness import heap_board
+from harness.measure import heap_board
 board, why = heap_board.install()
 assert why is None, why
 print(board.path, flush=True)

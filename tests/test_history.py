@@ -18,11 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cli import main
-from harness.errors import BadInput
-from harness.history.creep import DEFAULT_CREEP, CreepLimit, by_commit, creep, steps
-from harness.history.series import Selection, read_series
-from harness.history.store import (
+from harness.core.errors import BadInput
+from harness.frontends.cli import main
+from harness.history.archive import (
     HistoryPlace,
     HistoryRow,
     append,
@@ -30,6 +28,8 @@ from harness.history.store import (
     open_history,
     scan,
 )
+from harness.history.creep import DEFAULT_CREEP, CreepLimit, by_commit, creep, steps
+from harness.history.series import Selection, read_series
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "reports" / "examples" / "tft-train-clean.json"
@@ -212,7 +212,7 @@ def test_the_gate_never_fails_on_a_trend_across_fingerprints(tmp_path, capsys):
 
 WRITER = """
 import datetime, sys
-from harness.history.store import HistoryRow, append, open_history
+from harness.history.archive import HistoryRow, append, open_history
 history = open_history(sys.argv[1], mode="append")
 for k in range(int(sys.argv[3])):
     rows = [
@@ -379,7 +379,7 @@ def test_an_object_store_history_is_written_under_a_hidden_name_then_moved():
     import fsspec
     import pyarrow.fs as pafs
 
-    from harness.history.store import MARKER, History
+    from harness.history.archive import MARKER, History
 
     moves = []
 

@@ -8,7 +8,7 @@ import pytest
 
 import harness.recorder  # noqa: F401
 
-# harness.recorder (with harness.heap_board) imported here is in every snapshot pytester
+# harness.recorder (with harness.measure.heap_board) imported here is in every snapshot pytester
 # restores: a copy imported afresh by each run would wrap the DataLoader worker loop that the
 # last copy wrapped.
 

@@ -17,90 +17,22 @@ import harness
 ROOT = Path(__file__).resolve().parent.parent
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    (
-        "ground",
-        (
-            "harness.errors",
-            "harness.units",
-            "harness.labels",
-            "harness.sample",
-            "harness.fsio",
-            "harness.git",
-            "harness.markdown",
-            "harness.stats",
-            "harness.version",
-            "harness.records",
-            "harness.naming",
-            "harness.identity",
-            "harness.wording",
-            "harness.json_values",
-            "harness.procfs",
-            "harness.malloc",
-            "tft",
-        ),
-    ),
-    (
-        "readings and the verdict model",
-        (
-            "harness.children",
-            "harness.heap_board",
-            "harness.worker_roles",
-            "harness.probes",
-            "harness.capacity",
-            "harness.run_header",
-            "harness.store",
-            "harness.options",
-            "harness.verdict",
-            "harness.verdict_schema",
-        ),
-    ),
-    (
-        "timeline",
-        (
-            "harness.timeline",
-            "harness.timeline_checks",
-            "harness.timeline_columns",
-            "harness.timeline_writer",
-            "harness.timeline_claim",
-        ),
-    ),
+    ("ground", ("harness.core", "tft")),
+    ("readings", ("harness.measure",)),
+    ("the verdict model", ("harness.verdict",)),
+    ("timeline", ("harness.timeline",)),
     ("rules", ("harness.rules",)),
     ("attribution", ("harness.attribution",)),
     ("recorder", ("harness.recorder",)),
-    (
-        "finishing and reporting",
-        (
-            "harness.advice",
-            "harness.chart",
-            "harness.terminal",
-            "harness.report",
-            "harness.artifacts",
-            "harness.finish",
-            "harness.baseline",
-            "harness.snapshot",
-            "harness.history",
-        ),
-    ),
-    ("merging ranks", ("harness.merge",)),
-    (
-        "front ends",
-        (
-            "harness.plugin",
-            "harness.session_options",
-            "harness.cli",
-            "harness.gate",
-            "harness.__main__",
-            "harness.integrations",
-            "harness.spawn",
-            "harness.distributed",
-            "harness.selfcheck",
-            "tft.train",
-        ),
-    ),
+    ("report", ("harness.report",)),
+    ("results", ("harness.results",)),
+    ("history", ("harness.history",)),
+    ("front ends", ("harness.frontends", "harness.integrations", "harness.__main__", "tft.train")),
     ("the package's public names", ("harness",)),
 ]
-"""Each room's floor, lowest first. A name covers its submodules unless a longer name in the
-table places them (``tft.train`` above ``tft``); ``harness`` alone is the package's
+"""Each floor's folders, lowest first: a folder of ``harness`` is one floor (the recorder, which
+joins the floors below it, is the one module of its own). A name covers its submodules unless a
+longer name places them (``tft.train`` above ``tft``); ``harness`` alone is the package's
 ``__init__``."""
 
 
@@ -178,6 +110,25 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def test_the_folders_of_the_harness_are_its_floors():
+    """``ls harness`` shows the floors: each folder is named in :data:`FLOORS`, and the only
+    modules beside them are the recorder, the package's names and ``python -m harness``."""
+    placed = {name for _, names in FLOORS for name in names}
+    here = ROOT / "harness"
+    folders = {f"harness.{p.name}" for p in here.iterdir() if (p / "__init__.py").is_file()}
+    loose = sorted(p.name for p in here.glob("*.py"))
+    assert sorted(folders - placed) == []
+    assert loose == ["__init__.py", "__main__.py", "recorder.py"]
+
+
+def test_no_two_modules_of_the_harness_share_a_name():
+    named: dict[str, list[str]] = {}
+    for module, path in modules().items():
+        if path.name != "__init__.py" and module.startswith("harness."):
+            named.setdefault(module.rpartition(".")[2], []).append(module)
+    assert {n: m for n, m in named.items() if len(m) > 1} == {}
+
+
 def test_every_module_has_a_floor():
     unplaced = sorted(m for m in modules() if floor_of(m) is None)
     assert unplaced == [], f"give these modules a floor in FLOORS: {unplaced}"
@@ -247,6 +198,12 @@ def test_importing_the_recorder_loads_nothing_above_it():
     recorder = floor_of("harness.recorder") or 0
     above = sorted(m for m in loaded if m != "harness" and (floor_of(m) or 0) > recorder)
     assert "harness.recorder" in loaded and above == []
-    judging = ("harness.rules", "harness.attribution", "harness.verdict", "harness.options")
+    judging = (
+        "harness.rules",
+        "harness.attribution",
+        "harness.verdict.model",
+        "harness.verdict.options",
+    )
     assert [m for m in loaded if m.startswith(judging)] == []
-    assert len(loaded) <= 20, loaded
+    folders = {m for m in loaded if (ROOT / m.replace(".", "/") / "__init__.py").is_file()}
+    assert len(set(loaded) - folders) <= 20, loaded

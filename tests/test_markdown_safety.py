@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from harness.artifacts import save_run, write_index
-from harness.chart import memory_chart
-from harness.markdown import code, fenced, link_to, mermaid, plain, spans, table, text
+from harness.core.markdown import code, fenced, link_to, mermaid, plain, spans, table, text
+from harness.measure.sample import Sample
 from harness.report import Run, render_report
+from harness.report.chart import memory_chart
+from harness.results.artifacts import save_run, write_index
 from harness.rules import judge
-from harness.sample import Sample
 
 MB = 2**20
 PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"])

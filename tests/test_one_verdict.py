@@ -13,9 +13,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from harness.measure.sample import STRIDE, Sample
 from harness.rules import Rules, judge
 from harness.rules.fit import PLATEAU
-from harness.sample import STRIDE, Sample
 
 MB = 10**6
 BUDGET = 4 * MB

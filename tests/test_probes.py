@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
-from harness import malloc, probes
-from harness.probes import CpuProbe, CudaProbe, make_probe
+from harness.measure import malloc, probes
+from harness.measure.probes import CpuProbe, CudaProbe, make_probe
 
 MiB = 2**20
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -78,7 +78,7 @@ def vm_hwm() -> int:
 
 CHILD_PEAK = """
 import json, resource
-from harness.probes import CpuProbe
+from harness.measure.probes import CpuProbe
 probe = CpuProbe()
 probe.reset_peak()
 sample = probe.sample()

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import DeviceOutOfMemory, Recorder, Sample, judge, malloc, probes, read_timeline
-from harness.cli import main
-from harness.labels import Raised
-from harness.probes import CpuProbe
-from harness.sample import STRIDE
+from harness import DeviceOutOfMemory, Recorder, Sample, judge, read_timeline
+from harness.core.labels import Raised
+from harness.frontends.cli import main
+from harness.measure import malloc, probes
+from harness.measure.probes import CpuProbe
+from harness.measure.sample import STRIDE
 
 MiB = 2**20
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -8,13 +8,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.artifacts import compare_runs, load_run_document, run_document, save_run, write_index
-from harness.chart import CHART_POINTS, memory_chart
-from harness.errors import BadInput
-from harness.options import judged_options
+from harness.core.errors import BadInput
+from harness.measure.sample import Sample
 from harness.report import Run, render_report
+from harness.report.chart import CHART_POINTS, memory_chart
+from harness.results.artifacts import (
+    compare_runs,
+    load_run_document,
+    run_document,
+    save_run,
+    write_index,
+)
 from harness.rules import SCHEMA_VERSION, Evidence, Finding, Rules, Verdict, judge
-from harness.sample import Sample
+from harness.verdict.options import judged_options
 
 MB = 2**20
 SECTIONS = [
@@ -287,7 +293,7 @@ def test_a_loop_read_on_a_stride_shows_read_batches_only():
 def test_the_terminal_table_ends_a_loop_at_its_last_batch_read():
     """pytest's terminal table shows a loop's first batch and its last one read, never a batch
     between two stride readings as ``n/a``; a loop never read ends at its last batch."""
-    from harness.terminal import checkpoint_table
+    from harness.report.terminal import checkpoint_table
 
     named = [at(1, "validation START", "validation"), at(9, "validation END", "validation")]
     read = [at(2 + b / 100, "VALIDATION_BATCH", "validation", batch=b) for b in range(50)]

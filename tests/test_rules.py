@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness.errors import BadArgument, BadInput
-from harness.options import parse_option
+from harness.core.errors import BadArgument, BadInput
+from harness.measure.sample import Sample
 from harness.rules import (
     SCHEMA_VERSION,
     Finding,
@@ -19,8 +19,8 @@ from harness.rules import (
     register_rule,
     unregister_rule,
 )
-from harness.sample import Sample
-from harness.verdict import CheckStatus, Severity, Status
+from harness.verdict.model import CheckStatus, Severity, Status
+from harness.verdict.options import parse_option
 
 KB = 1024
 MB = 2**20

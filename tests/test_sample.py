@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from harness.sample import Sample
+from harness.measure.sample import Sample
 
 
 def test_round_trip_through_json():

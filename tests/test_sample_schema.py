@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness import sample as schema
-from harness import timeline, timeline_columns
-from harness.errors import BadInput
-from harness.rules.columns import Columns
-from harness.sample import Sample, column, fields_of
-from harness.store import NONE, SampleStore, make_sample
+from harness.core.errors import BadInput
+from harness.measure import sample as schema
+from harness.measure.sample import Sample, column, fields_of
+from harness.rules.sample_columns import Columns
+from harness.timeline import columns as timeline_columns
+from harness.timeline import jsonl as timeline
+from harness.timeline.store import NONE, SampleStore, make_sample
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from torch import nn
 
 from harness import Recorder, judge
 from harness.rules import Rules
-from harness.verdict import Kind
+from harness.verdict.model import Kind
 
 LENGTHS = range(32, 1025, 32)
 BATCHES = 48

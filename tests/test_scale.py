@@ -7,11 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from harness import stats, timeline, timeline_columns
+from harness.core import stats
+from harness.measure.sample import Sample
 from harness.rules.context import Context, Positions
-from harness.sample import Sample
-from harness.store import SampleStore
-from harness.verdict import Rules
+from harness.timeline import columns as timeline_columns
+from harness.timeline import jsonl as timeline
+from harness.timeline.store import SampleStore
+from harness.verdict.model import Rules
 
 METRICS = ("allocated", "rss", "peak")
 

@@ -1,10 +1,10 @@
-"""``python -m harness.selfcheck``: its CPU half passes here, the CUDA half skips cleanly
+"""``python -m harness.frontends.selfcheck``: its CPU half passes here, the CUDA half skips cleanly
 without a GPU, and a failing check is named with a non-zero exit."""
 
 import pytest
 import torch
 
-from harness import selfcheck
+from harness.frontends import selfcheck
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.units import (
+from harness.core.units import (
     MAX_BYTES,
     echo_size,
     format_mib,

@@ -6,9 +6,9 @@ from dataclasses import dataclass, fields
 import pytest
 
 from harness.attribution import Holder
-from harness.errors import BadInput
-from harness.verdict import Evidence, Finding, Kind
-from harness.verdict_schema import FINDING, HOLDER, check_finding, of_dataclass
+from harness.core.errors import BadInput
+from harness.verdict.model import Evidence, Finding, Kind
+from harness.verdict.schema import FINDING, HOLDER, check_finding, of_dataclass
 
 
 def test_the_holder_entries_declare_every_field_a_holder_has():

@@ -20,11 +20,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from workload import PythonObjects, Sums, WorkerCache
 
-from harness.children import parse_processes
+from harness.measure.children import parse_processes
+from harness.measure.sample import Sample
 from harness.recorder import Recorder
 from harness.rules import Rules, judge
-from harness.sample import Sample
-from harness.verdict import Kind
+from harness.verdict.model import Kind
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
@@ -367,8 +367,8 @@ def test_the_marker_judges_workers_by_default(pytester, extra, ini, outcome):
 
 
 def test_child_options_are_checked_and_saved():
-    from harness.errors import BadInput
-    from harness.verdict import Finding, Verdict
+    from harness.core.errors import BadInput
+    from harness.verdict.model import Finding, Verdict
 
     with pytest.raises(BadInput) as raised:
         Rules(child_metric="rss")
@@ -385,8 +385,8 @@ def test_child_options_are_checked_and_saved():
 
 
 def test_the_report_has_a_column_per_worker(tmp_path):
-    from harness.finish import finish_run
-    from harness.terminal import checkpoint_table
+    from harness.report.terminal import checkpoint_table
+    from harness.results.finish import finish_run
 
     with Recorder("cpu", rules=RULES) as rec:
         validate(rec, loader(WorkerCache(leaky=(0,))))

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from harness import timeline_writer
-from harness.errors import UnwritableReport
-from harness.finish import finish_run
+from harness.core.errors import UnwritableReport
 from harness.recorder import Recorder
-from harness.timeline import TimelineWriter, read_timeline
-from harness.verdict import Rules
+from harness.results.finish import finish_run
+from harness.timeline import writer as timeline_writer
+from harness.timeline.jsonl import TimelineWriter, read_timeline
+from harness.verdict.model import Rules
 from tft import train as train_cli
 from tft.synthetic import synth
 

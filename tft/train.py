@@ -80,11 +80,11 @@ def memory_rules(path: Path | None = None) -> MemoryRules:
     training and 176 validation windows, batch size 1, 5 epochs; ``reports/README.md`` has the
     numbers behind them).
 
-    Raises ``harness.errors.BadInput`` naming the file and the key for a file that cannot be
+    Raises ``harness.core.errors.BadInput`` naming the file and the key for a file that cannot be
     read or is not JSON, and for budgets that are not exactly the three sizes."""
-    from harness.errors import BadInput
-    from harness.json_values import read_json
-    from harness.units import parse_size
+    from harness.core.errors import BadInput
+    from harness.core.json_values import read_json
+    from harness.core.units import parse_size
 
     path = BUDGETS if path is None else path
     document = read_json(path)
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --resume: {exc}", file=sys.stderr)
             return 2
     if rules is not None and "WORLD_SIZE" in os.environ:
-        from harness.spawn import quiet_flight_recorder
+        from harness.frontends.spawn import quiet_flight_recorder
 
         quiet_flight_recorder()
     with process_group(config):
@@ -259,11 +259,11 @@ def traced(
     # The one exception to "tft never imports harness": tracing from the command line. The
     # import stays inside this function, so the model, data, trainer and faults load without it.
     from harness.attribution import PhaseAttribution
-    from harness.finish import finish_run
-    from harness.merge import finish_distributed
+    from harness.core.units import parse_size
     from harness.recorder import Recorder
-    from harness.units import parse_size
-    from harness.verdict import Rules
+    from harness.results.finish import finish_run
+    from harness.results.merge import finish_distributed
+    from harness.verdict.model import Rules
 
     try:
         capacity = None if args.capacity is None else parse_size(args.capacity, what="--capacity")
@@ -328,8 +328,8 @@ def traced(
 def held_at_start(device: str, capacity: int) -> str | None:
     """Why an emulated ``capacity`` cannot work, when the process already holds more than it
     before training starts (both figures); None when it fits."""
-    from harness.probes import make_probe
-    from harness.units import format_size
+    from harness.core.units import format_size
+    from harness.measure.probes import make_probe
 
     gc.collect()
     probe = make_probe(device)

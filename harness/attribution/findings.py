@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import harness.labels as labels
+import harness.core.labels as labels
 from harness.attribution.holders import Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS
 from harness.attribution.phase import PhaseAttribution
@@ -98,8 +98,8 @@ def shares(
     itself, against what was alive when the finding's phase started (the run's start for a
     phase without one), so nothing older is named for it; given its holders only, against the
     last ``gc.freeze()`` (a recorder's start). A child-leak is explained by what the
-    ``workers`` named on their own heaps (:mod:`harness.attribution.workers`): the worker whose
-    holders hold the most, against its growth when it named them. Nothing to explain, nothing
+    ``workers`` named on their own heaps (:mod:`harness.attribution.worker_holders`): the worker
+    whose holders hold the most, against its growth when it named them. Nothing to explain, nothing
     searched.
     """
     attribution = holders if isinstance(holders, PhaseAttribution) else None

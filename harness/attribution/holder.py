@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, cast
 
-from harness.records import HolderRecord
-from harness.units import format_size
-from harness.wording import plural
+from harness.core.records import HolderRecord
+from harness.core.units import format_size
+from harness.core.wording import plural
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from harness.attribution.quiet import unobserved
 from harness.attribution.sites import Block, allocator_blocks, site_of
 from harness.attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
 from harness.attribution.walk import SIZED, Walk, kind_of, namespace
-from harness.errors import BadArgument
-from harness.units import format_size
+from harness.core.errors import BadArgument
+from harness.core.units import format_size
 
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")
 _PARAMETER_COLLECTIONS = (torch.nn.ParameterList, torch.nn.ParameterDict)

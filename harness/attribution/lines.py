@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from harness.attribution.snapshot import NO_STORAGE, StorageKey, storage_of
-from harness.malloc import live_heap
+from harness.measure.malloc import live_heap
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

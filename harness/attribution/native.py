@@ -34,7 +34,7 @@ from typing import Any
 
 from harness.attribution.lines import HARNESS, SKIPPED, short_site
 from harness.attribution.quiet import own_memray
-from harness.units import format_size
+from harness.core.units import format_size
 
 NATIVE_FLOOR = 64 * 1024
 """A line whose surviving native allocations add up to less than this is not named."""

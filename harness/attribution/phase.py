@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import harness.labels as labels
+import harness.core.labels as labels
 from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS, Lines
 from harness.attribution.quiet import memory_tracer
@@ -19,9 +19,9 @@ from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.attribution.torch_state import torch_holders
-from harness.malloc import live_heap
-from harness.options import Rules
-from harness.sample import Sample
+from harness.measure.malloc import live_heap
+from harness.measure.sample import Sample
+from harness.verdict.options import Rules
 
 
 class PhaseAttribution:

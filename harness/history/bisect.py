@@ -20,10 +20,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.errors import BadInput
-from harness.fsio import write_atomic
-from harness.git import git, git_or_refuse
-from harness.verdict import Status
+from harness.core.errors import BadInput
+from harness.core.fsio import write_atomic
+from harness.core.git import git, git_or_refuse
+from harness.verdict.model import Status
 
 GOOD, BAD, SKIP = 0, 1, 125
 
@@ -40,8 +40,8 @@ def command_of(given: Sequence[str]) -> list[str]:
 def step(command: Sequence[str], state: Path) -> int:
     """Run the test command at HEAD, keep what it found under ``state/<commit>.json``, and
     answer as ``git bisect run`` reads an exit code."""
-    from harness.artifacts import load_run_document, verdict_files
-    from harness.history.store import history_summary
+    from harness.history.archive import history_summary
+    from harness.results.artifacts import load_run_document, verdict_files
 
     reports = Path(tempfile.mkdtemp(prefix="leakgate-bisect-"))
     try:
@@ -140,7 +140,7 @@ def _narrowed(
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from harness.history.store import HistoryPlace, open_history, scan
+    from harness.history.archive import HistoryPlace, open_history, scan
 
     test = next((a for a in command if "::" in a), None)
     if test is None:

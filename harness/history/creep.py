@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.errors import BadArgument
-from harness.stats import MAD_TO_SIGMA, trend
+from harness.core.errors import BadArgument
+from harness.core.stats import MAD_TO_SIGMA, trend
 
 CREEP_ALPHA = 0.01
 """The Mann-Kendall test's one-sided level: at most 1% false alarms on a flat series."""

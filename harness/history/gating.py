@@ -12,19 +12,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.errors import BadInput
+from harness.core.errors import BadInput
+from harness.core.markdown import plain
+from harness.core.units import format_size
+from harness.core.wording import plural
+from harness.history.archive import History, HistoryPlace, HistoryRow, append, open_history
 from harness.history.creep import MIN_RUNS, CreepLimit, by_commit, creep
 from harness.history.series import VALUES, Selection, read_series
-from harness.history.store import History, HistoryPlace, HistoryRow, append, open_history
-from harness.markdown import plain
-from harness.units import format_size
-from harness.wording import plural
 
 
 def record(
     given: str | os.PathLike[str], summaries: Sequence[Mapping[str, Any]], source: str
 ) -> tuple[History, list[HistoryRow]]:
-    """Append one run, a row per verdict's :func:`~harness.history.store.history_summary`, to the
+    """Append one run, a row per verdict's :func:`~harness.history.archive.history_summary`, to the
     history at ``given`` (made when new); the history and the rows appended."""
     history = open_history(given, mode="append")
     rows = HistoryPlace.here().rows(summaries, source)

@@ -14,8 +14,12 @@ import os
 
 import numpy as np
 
-from harness.errors import BadInput
-from harness.fsio import write_output
+from harness.core.errors import BadInput
+from harness.core.fsio import write_output
+from harness.core.markdown import Markdown, code, heading, mermaid, table, text
+from harness.core.units import format_size
+from harness.core.wording import plural
+from harness.history.archive import History, scan
 from harness.history.creep import (
     DEFAULT_CREEP,
     Commits,
@@ -25,10 +29,6 @@ from harness.history.creep import (
     steps,
 )
 from harness.history.series import VALUES, HistorySeries, Selection, read_series
-from harness.history.store import History, scan
-from harness.markdown import Markdown, code, heading, mermaid, table, text
-from harness.units import format_size
-from harness.wording import plural
 
 _MIB = 2**20
 PAGE_WINDOW = 100

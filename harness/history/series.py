@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from harness.errors import BadInput
-from harness.history.store import History, scan
+from harness.core.errors import BadInput
+from harness.history.archive import History, scan
 
 COMPACT = 1 << 18
 """Rows gathered (beyond those kept) before the runs beyond each series' window are dropped."""

@@ -62,14 +62,14 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "pip install 'leakgate[lightning]'"
     ) from error
 
-import harness.labels as labels
+import harness.core.labels as labels
 from harness.attribution import PhaseAttribution
-from harness.errors import BadInput, as_unwritable
-from harness.finish import Finished, MemoryCheckFailed, finish_run
-from harness.naming import check_file_name
-from harness.probes import probe_for
+from harness.core.errors import BadInput, as_unwritable
+from harness.core.naming import check_file_name
+from harness.measure.probes import probe_for
 from harness.recorder import DeviceOutOfMemory, Recorder
-from harness.verdict import Rules
+from harness.results.finish import Finished, MemoryCheckFailed, finish_run
+from harness.verdict.model import Rules
 
 __all__ = ["DEFAULT_RULES", "PHASES", "LeakGateCallback", "MemoryCheckFailed"]
 
@@ -95,9 +95,9 @@ class LeakGateCallback(Callback):
     are given too. Without one the callback makes a recorder for each run (``trainer.fit``,
     ``validate``, ``test`` or ``predict``), reading the device the module runs on (``cpu`` or
     ``cuda:N``), judges the run when it ends, writes the report through
-    :func:`harness.finish.finish_run` and closes the recorder.
+    :func:`harness.results.finish.finish_run` and closes the recorder.
 
-    ``rules``: a :class:`~harness.verdict.Rules` or a mapping of its fields; default
+    ``rules``: a :class:`~harness.verdict.model.Rules` or a mapping of its fields; default
     :data:`DEFAULT_RULES` for the run's stage. ``directory``: where ``<name>.md``, ``.json`` and
     the timeline ``.jsonl`` go (nothing is written without it, unless ``timeline`` is given).
     ``timeline``: the JSONL timeline's path. Runs other than ``fit`` add ``-<stage>`` to
@@ -105,10 +105,10 @@ class LeakGateCallback(Callback):
     :class:`MemoryCheckFailed` from ``on_fit_end`` (or the stage's teardown) when the verdict
     is not PASS, which stops the script. A report, verdict or timeline that cannot be written
     is printed as ``not saved: cannot write ...`` under the verdict and raised as
-    :class:`~harness.errors.UnwritableReport` with ``raise_on_fail`` (else warned about, a
+    :class:`~harness.core.errors.UnwritableReport` with ``raise_on_fail`` (else warned about, a
     ``RuntimeWarning``); a timeline that cannot be created stops the run at its setup with
     that error. ``name`` must be a plain file name
-    (:func:`harness.naming.check_file_name`). ``attribute``, ``capacity``: as for ``Recorder``,
+    (:func:`harness.core.naming.check_file_name`). ``attribute``, ``capacity``: as for ``Recorder``,
     for the recorder the callback makes (``attribute`` is on too when the rules' is).
 
     After a judged run, :attr:`finished` holds it; :attr:`recorder` is the last recorder used.

@@ -4,8 +4,8 @@
 into the report; its sections live in :mod:`~harness.report.sections` (the frame),
 :mod:`~harness.report.memory` (profile, chart, per-phase analysis) and
 :mod:`~harness.report.issues` (findings with their cause and fix). :func:`index_lines` renders
-``index.md`` from saved verdicts. Escaping is :mod:`harness.markdown`'s, advice
-:mod:`harness.advice`'s.
+``index.md`` from saved verdicts. Escaping is :mod:`harness.core.markdown`'s, advice
+:mod:`harness.report.advice`'s.
 """
 
 from __future__ import annotations

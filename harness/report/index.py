@@ -2,8 +2,8 @@
 the totals, then one row per saved run, failures first, each run summed up by its most severe
 finding (ranked as ``Verdict.worst`` ranks them) with its size in its own unit: a reading for an
 out-of-memory, a change for the others. It reads the runs' JSON documents (as
-:mod:`harness.artifacts` writes them) as plain mappings, so any value in them may be missing or
-malformed.
+:mod:`harness.results.artifacts` writes them) as plain mappings, so any value in them may be missing
+or malformed.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.markdown import code, link_to, plain, strong, table, text
-from harness.units import format_size
-from harness.verdict import Finding, Kind, Status
-from harness.wording import plural
+from harness.core.markdown import code, link_to, plain, strong, table, text
+from harness.core.units import format_size
+from harness.core.wording import plural
+from harness.verdict.model import Finding, Kind, Status
 
 REGRESSION = "REGRESSION"
 SHOWN = (Status.PASS, REGRESSION, Status.FAIL, Status.ERROR)

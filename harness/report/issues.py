@@ -1,7 +1,7 @@
 """The report's findings: the Issues Found section (evidence, suspected root cause and
 recommended fix for each finding, causes before their symptoms) and the Executive Summary's
 root-cause line. Who holds the memory comes from the run's attribution; the cause and fix
-text comes from :mod:`harness.advice`.
+text comes from :mod:`harness.report.advice`.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.advice import advise
-from harness.markdown import Markdown, code, spans, text
+from harness.core.markdown import Markdown, code, spans, text
+from harness.core.units import echo_size, format_mib, format_rate, format_size
+from harness.core.wording import plural
+from harness.measure.sample import Sample
+from harness.report.advice import advise
 from harness.report.memory import scope_label
 from harness.report.run import Run, as_int, checkpoint_name, describe
-from harness.sample import Sample
-from harness.units import echo_size, format_mib, format_rate, format_size
-from harness.verdict import CONFIGURATION, Finding, Kind, Outcome, Status, Verdict
-from harness.wording import plural
+from harness.verdict.model import CONFIGURATION, Finding, Kind, Outcome, Status, Verdict
 
 HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
 MESSAGE_CHARS = 600

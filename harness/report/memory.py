@@ -10,9 +10,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-import harness.labels as labels
-from harness.chart import CHART_POINTS, memory_chart, shows_capacity
-from harness.markdown import Markdown, code, fenced, plain, strong, table, text
+import harness.core.labels as labels
+from harness.core.markdown import Markdown, code, fenced, plain, strong, table, text
+from harness.core.units import echo_size, format_mib, format_rate, format_size
+from harness.core.wording import plural
+from harness.report.chart import CHART_POINTS, memory_chart, shows_capacity
 from harness.report.run import (
     Run,
     as_int,
@@ -30,10 +32,8 @@ from harness.report.workers import (
     sampling_note,
     worker_roles,
 )
-from harness.store import NONE
-from harness.units import echo_size, format_mib, format_rate, format_size
-from harness.verdict import CheckStatus, PhaseStats, Rules
-from harness.wording import plural
+from harness.timeline.store import NONE
+from harness.verdict.model import CheckStatus, PhaseStats, Rules
 
 WORKERS = "children"
 """The chart's name for the workers' total."""

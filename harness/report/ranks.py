@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import harness.report.memory as memory
-from harness.chart import as_floats, memory_chart
-from harness.markdown import Markdown, code, fenced, link_to, plain, strong, table, text
-from harness.records import HolderRecord
+from harness.core.markdown import Markdown, code, fenced, link_to, plain, strong, table, text
+from harness.core.records import HolderRecord
+from harness.core.units import format_mib
+from harness.core.wording import plural
+from harness.measure.sample import Sample
+from harness.report.chart import as_floats, memory_chart
 from harness.report.memory import (
     NAME_CHARS,
     NOTE_CHARS,
@@ -38,10 +41,7 @@ from harness.report.workers import (
     sampling_note,
     worker_roles,
 )
-from harness.sample import Sample
-from harness.units import format_mib
-from harness.verdict import CheckStatus, Verdict
-from harness.wording import plural
+from harness.verdict.model import CheckStatus, Verdict
 
 if TYPE_CHECKING:
     from harness.attribution import Share

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-import harness.labels as labels
-from harness.markdown import plain
-from harness.records import HolderRecord
-from harness.rules.columns import Columns
-from harness.rules.run import group_ooms
-from harness.sample import Sample
-from harness.store import NONE
-from harness.verdict import Kind, Verdict
+import harness.core.labels as labels
+from harness.core.markdown import plain
+from harness.core.records import HolderRecord
+from harness.measure.sample import Sample
+from harness.rules.per_run import group_ooms
+from harness.rules.sample_columns import Columns
+from harness.timeline.store import NONE
+from harness.verdict.model import Kind, Verdict
 
 SHOWN_FALLBACK = "rss"
 
@@ -150,7 +150,7 @@ def checkpoint_name(sample: Sample) -> str:
 
 def describe(value: Any, limit: int = 80) -> str:
     """A header value for a person, on one line (not escaped): text as is (up to
-    :data:`~harness.markdown.LIMIT` characters), a list of texts joined by commas and others as
+    :data:`~harness.core.markdown.LIMIT` characters), a list of texts joined by commas and others as
     compact JSON (up to ``limit``), ``n/a`` for None."""
     if value is None:
         return "n/a"

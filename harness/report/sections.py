@@ -11,15 +11,15 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from harness.markdown import Markdown, code, link_to, spans, strong, table, text
-from harness.options import Rules, judged_options
+from harness.core.markdown import Markdown, code, link_to, spans, strong, table, text
+from harness.core.units import echo_size, format_mib
+from harness.core.wording import plural
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
 from harness.report.memory import status
 from harness.report.ranks import analysis, chart, profile, rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
-from harness.units import echo_size, format_mib
-from harness.verdict import CONFIGURATION, CheckStatus, Status, Verdict
-from harness.wording import plural
+from harness.verdict.model import CONFIGURATION, CheckStatus, Status, Verdict
+from harness.verdict.options import Rules, judged_options
 
 
 def render_report(run: Run) -> str:

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from harness.children import parse_processes, role_metric
-from harness.markdown import Markdown, code, plain, text
+from harness.core.markdown import Markdown, code, plain, text
+from harness.core.units import format_mib, format_size
+from harness.measure.children import parse_processes, role_metric
 from harness.report.run import Run
-from harness.units import format_mib, format_size
 
 MAX_ROLES = 8
 """Worker columns a table gets at most (the lowest roles, in order)."""

@@ -2,9 +2,9 @@
 
 Every rule is registered by name (:mod:`harness.rules.registry`); the built-in ones live in
 :mod:`harness.rules.loop` (leak, peak, fragmentation: per ``(phase, epoch)``) and
-:mod:`harness.rules.run` (drift, teardown, trainer checks, OOM), and the cross-rank
-``rank_outlier`` of :mod:`harness.rules.ranks` is registered here. They share one statistics pass
-(:class:`~harness.rules.context.Context`). Per phase, the worst group's finding of each rule is
+:mod:`harness.rules.per_run` (drift, teardown, trainer checks, OOM), and the cross-rank
+``rank_outlier`` of :mod:`harness.rules.rank_outlier` is registered here. They share one statistics
+pass (:class:`~harness.rules.context.Context`). Per phase, the worst group's finding of each rule is
 reported; every group's numbers and checks are kept.
 
 A registered rule that raises, exits or returns something other than findings could not judge,
@@ -20,16 +20,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import harness.labels as labels
-from harness.errors import Raised
-from harness.rules import children, loop, run, saturation  # noqa: F401  (registers the rules)
-from harness.rules import ranks as _ranks
+import harness.core.labels as labels
+from harness.core.errors import Raised
+from harness.core.wording import plural
+from harness.measure.sample import Sample
+from harness.rules import child_growth, loop, per_run, saturation  # noqa: F401  (registers the rules)
+from harness.rules import rank_outlier as _ranks
 from harness.rules.context import Context, Group
 from harness.rules.loop import ALPHA, FRAGMENTATION_FLOOR, MIN_TREND_POINTS
 from harness.rules.mistakes import nothing_recorded, recorded_nothing, unmatched_phase
 from harness.rules.registry import Rule, register_rule, registered, unregister_rule
-from harness.sample import Sample
-from harness.verdict import (
+from harness.verdict.model import (
     CONFIGURATION,
     KINDS,
     RAISED,
@@ -45,8 +46,7 @@ from harness.verdict import (
     Status,
     Verdict,
 )
-from harness.verdict_schema import check_finding
-from harness.wording import plural
+from harness.verdict.schema import check_finding
 
 register_rule(_ranks.RULE, _ranks.rank_outlier, scope="run", option=None)
 

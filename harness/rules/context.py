@@ -5,8 +5,8 @@ in one metric: ``rules.metric`` if every sample of the series has it, else ``rss
 (after ``warmup`` batches) and *peak* are computed once, here, and read by the rules.
 
 The pass reads columns, not samples: labels and phases as codes, epochs, batches and each
-metric as numpy arrays (a :class:`~harness.store.SampleStore`'s own columns, or columns built
-once from a list), so a million checkpoints cost a few numpy passes and one trend per group.
+metric as numpy arrays (a :class:`~harness.timeline.store.SampleStore`'s own columns, or columns
+built once from a list), so a million checkpoints cost a few numpy passes and one trend per group.
 Positions (:class:`Positions`) are numpy-backed sequences of ints. ``ctx.samples`` is what
 was given: a store builds each :class:`Sample` when it is read.
 """
@@ -20,12 +20,12 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
-from harness.rules.columns import Columns, Key
+from harness.core.units import format_size
+from harness.measure.sample import STRIDE, Sample
 from harness.rules.fit import Fit
-from harness.sample import STRIDE, Sample
-from harness.store import NONE
-from harness.units import format_size
-from harness.verdict import Check, CheckStatus, Evidence, Rules
+from harness.rules.sample_columns import Columns, Key
+from harness.timeline.store import NONE
+from harness.verdict.model import Check, CheckStatus, Evidence, Rules
 
 FALLBACK_METRIC = "rss"
 
@@ -153,8 +153,8 @@ class CheckLog:
 class Context(CheckLog):
     """The judged samples and rules, the groups' statistics, and the checks recorded so far.
 
-    ``samples`` may be a list or a :class:`~harness.store.SampleStore` (read in columns, its
-    samples built only where a rule reads one)."""
+    ``samples`` may be a list or a :class:`~harness.timeline.store.SampleStore` (read in columns,
+    its samples built only where a rule reads one)."""
 
     def __init__(self, samples: Sequence[Sample], rules: Rules) -> None:
         self.samples = samples
@@ -339,7 +339,7 @@ class Context(CheckLog):
 
 def strided(read: np.ndarray) -> bool:
     """Whether a series read where ``read`` holds was read on a stride: fewer than
-    :data:`~harness.sample.STRIDE`'s ``every`` samples in a row unread, anywhere."""
+    :data:`~harness.measure.sample.STRIDE`'s ``every`` samples in a row unread, anywhere."""
     gaps = np.diff(np.concatenate(([-1], np.flatnonzero(read), [len(read)])))
     return len(gaps) > 1 and int(gaps.max()) <= STRIDE.every
 

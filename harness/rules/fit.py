@@ -3,9 +3,9 @@ at what rate, and whether it stopped.
 
 The readings after warm-up sit at batches ``x`` (strictly ascending), each standing for the
 batches around it (a loop read on a stride weighs as if every batch were read: see
-:mod:`harness.stats`). A continuous line of three pieces (:func:`~harness.stats.broken_line`)
-is fitted to them. The growth is its rise from the first judged batch to the loop's last
-batch.
+:mod:`harness.core.stats`). A continuous line of three pieces
+(:func:`~harness.core.stats.broken_line`) is fitted to them. The growth is its rise from the first
+judged batch to the loop's last batch.
 
 - The growth *starts* (``onset``) at a knot where every piece before it is flat (rising at
   most :data:`FLAT_PIECE` as fast as the line rises after it, on average) and the line rises
@@ -13,11 +13,11 @@ batch.
   the rise after the onset per batch after it; without an onset it is the trend's slope.
 - The growth *stopped* (``stopped``, a plateau: a bounded cache) at the batch from which the
   series stays within :data:`FLAT_PIECE` of the growth of its last level
-  (:func:`~harness.stats.settled`), when it stays there for at least :data:`PLATEAU` batches
+  (:func:`~harness.core.stats.settled`), when it stays there for at least :data:`PLATEAU` batches
   and for more batches than the growth took from the first judged batch (it ended in the
   first half of the loop).
 - The trend is tested (Mann-Kendall) on the readings of the stride's schedule
-  (:data:`~harness.sample.STRIDE`: every batch of the first 32, then every 16th, whether or
+  (:data:`~harness.measure.sample.STRIDE`: every batch of the first 32, then every 16th, whether or
   not more were read), and on the series per batch cut into as many equal spans of batches as
   those readings, each span its median; so the same loop is tested on the same evidence
   however it was read, a cache filling in the dense first readings and a leak in the sparse
@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness.sample import STRIDE
-from harness.stats import Broken, Trend, broken_line, per_batch, settled, trend
+from harness.core.stats import Broken, Trend, broken_line, per_batch, settled, trend
+from harness.measure.sample import STRIDE
 
 FLAT_PIECE = 0.1
 """Flat: rising at most this share as fast as after an onset; settled: within this share of

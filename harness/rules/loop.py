@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.core.units import format_size
+from harness.core.wording import plural
 from harness.rules.context import Context, Fit, Group, rate, where
 from harness.rules.registry import register_rule
-from harness.store import NONE
-from harness.units import format_size
-from harness.verdict import CheckStatus, Finding, Kind, Outcome
-from harness.wording import plural
+from harness.timeline.store import NONE
+from harness.verdict.model import CheckStatus, Finding, Kind, Outcome
 
 ALPHA = 0.01
 MIN_TREND_POINTS = 6

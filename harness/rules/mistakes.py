@@ -11,10 +11,10 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
-import harness.labels as labels
+import harness.core.labels as labels
+from harness.measure.sample import Sample
 from harness.rules.registry import Rule
-from harness.sample import Sample
-from harness.verdict import Rules, size_fields
+from harness.verdict.model import Rules, size_fields
 
 NO_CHECKPOINTS = (
     "no checkpoints at all: pass `memtrace` to the trainer as a callback or call "

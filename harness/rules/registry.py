@@ -3,8 +3,8 @@
 A rule is a function. A *phase* rule is called once per ``(phase, epoch)`` group that the
 rules select, as ``fn(ctx, group, option)``; a *run* rule once per timeline, as
 ``fn(ctx, option)``. Either records what it judged with ``ctx.check(...)`` and returns the
-findings it makes. ``option`` is the value of the :class:`~harness.verdict.Rules` field the rule
-is bound to (built-in rules), or the rule's entry in ``Rules.custom`` (registered rules, which
+findings it makes. ``option`` is the value of the :class:`~harness.verdict.model.Rules` field the
+rule is bound to (built-in rules), or the rule's entry in ``Rules.custom`` (registered rules, which
 run only when given one: ``@pytest.mark.memleak(my_rule="1MB")``).
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
-from harness.errors import BadArgument, BadInput
-from harness.options import option_names
-from harness.verdict import Finding
+from harness.core.errors import BadArgument, BadInput
+from harness.verdict.model import Finding
+from harness.verdict.options import option_names
 
 Scope = Literal["run", "phase"]
 RuleFunction = Callable[..., Iterable[Finding]]
@@ -65,7 +65,7 @@ def register_rule(
 
     User rules keep the default ``option="custom"``: they run when a marker keyword, a
     ``Rules(custom={name: value})`` or a timeline's stored rules give them a value. Raises
-    :class:`~harness.errors.BadInput` for a name already taken by a built-in rule or a
+    :class:`~harness.core.errors.BadInput` for a name already taken by a built-in rule or a
     ``Rules`` option, and ``TypeError`` for a function that is not callable or a scope that is
     not run/phase.
     """

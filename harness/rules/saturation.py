@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import pairwise
 
+from harness.core.units import format_size
+from harness.core.wording import plural
 from harness.rules.context import Context, Group, rate
 from harness.rules.loop import ALPHA, MIN_TREND_POINTS
 from harness.rules.registry import register_rule
-from harness.units import format_size
-from harness.verdict import CheckStatus, Finding, Kind, PhaseStats
-from harness.wording import plural
+from harness.verdict.model import CheckStatus, Finding, Kind, PhaseStats
 
 MIN_EPOCHS = 2
 FLAT = 0.25

@@ -1,0 +1,2 @@
+"""The ways in: the pytest plugin, the command line, the gate, spawned and distributed ranks, the
+selfcheck."""

@@ -1,0 +1,1 @@
+"""Reading memory: the device's probes, the process's allocator, ``/proc`` and the children."""

@@ -1,0 +1,136 @@
+"""DataLoader workers' roles: ``worker <id>`` for each worker of an iterator, learned where
+torch hands an iterator's worker pids, in id order, to its signal handling
+(``_set_worker_pids``): :func:`watch_dataloaders` wraps that hook once, at no cost per
+checkpoint.
+
+torch gives every worker the same process name (``pt_data_worker``, set once the worker runs;
+``python`` before, under spawn) and keeps the id inside the worker, so the id is learned here.
+When another iterator's workers are alive at the same time (a persistent training loader during
+validation), the newer iterator's are ``loader <n> worker <id>``, ``n`` the lowest number free.
+A new iterator over the same dataset as a live one takes its number: Lightning makes each
+epoch's validation iterator before it drops the last one (the sanity check's, first), and its
+workers stay ``worker <id>`` every epoch. Workers of an iterator made before the hook was
+wrapped are named as any process (:mod:`harness.measure.children`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+
+class WorkerRoles:
+    """DataLoader worker pids to roles, filled by torch's ``_set_worker_pids`` hook."""
+
+    def __init__(self) -> None:
+        self.roles: dict[int, str] = {}
+        self._loaders: dict[int, tuple[int, tuple[int, ...], int | None]] = {}
+        """Each registered iterator's number, worker pids and ``id`` of its dataset."""
+        self.watching = False
+        self.generation = 0
+        """Moves each time an iterator's workers are named."""
+
+    def add(self, key: int, pids: Sequence[int], dataset: int | None = None) -> None:
+        """Name iterator ``key``'s workers. A new iterator over the ``dataset`` of a registered
+        one (a loader's next epoch, made while its last epoch's iterator still lives) takes
+        its number, and the older one's workers, about to exit, lose their roles."""
+        older = next(
+            (k for k, (_, _, of) in self._loaders.items() if dataset is not None and of == dataset),
+            None,
+        )
+        if older is not None:
+            number, old_pids, _ = self._loaders.pop(older)
+            for pid in old_pids:
+                self.roles.pop(pid, None)
+        else:
+            taken = {number for number, _, _ in self._loaders.values()}
+            number = next(n for n in range(1, len(taken) + 2) if n not in taken)
+        self.generation += 1
+        prefix = "" if number == 1 else f"loader {number} "
+        self._loaders[key] = (number, tuple(pids), dataset)
+        for worker_id, pid in enumerate(pids):
+            self.roles[pid] = f"{prefix}worker {worker_id}"
+
+    def remove(self, key: int) -> None:
+        """Free the iterator's number; its workers keep their roles while they exit."""
+        self._loaders.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every iterator: unwatched, torch no longer says when one ends."""
+        self._loaders.clear()
+        self.roles.clear()
+        self.generation += 1
+
+    def forget(self, live: set[int]) -> None:
+        """Drop the roles of workers that exited and whose iterator is gone (pids are reused)."""
+        current = {pid for _, pids, _ in list(self._loaders.values()) for pid in pids}
+        for pid in [pid for pid in list(self.roles) if pid not in live and pid not in current]:
+            del self.roles[pid]
+
+
+ROLES = WorkerRoles()
+
+
+def _dataset_of(frame: FrameType) -> int | None:
+    """The ``id`` of the dataset of the DataLoader whose iterator calls the hook (torch calls
+    it from the iterator's ``__init__``, whose argument ``loader`` is the DataLoader); None
+    when the caller has no such ``loader``."""
+    dataset = getattr(frame.f_locals.get("loader"), "dataset", None)
+    return None if dataset is None else id(dataset)
+
+
+_watchers = 0
+"""Watches not yet undone: torch's hooks are wrapped while there is one."""
+_originals: tuple[Any, Any, Any, Any] | None = None
+"""torch's two hooks and the wrappers put in their place."""
+
+
+def watch_dataloaders() -> str | None:
+    """Learn DataLoader workers' ids until each call has its :func:`unwatch_dataloaders`; why
+    not, when torch lacks the hook."""
+    global _watchers, _originals
+    _watchers += 1
+    if ROLES.watching:
+        return None
+    try:
+        from torch.utils.data._utils import signal_handling
+    except ImportError:
+        return "DataLoader workers named by command: torch is not importable"
+    set_pids = getattr(signal_handling, "_set_worker_pids", None)
+    remove_pids = getattr(signal_handling, "_remove_worker_pids", None)
+    if set_pids is None or remove_pids is None:
+        return "DataLoader workers named by command: this torch has no _set_worker_pids"
+
+    def set_worker_pids(key: int, child_pids: tuple[int, ...]) -> None:
+        ROLES.add(key, child_pids, _dataset_of(sys._getframe(1)))
+        set_pids(key, child_pids)
+
+    def remove_worker_pids(loader_id: int) -> None:
+        ROLES.remove(loader_id)
+        remove_pids(loader_id)
+
+    signal_handling._set_worker_pids = set_worker_pids
+    signal_handling._remove_worker_pids = remove_worker_pids
+    _originals = (set_pids, remove_pids, set_worker_pids, remove_worker_pids)
+    ROLES.watching = True
+    return None
+
+
+def unwatch_dataloaders() -> None:
+    """Undo one :func:`watch_dataloaders`; after the last, torch's hooks are put back where
+    ours are still in place (another tool's wrapper around ours stays, and calls ours)."""
+    global _watchers
+    _watchers = max(0, _watchers - 1)
+    if _watchers or _originals is None:
+        return
+    from torch.utils.data._utils import signal_handling
+
+    set_pids, remove_pids, ours_set, ours_remove = _originals
+    if signal_handling._set_worker_pids is ours_set:
+        signal_handling._set_worker_pids = set_pids
+    if signal_handling._remove_worker_pids is ours_remove:
+        signal_handling._remove_worker_pids = remove_pids
+    ROLES.watching = False
+    ROLES.clear()

@@ -1,0 +1,1 @@
+"""A run's results: the finishing step, its files, baselines, ranks merged, CUDA snapshots."""

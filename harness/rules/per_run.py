@@ -1,0 +1,261 @@
+"""Rules judged once per run: drift, teardown, failed trainer checks and out-of-memory events.
+
+Drift (P2, ``max_drift``): every non-batch label seen in several epochs, each later epoch's first
+reading against the earliest judged epoch's, leaving out the first ``warmup_epochs``. Growth
+that a bounded cache accounts for between the two readings (:func:`~harness.rules.saturation.
+cached_between`) is not drift: the same growth is read once, as the cache it is (unless
+``cache_is_leak``). Teardown
+(P0, ``teardown``): the last collected sample at or after the run's end (``SESSION_END``,
+``TEST_END``) against the last collected one at or before its start (before the model exists).
+Check (P1): samples labelled ``CHECK_FAILED``, one finding per phase. OOM (P0): OOM events, one
+finding per failing batch; an error the run raised that is an OOM counts too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+import harness.core.labels as labels
+from harness.core.units import format_size
+from harness.core.wording import plural
+from harness.measure.sample import Sample
+from harness.rules.context import FALLBACK_METRIC, Context, where
+from harness.rules.registry import register_rule
+from harness.rules.saturation import cached_between
+from harness.timeline.store import NONE
+from harness.verdict.model import CheckStatus, Finding, Kind
+
+
+@register_rule("max_drift", option="max_drift")
+def drift(ctx: Context, limit: int) -> list[Finding]:
+    samples, cols = ctx.samples, ctx.columns
+    readings = np.flatnonzero(
+        (cols.batch == NONE) & (cols.epoch != NONE) & ~(cols.oom | cols.check_failed)
+    )
+    pairs = np.stack((cols.label[readings].astype(np.int64), cols.epoch[readings]))
+    _, first = np.unique(pairs, axis=1, return_index=True)
+    firsts: dict[str, dict[int, int]] = {}
+    for i in sorted(readings[first].tolist()):
+        firsts.setdefault(samples[i].label, {})[int(cols.epoch[i])] = i
+    failures: list[Finding] = []
+    compared = False
+    for label, by_epoch in firsts.items():
+        epochs = sorted(by_epoch)[ctx.rules.warmup_epochs :]
+        if len(epochs) < 2:
+            continue
+        compared = True
+        ref = by_epoch[epochs[0]]
+        worst: tuple[float, int, int, str, float, list[str]] | None = None
+        for e in epochs[1:]:
+            metric = ctx.pair_metric(ref, by_epoch[e])
+            if metric is None:
+                continue
+            amount = ctx.value(by_epoch[e], metric) - ctx.value(ref, metric)
+            cached, caches = cached_between(ctx, ref, by_epoch[e], metric)
+            if worst is None or amount - cached > worst[0]:
+                worst = (amount - cached, amount, by_epoch[e], metric, cached, caches)
+        if worst is None:
+            ctx.check("max_drift", label, CheckStatus.SKIP, "no comparable readings")
+            continue
+        residual, amount, at, metric, cached, caches = worst
+        details = (
+            f"epoch {samples[at].epoch} vs epoch {epochs[0]}: "
+            f"{format_size(amount, signed=True)} ({metric})"
+        )
+        if cached:
+            details += (
+                f", {format_size(cached, signed=True)} of it the bounded cache in "
+                f"{', '.join(caches)}"
+            )
+        status = (
+            CheckStatus.FAIL
+            if residual > limit
+            else CheckStatus.WARN
+            if amount > limit
+            else CheckStatus.PASS
+        )
+        ctx.check("max_drift", label, status, details, residual, limit)
+        if status == CheckStatus.FAIL:
+            beyond = (
+                f" ({format_size(residual, signed=True)} beyond the bounded cache)"
+                if cached
+                else ""
+            )
+            message = (
+                f"drift at {label}: {format_size(amount, signed=True)}{beyond} from epoch "
+                f"{epochs[0]} to epoch {samples[at].epoch} > max_drift "
+                f"{ctx.rules.shown('max_drift')}"
+            )
+            evidence = (ctx.evidence(ref, metric), ctx.evidence(at, metric))
+            failures.append(
+                Finding(
+                    Kind.DRIFT,
+                    samples[at].phase,
+                    samples[at].epoch,
+                    round(residual),
+                    message,
+                    None,
+                    evidence,
+                    rule="max_drift",
+                )
+            )
+    if not compared:
+        ctx.check("max_drift", "run", CheckStatus.SKIP, _too_few_epochs(ctx, firsts))
+    if not failures:
+        return []
+    worst_finding = max(failures, key=lambda f: f.bytes or 0)
+    if len(failures) > 1:
+        worst_finding = replace(
+            worst_finding, message=f"{worst_finding.message} ({len(failures)} labels drift)"
+        )
+    return [worst_finding]
+
+
+def _too_few_epochs(ctx: Context, firsts: dict[str, dict[int, int]]) -> str:
+    """Why drift compared nothing: the epochs left after ``warmup_epochs``, or no reading
+    outside a loop that carries an epoch."""
+    seen = sorted({e for by_epoch in firsts.values() for e in by_epoch})
+    if not seen:
+        return "no reading outside a loop carries an epoch (drift compares epochs' first readings)"
+    left = max(len(by_epoch) - ctx.rules.warmup_epochs for by_epoch in firsts.values())
+    return (
+        f"{plural(max(left, 0), 'epoch')} left to judge after warmup_epochs="
+        f"{ctx.rules.warmup_epochs} (epochs seen: {', '.join(map(str, seen))}); drift compares "
+        "two or more"
+    )
+
+
+@register_rule("teardown", option="teardown")
+def teardown(ctx: Context, limit: int) -> list[Finding]:
+    samples, cols = ctx.samples, ctx.columns
+    if not len(cols.batch):
+        ctx.check("teardown", "session", CheckStatus.SKIP, "no samples", None, limit)
+        return []
+    starts = cols.where_label(labels.is_run_start)
+    ends = cols.where_label(labels.is_run_end)
+    first = int(starts[0]) if len(starts) else 0
+    # The collected reading at or before the run's start: taken before the model existed.
+    anchors = np.flatnonzero(cols.collected[: first + 1])
+    start = int(anchors[-1]) if len(anchors) else first
+    last_batch = ctx.loop_positions[-1] if ctx.loop_positions else -1
+    end = int(ends[-1]) if len(ends) else last_batch + 1
+    after = np.flatnonzero(cols.collected[end:])
+    if not len(after):
+        ctx.check(
+            "teardown",
+            "session",
+            CheckStatus.SKIP,
+            "no collected sample after the session end",
+            None,
+            limit,
+        )
+        return []
+    at = end + int(after[-1])
+    metric = ctx.pair_metric(start, at)
+    if metric is None:
+        ctx.check("teardown", "session", CheckStatus.SKIP, "no comparable readings")
+        return []
+    residue = ctx.value(at, metric) - ctx.value(start, metric)
+    details = (
+        f"{samples[at].label} {format_size(residue, signed=True)} vs "
+        f"{samples[start].label} ({metric})"
+    )
+    if residue <= limit:
+        ctx.check("teardown", "session", CheckStatus.PASS, details, residue, limit)
+        return []
+    ctx.check("teardown", "session", CheckStatus.FAIL, details, residue, limit)
+    message = (
+        f"teardown: {format_size(residue, signed=True)} still held after the session and "
+        f"collection > teardown {ctx.rules.shown('teardown')}"
+    )
+    evidence = (ctx.evidence(start, metric), ctx.evidence(at, metric))
+    return [
+        Finding(Kind.TEARDOWN, "session", None, residue, message, None, evidence, rule="teardown")
+    ]
+
+
+@register_rule("check", option=None)
+def failed_checks(ctx: Context, _: None) -> list[Finding]:
+    """One ``check`` finding per phase with ``CHECK_FAILED`` samples."""
+    by_phase: dict[str | None, list[int]] = {}
+    for i in np.flatnonzero(ctx.columns.check_failed).tolist():
+        by_phase.setdefault(ctx.samples[i].phase, []).append(i)
+    findings = []
+    for phase, failed in by_phase.items():
+        first = ctx.samples[failed[0]]
+        note = ((first.note or "").strip().splitlines() or ["no note"])[0]
+        count = f" ({len(failed)} failures)" if len(failed) > 1 else ""
+        message = f"check failed at {where(first)}: {note}{count}"
+        scope = phase if phase is not None else "(no phase)"
+        ctx.check("check", scope, CheckStatus.FAIL, f"{len(failed)} CHECK_FAILED: {note}")
+        evidence = tuple(ctx.evidence(i, None) for i in dict.fromkeys((failed[0], failed[-1])))
+        findings.append(
+            Finding(Kind.CHECK, phase, first.epoch, None, message, None, evidence, rule="check")
+        )
+    return findings
+
+
+@register_rule("oom", option=None)
+def oom(ctx: Context, _: None) -> list[Finding]:
+    """One finding per failing batch, with one reading per failure as evidence: a checkpoint
+    over an emulated capacity and the OOM event the trainer then reports for the same batch
+    are one failure, read at the checkpoint (:func:`_failures`). The error the run raised is
+    judged by :func:`harness.rules.judge`."""
+    samples = ctx.samples
+    findings = []
+    for event in group_ooms(samples, np.flatnonzero(ctx.columns.oom).tolist()):
+        s = samples[event[0]]
+        metric = next(
+            (m for m in ("peak", ctx.rules.metric, FALLBACK_METRIC) if s.get(m) is not None),
+            None,
+        )
+        note = ((s.note or "").strip().splitlines() or ["out of memory"])[0]
+        findings.append(
+            Finding(
+                Kind.OOM,
+                s.phase,
+                s.epoch,
+                s.get(metric) if metric else None,
+                f"out of memory at {where(s)}: {note}",
+                None,
+                tuple(ctx.evidence(i, metric) for i in _failures(samples, event)),
+                rule="oom",
+            )
+        )
+    return findings
+
+
+def group_ooms(samples: Sequence[Sample], positions: Sequence[int]) -> list[list[int]]:
+    """Out-of-memory samples (``positions``, ascending) as events: those at the same phase,
+    epoch and batch one after another are one event (a checkpoint over the capacity and the
+    OOM the trainer then reports for that batch). The rule's and the report's grouping."""
+    events: list[list[int]] = []
+    for i in positions:
+        if events and _place(samples[events[-1][0]]) == _place(samples[i]):
+            events[-1].append(i)
+        else:
+            events.append([i])
+    return events
+
+
+def _failures(samples: Sequence[Sample], event: list[int]) -> list[int]:
+    """The positions of ``event`` (OOM samples at one place) that are failures of their own:
+    an ``OOM`` label right after a checkpoint the capacity stopped is that failure reported
+    again, and is left out."""
+    kept: list[int] = []
+    echoed = False
+    for i in event:
+        reported = labels.reports_oom(samples[i].label)
+        if reported and kept and not echoed and not labels.reports_oom(samples[kept[-1]].label):
+            echoed = True
+            continue
+        kept.append(i)
+        echoed = False
+    return kept
+
+
+def _place(s: Sample) -> tuple[str | None, int | None, int | None]:
+    return s.phase, s.epoch, s.batch
