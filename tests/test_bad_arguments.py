@@ -9,8 +9,11 @@ from harness.core.errors import BadArgument, BadInput
 from harness.core.identity import check_rank, check_world_size
 from harness.core.labels import given_event
 from harness.core.naming import check_file_name
+from harness.core.stats import theil_sen
 from harness.measure.sample import column
 from harness.rules import register_rule
+from harness.rules.child_growth import growth_kind
+from harness.verdict.model import Status
 
 
 def _checkpoint(**given):
@@ -34,6 +37,9 @@ REFUSED = {
     "rank": lambda: check_rank(1.0, 2),
     "column kind": lambda: column("bytes", "a size"),
     "holder depth": lambda: attribute(max_depth=0),
+    "series lengths": lambda: theil_sen([1, 2, 3], [1, 2]),
+    "growth kind series": lambda: growth_kind([1, 2], [1]),
+    "worst of nothing": lambda: Status.worst([]),
 }
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.core.errors import BadArgument
+
 MAX_POINTS = 1024
 Series = Sequence[float] | np.ndarray
 """Readings, as a list or an array."""
@@ -315,7 +317,7 @@ def _arrays(x: Series, y: Series) -> tuple[np.ndarray, np.ndarray]:
     """``x`` and ``y`` as numeric arrays of one length (see :func:`_numbers`)."""
     xs, ys = _numbers(x), _numbers(y)
     if xs.shape != ys.shape or xs.ndim != 1:
-        raise ValueError(f"x and y must be 1-D and of equal length, got {xs.shape} and {ys.shape}")
+        raise BadArgument(f"x and y must be 1-D and of equal length, got {xs.shape} and {ys.shape}")
     return xs, ys
 
 

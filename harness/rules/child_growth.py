@@ -41,6 +41,7 @@ from typing import Literal
 
 import numpy as np
 
+from harness.core.errors import BadArgument
 from harness.core.units import format_size
 from harness.measure.children import parse_processes, role_metric
 from harness.rules.context import Context, Fit, Group, rate
@@ -350,7 +351,7 @@ def growth_kind(uss: Sequence[int], shared: Sequence[int]) -> Growth:
     pages were never shared. (The parent's PSS rises as it loses sharers, so the worker's own
     pages tell the two apart without the parent's.)"""
     if len(uss) != len(shared) or not uss:
-        raise TypeError("growth_kind needs two series of the same, non-zero length")
+        raise BadArgument("growth_kind needs two series of the same, non-zero length")
     private = uss[-1] - uss[0]
     converted = max(0, shared[0] - shared[-1])
     copied = private > 0 and 2 * converted >= private

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Self
 
-from harness.core.errors import BadInput
+from harness.core.errors import BadArgument, BadInput
 from harness.verdict.options import Rules as Rules
 from harness.verdict.options import size_fields as size_fields
 
@@ -37,7 +37,7 @@ class _Ranked(StrEnum):
         """The most severe of ``values`` (plain names or members); ``default`` when empty."""
         found = max((cls(v) for v in values), key=lambda m: m.rank, default=default)
         if found is None:
-            raise ValueError(f"{cls.__name__}.worst: no values and no default")
+            raise BadArgument(f"{cls.__name__}.worst: no values and no default")
         return found
 
 
