@@ -433,3 +433,19 @@ def test_importing_the_recorder_makes_no_system_call_about_children():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr
+
+
+def test_a_worker_role_is_read_back_from_its_text_and_a_command_is_no_worker():
+    from harness.measure.worker_roles import Role
+
+    roles = [Role(loader, worker) for loader in (1, 2, 11) for worker in (0, 7, 12)]
+    assert [Role.read(role.text) for role in roles] == roles
+    assert [r.text for r in sorted(roles)][:4] == [
+        "worker 0",
+        "worker 7",
+        "worker 12",
+        "loader 2 worker 0",
+    ]
+    assert [Role.read(t) for t in ("pt_data_worker 2", "python 1", "worker", "worker 1 ")] == [
+        None
+    ] * 4

@@ -15,10 +15,35 @@ wrapped are named as any process (:mod:`harness.measure.children`).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
+
+_WORKER = re.compile(r"(?:loader (\d+) )?worker (\d+)")
+
+
+@dataclass(frozen=True, order=True)
+class Role:
+    """A DataLoader worker's role: its iterator's number (1 for the first alive) and its id.
+    A timeline keeps a role as :attr:`text` (in a sample's ``processes`` and its per-role
+    metric names); :meth:`read` is the one reading of that text back."""
+
+    loader: int
+    worker: int
+
+    @property
+    def text(self) -> str:
+        prefix = "" if self.loader == 1 else f"loader {self.loader} "
+        return f"{prefix}worker {self.worker}"
+
+    @classmethod
+    def read(cls, text: str) -> Role | None:
+        """The worker role ``text`` names; None for another child's (a command's name)."""
+        found = _WORKER.fullmatch(text)
+        return None if found is None else cls(int(found.group(1) or 1), int(found.group(2)))
 
 
 class WorkerRoles:
@@ -48,10 +73,9 @@ class WorkerRoles:
             taken = {number for number, _, _ in self._loaders.values()}
             number = next(n for n in range(1, len(taken) + 2) if n not in taken)
         self.generation += 1
-        prefix = "" if number == 1 else f"loader {number} "
         self._loaders[key] = (number, tuple(pids), dataset)
         for worker_id, pid in enumerate(pids):
-            self.roles[pid] = f"{prefix}worker {worker_id}"
+            self.roles[pid] = Role(number, worker_id).text
 
     def remove(self, key: int) -> None:
         """Free the iterator's number; its workers keep their roles while they exit."""

@@ -5,7 +5,6 @@ judged each role."""
 
 from __future__ import annotations
 
-import re
 import weakref
 from typing import Any
 
@@ -14,11 +13,11 @@ import numpy as np
 from harness.core.markdown import Markdown, code, plain, text
 from harness.core.units import format_mib, format_size
 from harness.measure.children import parse_processes, role_metric
+from harness.measure.worker_roles import Role
 from harness.report.run import Run
 
 MAX_ROLES = 8
 """Worker columns a table gets at most (the lowest roles, in order)."""
-_WORKER = re.compile(r"(loader (\d+) )?worker (\d+)")
 
 
 def worker_roles(run: Run) -> list[str]:
@@ -27,16 +26,10 @@ def worker_roles(run: Run) -> list[str]:
     roles = {
         role
         for code_ in np.unique(c.processes).tolist()
-        for role in parse_processes(c.strings[code_])
-        if _WORKER.fullmatch(role)
+        for text_ in parse_processes(c.strings[code_])
+        if (role := Role.read(text_)) is not None
     }
-    return sorted(roles, key=_order)[:MAX_ROLES]
-
-
-def _order(role: str) -> tuple[int, int]:
-    found = _WORKER.fullmatch(role)
-    assert found is not None
-    return int(found.group(2) or 1), int(found.group(3))
+    return [role.text for role in sorted(roles)[:MAX_ROLES]]
 
 
 def memory_cells(run: Run, i: int, roles: list[str]) -> list[str]:
