@@ -13,7 +13,7 @@ from harness.rules.context import Context, Positions
 from harness.timeline import columns as timeline_columns
 from harness.timeline import jsonl as timeline
 from harness.timeline.store import SampleStore
-from harness.verdict.model import Rules
+from harness.verdict.options import Rules
 
 METRICS = ("allocated", "rss", "peak")
 

@@ -16,7 +16,7 @@ from harness.recorder import Recorder
 from harness.results.finish import finish_run
 from harness.timeline import writer as timeline_writer
 from harness.timeline.jsonl import TimelineWriter, read_timeline
-from harness.verdict.model import Rules
+from harness.verdict.options import Rules
 from tft import train as train_cli
 from tft.synthetic import synth
 

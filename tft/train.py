@@ -263,7 +263,7 @@ def traced(
     from harness.recorder import Recorder
     from harness.results.finish import finish_run
     from harness.results.merge import finish_distributed
-    from harness.verdict.model import Rules
+    from harness.verdict.options import Rules
 
     try:
         capacity = None if args.capacity is None else parse_size(args.capacity, what="--capacity")

@@ -24,7 +24,7 @@ from harness.core.identity import check_world_size
 from harness.core.naming import check_file_name, safe_name
 from harness.results.finish import Finished
 from harness.results.merge import finish_distributed, merge_timelines
-from harness.verdict.model import Rules
+from harness.verdict.options import Rules
 
 
 @dataclass(frozen=True)

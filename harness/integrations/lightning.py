@@ -69,7 +69,7 @@ from harness.core.naming import check_file_name
 from harness.measure.probes import probe_for
 from harness.recorder import DeviceOutOfMemory, Recorder
 from harness.results.finish import Finished, MemoryCheckFailed, finish_run
-from harness.verdict.model import Rules
+from harness.verdict.options import Rules
 
 __all__ = ["DEFAULT_RULES", "PHASES", "LeakGateCallback", "MemoryCheckFailed"]
 
@@ -97,7 +97,7 @@ class LeakGateCallback(Callback):
     ``cuda:N``), judges the run when it ends, writes the report through
     :func:`harness.results.finish.finish_run` and closes the recorder.
 
-    ``rules``: a :class:`~harness.verdict.model.Rules` or a mapping of its fields; default
+    ``rules``: a :class:`~harness.verdict.options.Rules` or a mapping of its fields; default
     :data:`DEFAULT_RULES` for the run's stage. ``directory``: where ``<name>.md``, ``.json`` and
     the timeline ``.jsonl`` go (nothing is written without it, unless ``timeline`` is given).
     ``timeline``: the JSONL timeline's path. Runs other than ``fit`` add ``-<stage>`` to

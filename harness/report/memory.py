@@ -33,7 +33,8 @@ from harness.report.workers import (
     worker_roles,
 )
 from harness.timeline.store import NONE
-from harness.verdict.model import CheckStatus, PhaseStats, Rules
+from harness.verdict.model import CheckStatus, PhaseStats
+from harness.verdict.options import Rules
 
 WORKERS = "children"
 """The chart's name for the workers' total."""

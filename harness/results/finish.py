@@ -27,7 +27,8 @@ from harness.rules import judge
 from harness.rules.sample_columns import Columns
 from harness.timeline.jsonl import Timeline
 from harness.timeline.store import NONE
-from harness.verdict.model import Rules, Verdict
+from harness.verdict.model import Verdict
+from harness.verdict.options import Rules
 
 if TYPE_CHECKING:
     from harness.attribution import Holder, Share

@@ -33,7 +33,8 @@ from harness.results.finish import Finished, finish_run, relative, rules_of, wri
 from harness.rules import decide
 from harness.rules.rank_outlier import judge_ranks
 from harness.timeline.jsonl import Timeline, read_timeline
-from harness.verdict.model import RAISED, Check, CheckStatus, PhaseStats, Rules, Status, Verdict
+from harness.verdict.model import RAISED, Check, CheckStatus, PhaseStats, Status, Verdict
+from harness.verdict.options import Rules
 
 if TYPE_CHECKING:
     from harness.attribution.holders import Holder

@@ -42,10 +42,10 @@ from harness.verdict.model import (
     Finding,
     Kind,
     PhaseStats,
-    Rules,
     Status,
     Verdict,
 )
+from harness.verdict.options import Rules
 from harness.verdict.schema import check_finding
 
 register_rule(_ranks.RULE, _ranks.rank_outlier, scope="run", option=None)

@@ -25,7 +25,8 @@ from harness.measure.sample import STRIDE, Sample
 from harness.rules.fit import Fit
 from harness.rules.sample_columns import Columns, Key
 from harness.timeline.store import NONE
-from harness.verdict.model import Check, CheckStatus, Evidence, Rules
+from harness.verdict.model import Check, CheckStatus, Evidence
+from harness.verdict.options import Rules
 
 FALLBACK_METRIC = "rss"
 

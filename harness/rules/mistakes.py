@@ -14,7 +14,7 @@ from typing import Any
 import harness.core.labels as labels
 from harness.measure.sample import Sample
 from harness.rules.registry import Rule
-from harness.verdict.model import Rules, size_fields
+from harness.verdict.options import Rules, size_fields
 
 NO_CHECKPOINTS = (
     "no checkpoints at all: pass `memtrace` to the trainer as a callback or call "

@@ -30,7 +30,8 @@ from harness.core.units import format_rate, format_size
 from harness.rules.context import CheckLog, scope
 from harness.rules.loop import ALPHA
 from harness.rules.registry import registered
-from harness.verdict.model import Check, CheckStatus, Finding, Kind, PhaseStats, Rules, Verdict
+from harness.verdict.model import Check, CheckStatus, Finding, Kind, PhaseStats, Verdict
+from harness.verdict.options import Rules
 
 RULE = "rank_outlier"
 DEFAULT_GAP = 2**20

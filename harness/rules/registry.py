@@ -3,7 +3,7 @@
 A rule is a function. A *phase* rule is called once per ``(phase, epoch)`` group that the
 rules select, as ``fn(ctx, group, option)``; a *run* rule once per timeline, as
 ``fn(ctx, option)``. Either records what it judged with ``ctx.check(...)`` and returns the
-findings it makes. ``option`` is the value of the :class:`~harness.verdict.model.Rules` field the
+findings it makes. ``option`` is the value of the :class:`~harness.verdict.options.Rules` field the
 rule is bound to (built-in rules), or the rule's entry in ``Rules.custom`` (registered rules, which
 run only when given one: ``@pytest.mark.memleak(my_rule="1MB")``).
 """

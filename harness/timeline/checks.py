@@ -16,7 +16,7 @@ from harness.core.labels import Raised, edge_of, legacy_event
 from harness.core.units import parse_size
 from harness.measure.sample import FORMAT, METRICS, Field, Sample, line_order
 from harness.timeline.store import NONE, make_sample
-from harness.verdict.model import size_fields
+from harness.verdict.options import size_fields
 
 READS = (1, 2, 3)
 """The format versions :func:`~harness.timeline.jsonl.read_timeline` reads; any other is refused."""

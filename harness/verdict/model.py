@@ -18,8 +18,7 @@ from enum import StrEnum
 from typing import Any, Self
 
 from harness.core.errors import BadArgument, BadInput
-from harness.verdict.options import Rules as Rules
-from harness.verdict.options import size_fields as size_fields
+from harness.verdict.options import Rules
 
 SCHEMA_VERSION = 2
 
