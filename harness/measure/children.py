@@ -373,10 +373,13 @@ class ChildSampler:
 
     def __init__(self, pid: int | None = None) -> None:
         self.reader = ChildrenReader(pid)
-        self.close = self.reader.close
         self.notes = self.reader.notes
         self._text: tuple[dict[str, int], str | None] = ({}, None)
         """The last live processes and their text (they change far less often than read)."""
+
+    def close(self) -> None:
+        """Stop reading; what the reader put in torch is put back."""
+        self.reader.close()
 
     def read(
         self, *, rollup: bool = False, latest: bool = False
