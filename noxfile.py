@@ -141,11 +141,11 @@ def budgets(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def gpu_check(session: nox.Session) -> None:
-    """The measuring path proved on this machine in a few minutes (``python -m
-    harness.frontends.selfcheck --cuda``): the CPU half, and the CUDA half when a GPU is visible
+    """The measuring path proved on this machine in a few minutes (``leakgate selfcheck
+    --cuda``): the CPU half, and the CUDA half when a GPU is visible
     (else it says it skipped). Exits non-zero naming the checks that failed."""
     install(session, "test")
-    session.run("python", "-m", "harness.frontends.selfcheck", "--cuda", *session.posargs)
+    session.run("leakgate", "selfcheck", "--cuda", *session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -1,17 +1,18 @@
-"""``python -m harness.frontends.selfcheck``: its CPU half passes here, the CUDA half skips cleanly
-without a GPU, and a failing check is named with a non-zero exit."""
+"""``leakgate selfcheck`` (``python -m harness.frontends.selfcheck``): its CPU half passes
+here, the CUDA half skips cleanly without a GPU, and a failing check is named with a non-zero
+exit."""
 
 import pytest
 import torch
 
-from harness.frontends import selfcheck
+from harness.frontends import cli, selfcheck
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_the_cpu_half_passes_and_the_cuda_half_says_it_was_skipped(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert selfcheck.selfcheck(["--cuda"]) == 0
+    assert cli.main(["selfcheck", "--cuda"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[:3]] == ["ok", "ok", "ok"]
     assert "held by _Outputs.kept" in lines[1] and "exit 1, FAIL" in lines[2]

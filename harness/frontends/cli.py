@@ -13,10 +13,9 @@ written atomically (:mod:`harness.core.fsio`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from harness.results.artifacts import (
 )
 from harness.results.finish import finish_run, rules_of, summary_line
 from harness.results.merge import merge_timelines
+from harness.timeline.columns import pyarrow_without_pandas
 from harness.timeline.jsonl import INT64_BOUND, Timeline, read_timeline
 from harness.verdict.options import Rules, judged_options
 
@@ -187,6 +187,14 @@ def _history_commands(commands: Any) -> None:
     bisect.add_argument("bad", metavar="BAD")
     bisect.add_argument("--history", metavar="DIR", help="a history to narrow the range with")
     bisect.set_defaults(test_command=[])  # what follows --, split off by main
+    check = commands.add_parser(
+        "selfcheck",
+        help="prove the measuring path on this machine, in minutes",
+        description="A known allocation read, a leak and its clean twin judged and the leak's "
+        "holder named, the incident replayed by the training command: one line each, exit 1 "
+        "if any fails. With --cuda, the CUDA half too where a GPU is visible.",
+    )
+    check.add_argument("--cuda", action="store_true", help="run the CUDA half too")
     step = commands.add_parser("bisect-step")
     step.add_argument("--state", type=Path, required=True)
     step.set_defaults(test_command=[])
@@ -230,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "history": _history,
         "bisect": _bisect,
         "bisect-step": _bisect_step,
+        "selfcheck": _selfcheck,
     }[args.command]
     try:
         return command(args)
@@ -241,37 +250,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return BAD_INPUT
 
 
-class _NoPandas:
-    """A finder that says pandas is not installed."""
+def _selfcheck(args: argparse.Namespace) -> int:
+    from harness.frontends.selfcheck import main as selfcheck
 
-    @staticmethod
-    def find_spec(name: str, *_: object) -> None:
-        if name == "pandas":
-            raise ModuleNotFoundError("pandas is not needed to read a timeline", name=name)
-
-
-@contextlib.contextmanager
-def _pyarrow_without_pandas() -> Iterator[None]:
-    """pyarrow imports pandas, where it is installed, the first time it turns a column into
-    numpy: 25 MiB and 0.2 s of a report on a million checkpoints (306 against 282 MB peak,
-    measured). Reading a timeline needs none of it, so the command's own process (``report``,
-    ``gate``, ``merge``) tells pyarrow there is no pandas while it reads (unless pandas was
-    already imported)."""
-    if "pandas" in sys.modules:
-        yield
-        return
-    finder = _NoPandas()
-    sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)  # type: ignore[arg-type]
+    return selfcheck(["--cuda"] if args.cuda else [])
 
 
 def _report(args: argparse.Namespace) -> int:
     _check_outputs(args)
     try:
-        with _pyarrow_without_pandas():
+        with pyarrow_without_pandas():
             timeline = read_timeline(args.timeline)
     except OSError as exc:
         raise BadInput(f"cannot read ({exc.strerror or exc})", path=args.timeline) from None
@@ -372,7 +360,7 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    with _pyarrow_without_pandas():
+    with pyarrow_without_pandas():
         return gate_folder(
             args.directory,
             args.baseline,
@@ -390,7 +378,7 @@ def _history(args: argparse.Namespace) -> int:
 
     history = open_history(args.history)
     since = None if args.since is None else since_time(history, args.since)
-    with _pyarrow_without_pandas():
+    with pyarrow_without_pandas():
         page = render_page(history, Selection(args.test, since, args.metric))
     try:
         write_page(page, args.output)
@@ -429,7 +417,7 @@ def _merge(args: argparse.Namespace) -> int:
                 check_world_size(args.world_size)
             except ValueError as exc:
                 raise BadInput(f"--world-size: {exc}") from None
-        with _pyarrow_without_pandas():
+        with pyarrow_without_pandas():
             finished = merge_timelines(
                 args.timelines, name=args.name, directory=args.directory, world_size=args.world_size
             )

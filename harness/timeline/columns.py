@@ -9,9 +9,12 @@ appears, and the parse resumes there."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from harness.core.errors import BadInput
@@ -312,3 +315,30 @@ def _whole(column: Any) -> Any:
     itself (the line reader refuses it, naming the line)."""
     values = column.fill_null(NONE).to_numpy(zero_copy_only=False)
     return None if int((values == NONE).sum()) != column.null_count else values
+
+
+class _NoPandas:
+    """A finder that says pandas is not installed."""
+
+    @staticmethod
+    def find_spec(name: str, *_: object) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is not needed to read a timeline", name=name)
+
+
+@contextlib.contextmanager
+def pyarrow_without_pandas() -> Iterator[None]:
+    """pyarrow imports pandas, where it is installed, the first time it turns a column into
+    numpy: 25 MiB and 0.2 s of a report on a million checkpoints (306 against 282 MB peak,
+    measured). Reading a timeline needs none of it, so a command's own process (``leakgate report``,
+    ``gate``, ``merge``) tells pyarrow there is no pandas while it reads (unless pandas was
+    already imported)."""
+    if "pandas" in sys.modules:
+        yield
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)  # type: ignore[arg-type]
