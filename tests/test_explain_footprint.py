@@ -1,6 +1,7 @@
 """What ``--memreport-explain`` adds to the process it explains: no compiler imported for its
 operator mode (800 modules and 70 MiB, which every fork of the process then copied the page
-tables of), unless the process imported it already, where the mode stays hidden from it."""
+tables of), unless the process imported it already, where the mode stays hidden from it; and no
+fork hook registered before explain first opens."""
 
 import subprocess
 import sys
@@ -43,3 +44,19 @@ lines.close()
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True"]
+
+
+def test_importing_the_explain_bookkeeping_registers_no_fork_hook():
+    script = """
+import os
+calls = []
+register = os.register_at_fork
+os.register_at_fork = lambda **hooks: calls.extend(hooks.values()) or register(**hooks)
+import harness.attribution.lines as lines
+ours = lambda: [f for f in calls if (getattr(f, "__module__", None) or "").startswith("harness")]
+print(len(ours()))
+lines.Lines().open()
+print(len(ours()))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "1"]

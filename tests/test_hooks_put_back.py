@@ -6,6 +6,7 @@ import types
 
 import torch
 from torch.utils.data._utils import signal_handling, worker
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 import harness.recorder  # noqa: F401
 from harness import Recorder
@@ -16,6 +17,7 @@ def torch_hooks() -> tuple[object, ...]:
         signal_handling._set_worker_pids,
         signal_handling._remove_worker_pids,
         worker._worker_loop,
+        _MultiProcessingDataLoaderIter.__dict__["__init__"],
     )
 
 
@@ -26,6 +28,7 @@ def torchs_own() -> bool:
         and signal_handling._remove_worker_pids is torch._C._remove_worker_pids
         and isinstance(worker._worker_loop, types.FunctionType)
         and worker._worker_loop.__module__ == worker.__name__
+        and _MultiProcessingDataLoaderIter.__init__.__module__ == "torch.utils.data.dataloader"
     )
 
 

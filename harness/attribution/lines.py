@@ -130,6 +130,7 @@ class Lines:
         mode's first use is not taken for the run's)."""
         if self._mode is not None:
             return
+        _close_in_children()
         self._mode = _allocations(self)
         self._mode.__enter__()
         _OPEN.add(self)
@@ -305,7 +306,11 @@ def _close_in_child() -> None:
         lines.close()
 
 
-os.register_at_fork(after_in_child=_close_in_child)
+@functools.cache
+def _close_in_children() -> None:
+    """Have every forked child close what is open: registered at the first :meth:`Lines.open`,
+    never at import."""
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 def _outside(frames: tuple[tuple[str, int], ...]) -> str | None:

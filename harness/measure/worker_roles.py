@@ -1,7 +1,8 @@
 """DataLoader workers' roles: ``worker <id>`` for each worker of an iterator, learned where
 torch hands an iterator's worker pids, in id order, to its signal handling
-(``_set_worker_pids``): :func:`watch_dataloaders` wraps that hook once, at no cost per
-checkpoint.
+(``_set_worker_pids``, called from the multi-process iterator's ``__init__``, which tells the
+hook its loader's dataset): :func:`watch_dataloaders` wraps both once, at no cost per
+checkpoint, and the last :func:`unwatch_dataloaders` puts them back.
 
 torch gives every worker the same process name (``pt_data_worker``, set once the worker runs;
 ``python`` before, under spawn) and keeps the id inside the worker, so the id is learned here.
@@ -16,10 +17,9 @@ wrapped are named as any process (:mod:`harness.measure.children`).
 from __future__ import annotations
 
 import re
-import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 _WORKER = re.compile(r"(?:loader (\d+) )?worker (\d+)")
@@ -97,18 +97,30 @@ class WorkerRoles:
 ROLES = WorkerRoles()
 
 
-def _dataset_of(frame: FrameType) -> int | None:
-    """The ``id`` of the dataset of the DataLoader whose iterator calls the hook (torch calls
-    it from the iterator's ``__init__``, whose argument ``loader`` is the DataLoader); None
-    when the caller has no such ``loader``."""
-    dataset = getattr(frame.f_locals.get("loader"), "dataset", None)
-    return None if dataset is None else id(dataset)
+_made = threading.local()
+"""The ``id`` of the dataset of the DataLoader whose iterator this thread is making, if any."""
+
+
+def _making(init: Any) -> Any:
+    """``init`` (a multi-process iterator's ``__init__(self, loader)``, which calls the pid
+    hook) noting its loader's dataset for the hook while it runs."""
+
+    def make(self: object, loader: object, *args: Any, **kwargs: Any) -> None:
+        dataset = getattr(loader, "dataset", None)
+        outer = getattr(_made, "dataset", None)
+        _made.dataset = None if dataset is None else id(dataset)
+        try:
+            init(self, loader, *args, **kwargs)
+        finally:
+            _made.dataset = outer
+
+    return make
 
 
 _watchers = 0
 """Watches not yet undone: torch's hooks are wrapped while there is one."""
-_originals: tuple[Any, Any, Any, Any] | None = None
-"""torch's two hooks and the wrappers put in their place."""
+_originals: tuple[Any, ...] | None = None
+"""torch's two hooks and its iterator's ``__init__``, and the wrappers put in their place."""
 
 
 def watch_dataloaders() -> str | None:
@@ -127,17 +139,22 @@ def watch_dataloaders() -> str | None:
     if set_pids is None or remove_pids is None:
         return "DataLoader workers named by command: this torch has no _set_worker_pids"
 
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as iterator
+
     def set_worker_pids(key: int, child_pids: tuple[int, ...]) -> None:
-        ROLES.add(key, child_pids, _dataset_of(sys._getframe(1)))
+        ROLES.add(key, child_pids, getattr(_made, "dataset", None))
         set_pids(key, child_pids)
 
     def remove_worker_pids(loader_id: int) -> None:
         ROLES.remove(loader_id)
         remove_pids(loader_id)
 
+    init = iterator.__dict__["__init__"]
     signal_handling._set_worker_pids = set_worker_pids
     signal_handling._remove_worker_pids = remove_worker_pids
-    _originals = (set_pids, remove_pids, set_worker_pids, remove_worker_pids)
+    made = _making(init)
+    iterator.__init__ = made  # type: ignore[method-assign]
+    _originals = (set_pids, remove_pids, set_worker_pids, remove_worker_pids, init, made)
     ROLES.watching = True
     return None
 
@@ -150,11 +167,14 @@ def unwatch_dataloaders() -> None:
     if _watchers or _originals is None:
         return
     from torch.utils.data._utils import signal_handling
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as iterator
 
-    set_pids, remove_pids, ours_set, ours_remove = _originals
+    set_pids, remove_pids, ours_set, ours_remove, init, ours_init = _originals
     if signal_handling._set_worker_pids is ours_set:
         signal_handling._set_worker_pids = set_pids
     if signal_handling._remove_worker_pids is ours_remove:
         signal_handling._remove_worker_pids = remove_pids
+    if iterator.__dict__.get("__init__") is ours_init:
+        iterator.__init__ = init  # type: ignore[method-assign]
     ROLES.watching = False
     ROLES.clear()
