@@ -12,7 +12,6 @@ repetition, then the median.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -21,10 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import alternating, write_section
+from common import alternating, section_arguments, show_section
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "reports" / "bench.md"
 HEADING = "## Children that exit at once"
 FORKS, PER_BATCH = 300, 10
 VARIANTS = {
@@ -113,14 +111,8 @@ def section(reps: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="update reports/bench.md")
-    args = parser.parse_args()
-    text = section(args.reps)
-    print(text)
-    if args.write:
-        write_section(BENCH, HEADING, text)
+    args = section_arguments(__doc__.splitlines()[0]).parse_args()
+    show_section(HEADING, section(args.reps), args.write)
 
 
 if __name__ == "__main__":

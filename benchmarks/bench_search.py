@@ -31,11 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import write_section
+from common import section_arguments, show_section
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
-BENCH = ROOT / "reports" / "bench.md"
 LOOPS = HERE / "observer_loops"
 HEADING = "## Holder searches"
 
@@ -264,9 +263,7 @@ def section(reps: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="update reports/bench.md")
+    parser = section_arguments(__doc__.splitlines()[0])
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -274,10 +271,7 @@ def main() -> None:
 
         print(json.dumps(one_scale(args.one)))
         return
-    text = section(args.reps)
-    print(text)
-    if args.write:
-        write_section(BENCH, HEADING, text)
+    show_section(HEADING, section(args.reps), args.write)
 
 
 if __name__ == "__main__":

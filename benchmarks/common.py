@@ -6,6 +6,7 @@ not the judge of its own comparisons.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -67,9 +68,23 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def write_section(bench: Path, heading: str, text: str) -> None:
-    """Put ``text`` in place of the section under ``heading`` in ``bench`` (a markdown file), up
-    to the next second-level heading, or after the last one; written whole, then renamed."""
+def section_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that writes a section of ``reports/bench.md`` of its own:
+    ``--reps`` and ``--write``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--write", action="store_true", help="update reports/bench.md")
+    return parser
+
+
+def show_section(heading: str, text: str, write: bool) -> None:
+    """Print a benchmark's section; with ``write``, put it in place of the section under
+    ``heading`` in ``reports/bench.md`` (up to the next second-level heading, or after the last
+    one), written whole, then renamed."""
+    print(text)
+    if not write:
+        return
+    bench = ROOT / "reports" / "bench.md"
     old = bench.read_text()
     start = old.find(heading)
     if start < 0:
