@@ -1,6 +1,6 @@
 """``python -m harness``: rebuild a report from a timeline, compare two verdicts, index a folder,
-gate a folder of verdicts against a baseline (what CI runs), and merge a distributed run's rank
-timelines.
+gate a folder of verdicts against a baseline (what CI runs), merge a distributed run's rank
+timelines, read a history across commits, bisect, and prove the measuring path (``selfcheck``).
 
 Exit codes: 0 pass (no regression), 1 fail or regression, 2 bad input (a missing or unreadable
 file, not JSON, not a timeline or verdict, a field of the wrong type, a schema too new, an
@@ -156,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--name", help="the run's name (default: the timelines')")
     merge.add_argument("--directory", type=Path, help="where the report goes (default: theirs)")
     merge.add_argument("--world-size", type=int, help="ranks the run had (default: the headers')")
+    check = commands.add_parser(
+        "selfcheck",
+        help="prove the measuring path on this machine, in minutes",
+        description="A known allocation read, a leak and its clean twin judged and the leak's "
+        "holder named, the incident replayed by the training command: one line each, exit 1 "
+        "if any fails. With --cuda, the CUDA half too where a GPU is visible.",
+    )
+    check.add_argument("--cuda", action="store_true", help="run the CUDA half too")
     return parser
 
 
@@ -187,14 +195,6 @@ def _history_commands(commands: Any) -> None:
     bisect.add_argument("bad", metavar="BAD")
     bisect.add_argument("--history", metavar="DIR", help="a history to narrow the range with")
     bisect.set_defaults(test_command=[])  # what follows --, split off by main
-    check = commands.add_parser(
-        "selfcheck",
-        help="prove the measuring path on this machine, in minutes",
-        description="A known allocation read, a leak and its clean twin judged and the leak's "
-        "holder named, the incident replayed by the training command: one line each, exit 1 "
-        "if any fails. With --cuda, the CUDA half too where a GPU is visible.",
-    )
-    check.add_argument("--cuda", action="store_true", help="run the CUDA half too")
     step = commands.add_parser("bisect-step")
     step.add_argument("--state", type=Path, required=True)
     step.set_defaults(test_command=[])
