@@ -24,7 +24,9 @@ from collections.abc import Callable
 import torch
 
 from harness import Recorder
-from harness.attribution import PhaseAttribution, attribute, live_tensors
+from harness.attribution.holders import attribute
+from harness.attribution.phase import PhaseAttribution
+from harness.attribution.snapshot import live_tensors
 from tft.model import TemporalFusionTransformer, TFTConfig, quantile_loss
 
 

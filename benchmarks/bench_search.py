@@ -72,8 +72,9 @@ def one_scale(objects: int) -> dict[str, float]:
 
     import torch
 
-    from harness.attribution import attribute, live_tensors
+    from harness.attribution.holders import attribute
     from harness.attribution.retained import retained_holders
+    from harness.attribution.snapshot import live_tensors
 
     torch.set_num_threads(1)
     heap = [{"i": [i]} for i in range(objects // 3)]  # a dict and a list each: 2 tracked objects

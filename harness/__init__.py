@@ -14,21 +14,11 @@ from typing import TYPE_CHECKING, Any
 from harness.core.version import __version__
 
 if TYPE_CHECKING:
-    from harness.attribution import (
-        Holder as Holder,
-    )
-    from harness.attribution import (
-        PhaseAttribution as PhaseAttribution,
-    )
-    from harness.attribution import (
-        Snapshot as Snapshot,
-    )
-    from harness.attribution import (
-        attribute as attribute,
-    )
-    from harness.attribution import (
-        live_tensors as live_tensors,
-    )
+    from harness.attribution.holder import Holder as Holder
+    from harness.attribution.holders import attribute as attribute
+    from harness.attribution.phase import PhaseAttribution as PhaseAttribution
+    from harness.attribution.snapshot import Snapshot as Snapshot
+    from harness.attribution.snapshot import live_tensors as live_tensors
     from harness.core.errors import (
         BadInput as BadInput,
     )
@@ -45,8 +35,8 @@ if TYPE_CHECKING:
     from harness.measure.sample import Sample as Sample
     from harness.recorder import DeviceOutOfMemory as DeviceOutOfMemory
     from harness.recorder import Recorder as Recorder
-    from harness.report import Run as Run
-    from harness.report import render_report as render_report
+    from harness.report.run import Run as Run
+    from harness.report.sections import render_report as render_report
     from harness.results.artifacts import (
         compare_runs as compare_runs,
     )
@@ -61,18 +51,10 @@ if TYPE_CHECKING:
     )
     from harness.results.finish import MemoryCheckFailed as MemoryCheckFailed
     from harness.results.finish import finish_run as finish_run
-    from harness.rules import (
-        Context as Context,
-    )
-    from harness.rules import (
-        Group as Group,
-    )
-    from harness.rules import (
-        judge as judge,
-    )
-    from harness.rules import (
-        register_rule as register_rule,
-    )
+    from harness.rules.context import Context as Context
+    from harness.rules.context import Group as Group
+    from harness.rules.judging import judge as judge
+    from harness.rules.registry import register_rule as register_rule
     from harness.timeline.jsonl import Timeline as Timeline
     from harness.timeline.jsonl import read_timeline as read_timeline
     from harness.verdict.model import (
@@ -110,10 +92,10 @@ _EXPORTS = {
     "MemoryCheckFailed": "harness.results.finish",
     "parse_size": "harness.core.units",
     "Sample": "harness.measure.sample",
-    "judge": "harness.rules",
-    "register_rule": "harness.rules",
-    "Context": "harness.rules",
-    "Group": "harness.rules",
+    "judge": "harness.rules.judging",
+    "register_rule": "harness.rules.registry",
+    "Context": "harness.rules.context",
+    "Group": "harness.rules.context",
     "Rules": "harness.verdict.options",
     "Verdict": "harness.verdict.model",
     "Finding": "harness.verdict.model",
@@ -131,17 +113,17 @@ _EXPORTS = {
     "DeviceOutOfMemory": "harness.recorder",
     "Timeline": "harness.timeline.jsonl",
     "read_timeline": "harness.timeline.jsonl",
-    "Run": "harness.report",
-    "render_report": "harness.report",
+    "Run": "harness.report.run",
+    "render_report": "harness.report.sections",
     "save_run": "harness.results.artifacts",
     "write_index": "harness.results.artifacts",
     "load_run_document": "harness.results.artifacts",
     "compare_runs": "harness.results.artifacts",
-    "Holder": "harness.attribution",
-    "Snapshot": "harness.attribution",
-    "PhaseAttribution": "harness.attribution",
-    "live_tensors": "harness.attribution",
-    "attribute": "harness.attribution",
+    "Holder": "harness.attribution.holder",
+    "Snapshot": "harness.attribution.snapshot",
+    "PhaseAttribution": "harness.attribution.phase",
+    "live_tensors": "harness.attribution.snapshot",
+    "attribute": "harness.attribution.holders",
 }
 
 

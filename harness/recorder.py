@@ -27,7 +27,8 @@ from harness.timeline.store import SampleStore, make_sample
 from harness.timeline.writer import TimelineWriter
 
 if TYPE_CHECKING:  # the judging and explaining layers load only when a run asks for them
-    from harness.attribution import Holder, PhaseAttribution
+    from harness.attribution.holders import Holder
+    from harness.attribution.phase import PhaseAttribution
     from harness.measure.capacity import CheckedCapacity
     from harness.verdict.options import Rules
 
@@ -63,7 +64,7 @@ class Recorder:
     On construction the recorder runs ``gc.freeze()``, so that ``collect=True`` costs what the
     run allocated, not torch's own objects; :meth:`close` unfreezes what it froze.
 
-    ``attribute=True`` (or a configured :class:`~harness.attribution.PhaseAttribution`) names
+    ``attribute=True`` (or a configured :class:`~harness.attribution.phase.PhaseAttribution`) names
     what holds new memory: live tensors are noted at each phase's START, attributed at its END
     and at ``OOM`` events, into :attr:`holders`; on CUDA, allocation stacks are recorded while
     the recorder is open. Without it a checkpoint pays nothing for the feature.
@@ -89,7 +90,7 @@ class Recorder:
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
         if attribute is not False:
-            from harness.attribution import PhaseAttribution
+            from harness.attribution.phase import PhaseAttribution
         if not (type(attribute) is bool or isinstance(attribute, PhaseAttribution)):
             raise BadArgument(
                 f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}"

@@ -9,17 +9,13 @@ from workload import Windows, make_model
 
 import harness.attribution.holders as holders_module
 from harness import Recorder
-from harness.attribution import (
-    Holder,
-    PhaseAttribution,
-    attribute,
-    explain,
-    live_tensors,
-    names,
-    record_sites,
-)
+from harness.attribution import names
+from harness.attribution.findings import explain
 from harness.attribution.graph import NODE_BYTES
-from harness.attribution.snapshot import storage_of
+from harness.attribution.holders import Holder, attribute
+from harness.attribution.phase import PhaseAttribution
+from harness.attribution.sites import record_sites
+from harness.attribution.snapshot import live_tensors, storage_of
 from harness.core.units import format_size
 from tft.trainer import TrainConfig, Trainer
 

@@ -12,9 +12,12 @@ import pytest
 import torch
 
 from harness import Recorder
-from harness.attribution import PhaseAttribution, attribute, live_tensors, phase, walk
+from harness.attribution import phase, walk
+from harness.attribution.holders import attribute
+from harness.attribution.phase import PhaseAttribution
 from harness.attribution.quiet import memory_tracer, unobserved, watched
 from harness.attribution.retained import retained_holders
+from harness.attribution.snapshot import live_tensors
 
 pytestmark = pytest.mark.usefixtures("heap_frozen")
 

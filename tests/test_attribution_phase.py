@@ -8,15 +8,10 @@ import pytest
 import torch
 
 from harness import Recorder
-from harness.attribution import (
-    Holder,
-    PhaseAttribution,
-    Share,
-    attribute,
-    explain,
-    live_tensors,
-    shares,
-)
+from harness.attribution.findings import Share, explain, shares
+from harness.attribution.holders import Holder, attribute
+from harness.attribution.phase import PhaseAttribution
+from harness.attribution.snapshot import live_tensors
 from harness.measure.sample import Sample
 
 

@@ -11,8 +11,8 @@ from harness.core.labels import given_event
 from harness.core.naming import check_file_name
 from harness.core.stats import theil_sen
 from harness.measure.sample import column
-from harness.rules import register_rule
 from harness.rules.child_growth import growth_kind
+from harness.rules.registry import register_rule
 from harness.verdict.model import Status
 
 

@@ -680,7 +680,8 @@ class Kept:
 def test_lines_name_where_a_holders_tensors_were_allocated():
     import torch
 
-    from harness.attribution import attribute, live_tensors
+    from harness.attribution.holders import attribute
+    from harness.attribution.snapshot import live_tensors
 
     kept, lines = Kept(), Lines()
     lines.open()
@@ -699,7 +700,8 @@ def test_lines_name_where_a_holders_tensors_were_allocated():
 def test_on_cuda_the_allocators_history_names_the_line():
     import torch
 
-    from harness.attribution import PhaseAttribution, shares
+    from harness.attribution.findings import shares
+    from harness.attribution.phase import PhaseAttribution
     from harness.recorder import Recorder
 
     if not torch.cuda.is_available():

@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader
 
 from harness.measure.children import SCHEDULE, parse_processes, processes_text
 from harness.recorder import Recorder
-from harness.rules import Rules
 from harness.timeline import columns as timeline_columns
 from harness.timeline.jsonl import read_lines, read_timeline
+from harness.verdict.options import Rules
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"

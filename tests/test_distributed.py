@@ -371,7 +371,11 @@ def test_run_ranks_judges_each_ranks_workers(leaky_rank, tmp_path):
     assert leaks == (["rank 1: child-leak in validation epoch 0: worker 0"] if leaky_rank else [])
     report = (tmp_path / "workers.md").read_text()
     profile = report.split("## Memory Profile")[1].split("## ")[0]
-    assert re.search(r"checkpoint +rank 0 +rank 1 +r0 worker 0 +r1 worker 0\n", profile)
+    assert re.search(  # the ranks' readings, what fills each rank's device, then the workers
+        r"checkpoint +rank 0 +rank 1 +r0 rss( / capacity)? +r1 rss( / capacity)? "
+        r"+r0 worker 0 +r1 worker 0\n",
+        profile,
+    )
     analysis = report.split("## Memory Analysis")[1].split("## ")[0]
     lines = [line for line in analysis.splitlines() if line.startswith("|")]
     head, _, row = (line.split(" | ")[-3:] for line in lines)

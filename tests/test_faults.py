@@ -20,7 +20,7 @@ from workload import make_model as tiny_model
 
 from harness import Recorder, Rules, judge, read_timeline
 from harness.measure.sample import Sample
-from harness.rules import Verdict
+from harness.verdict.model import Verdict
 from tft import faults, train
 from tft.checks import CHECK_FAILED, watch
 from tft.data import Split, WindowDataset, WindowSpec, load, synth

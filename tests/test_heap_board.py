@@ -16,7 +16,8 @@ import pytest
 from harness.measure import heap_board, malloc
 from harness.measure.heap_board import Board
 from harness.recorder import Recorder
-from harness.rules import Rules, judge
+from harness.rules.judging import judge
+from harness.verdict.options import Rules
 
 pytestmark = pytest.mark.skipif(
     heap_board.live_heap() is None or not os.path.exists("/proc/self/status"),

@@ -129,6 +129,19 @@ def test_no_two_modules_of_the_harness_share_a_name():
     assert {n: m for n, m in named.items() if len(m) > 1} == {}
 
 
+def test_a_folder_of_the_harness_names_nothing_of_its_modules():
+    """Each name has one import path, the module that defines it: a folder's ``__init__`` holds
+    its docstring only (``harness`` itself, the public names' one table, aside)."""
+
+    said = {}
+    for init in sorted((ROOT / "harness").glob("*/__init__.py")):
+        body = ast.parse(init.read_text()).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        said[init.parent.name] = [type(node).__name__ for node in body]
+    assert {folder: nodes for folder, nodes in said.items() if nodes} == {}
+
+
 def test_every_module_has_a_floor():
     unplaced = sorted(m for m in modules() if floor_of(m) is None)
     assert unplaced == [], f"give these modules a floor in FLOORS: {unplaced}"

@@ -20,10 +20,11 @@ from markdown_it import MarkdownIt
 
 from harness.core.markdown import code, fenced, link_to, mermaid, plain, spans, table, text
 from harness.measure.sample import Sample
-from harness.report import Run, render_report
 from harness.report.chart import memory_chart
+from harness.report.run import Run
+from harness.report.sections import render_report
 from harness.results.artifacts import save_run, write_index
-from harness.rules import judge
+from harness.rules.judging import judge
 
 MB = 2**20
 PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"])

@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("memray")
 
-from harness.attribution import Lines, native
+from harness.attribution import native
+from harness.attribution.lines import Lines
 from harness.attribution.native import Native, recheck
 
 KEPT: list[torch.Tensor] = []

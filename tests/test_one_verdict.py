@@ -14,8 +14,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from harness.measure.sample import STRIDE, Sample
-from harness.rules import Rules, judge
 from harness.rules.fit import PLATEAU
+from harness.rules.judging import judge
+from harness.verdict.options import Rules
 
 MB = 10**6
 BUDGET = 4 * MB

@@ -360,7 +360,7 @@ BROKEN_NAMES = [
 @pytest.fixture
 def registered_by_conftest():
     """The names a pytester conftest registers in this process, unregistered afterwards."""
-    from harness.rules import unregister_rule
+    from harness.rules.registry import unregister_rule
 
     names: list[str] = []
     yield names
@@ -432,7 +432,7 @@ def test_a_run_failed_by_a_registered_rule_is_not_a_pass_once_rebuilt_without_it
     pytester, registered_by_conftest, capsys
 ):
     from harness.frontends.cli import main as leakgate
-    from harness.rules import unregister_rule
+    from harness.rules.registry import unregister_rule
 
     registered_by_conftest.append("always_fails")
     pytester.makeconftest(

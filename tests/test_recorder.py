@@ -568,7 +568,7 @@ def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(lea
     which, and the peak between two readings is the next one's (its window is reset only
     when read)."""
     from harness import judge
-    from harness.rules import Rules
+    from harness.verdict.options import Rules
 
     kept = []
     with Recorder("cpu") as rec:

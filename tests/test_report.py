@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from harness.core.errors import BadInput
 from harness.measure.sample import Sample
-from harness.report import Run, render_report
 from harness.report.chart import CHART_POINTS, memory_chart
+from harness.report.run import Run
+from harness.report.sections import render_report
 from harness.results.artifacts import (
     compare_runs,
     load_run_document,
@@ -19,8 +20,9 @@ from harness.results.artifacts import (
     save_run,
     write_index,
 )
-from harness.rules import SCHEMA_VERSION, Evidence, Finding, Rules, Verdict, judge
-from harness.verdict.options import judged_options
+from harness.rules.judging import judge
+from harness.verdict.model import SCHEMA_VERSION, Evidence, Finding, Verdict
+from harness.verdict.options import Rules, judged_options
 
 MB = 2**20
 SECTIONS = [

@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 import harness.attribution.retained as retained_module
 from harness import Recorder
-from harness.attribution import PhaseAttribution, live_tensors
+from harness.attribution.phase import PhaseAttribution
 from harness.attribution.retained import retained_holders, retained_of
+from harness.attribution.snapshot import live_tensors
 from harness.attribution.weights import size_of
 
 BATCHES = 24

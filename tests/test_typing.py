@@ -22,7 +22,7 @@ SNIPPET = textwrap.dedent(
     """
     import harness
     from harness import MemoryCheckFailed, Recorder, Rules, register_rule
-    from harness.report import Run
+    from harness.report.run import Run
 
     harness.NoSuchName
     reveal_type(Rules(max_growth="4MB").max_growth)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from harness.attribution import Holder
+from harness.attribution.holders import Holder
 from harness.core.errors import BadInput
 from harness.verdict.model import Evidence, Finding, Kind
 from harness.verdict.schema import FINDING, HOLDER, check_finding, of_dataclass

@@ -23,8 +23,9 @@ from workload import PythonObjects, Sums, WorkerCache
 from harness.measure.children import parse_processes
 from harness.measure.sample import Sample
 from harness.recorder import Recorder
-from harness.rules import Rules, judge
+from harness.rules.judging import judge
 from harness.verdict.model import Kind
+from harness.verdict.options import Rules
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
@@ -393,12 +394,13 @@ def test_the_report_has_a_column_per_worker(tmp_path):
         finish_run(rec, RULES, name="workers", directory=tmp_path)
     report = (tmp_path / "workers.md").read_text()
     profile = report.split("## Memory Profile")[1].split("\n## ")[0]
-    assert re.search(r"checkpoint +worker 0 +worker 1 +allocated", profile)
+    # the run's own columns first (what fills the device beside them), then each worker's
+    assert re.search(r"checkpoint +allocated +rss( / capacity)? +worker 0 +worker 1\n", profile)
     last = [line for line in profile.splitlines() if "VALIDATION_BATCH #" in line][-1]
-    assert re.search(r"VALIDATION_BATCH #2\d\d: +\d+\.\dMiB +\d+\.\dMiB", last)  # the last read
+    assert re.search(r"VALIDATION_BATCH #2\d\d: .* \d+\.\dMiB +\d+\.\dMiB$", last)  # the last read
     analysis = report.split("## Memory Analysis")[1].split("\n## ")[0]
-    assert "| Status | worker 0 | worker 1 |" in analysis
-    assert re.search(r"\| \*\*FAIL\*\* \| \+[67]\.\dMiB \| \+\d+(\.\d)?K?i?B \|", analysis)
+    assert "| Budget | worker 0 | worker 1 | Status |" in analysis
+    assert re.search(r"\| \+[67]\.\dMiB \| \+\d+(\.\d)?K?i?B \| \*\*FAIL\*\* \|", analysis)
     assert "Child processes are sampled so: the live heap of each child" in analysis
     assert "Judged on: worker 0: live heap; worker 1: live heap." in analysis
     assert "growth against `max_growth` (4MB)" in analysis

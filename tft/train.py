@@ -258,7 +258,7 @@ def traced(
     """
     # The one exception to "tft never imports harness": tracing from the command line. The
     # import stays inside this function, so the model, data, trainer and faults load without it.
-    from harness.attribution import PhaseAttribution
+    from harness.attribution.phase import PhaseAttribution
     from harness.core.units import parse_size
     from harness.recorder import Recorder
     from harness.results.finish import finish_run

@@ -92,7 +92,7 @@ def attribute(
     bounds the search by the number of objects visited (about 3 µs each), so its result does
     not depend on the machine's load: the tensors not reached within it are counted under
     ``<not searched>``, and those reached are still named. On CUDA, with allocation stacks
-    recorded (:func:`~harness.attribution.record_sites`), each holder carries the allocation
+    recorded (:func:`~harness.attribution.sites.record_sites`), each holder carries the allocation
     sites of its storages, and new blocks no Python holder accounts for are grouped by site
     under ``<no Python holder>``. With ``lines`` (an open :class:`~harness.attribution.lines.Lines`,
     the dearer search) each holder carries the lines that allocated its storages on any device,

@@ -25,9 +25,9 @@ def in_use() -> bool:
 
 def record_sites(enabled: bool = True) -> bool:
     """Start (or stop) recording the Python stack of every CUDA allocation, which
-    :func:`~harness.attribution.attribute` turns into allocation sites; torch puts it at about
-    2 µs per allocation. A recording already on is left as it is. Returns whether recording was
-    on before; without CUDA it does nothing and returns False."""
+    :func:`~harness.attribution.holders.attribute` turns into allocation sites; torch puts it at
+    about 2 µs per allocation. A recording already on is left as it is. Returns whether
+    recording was on before; without CUDA it does nothing and returns False."""
     if not torch.cuda.is_available():
         return False
     was_on = sites_recorded()

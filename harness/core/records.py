@@ -52,7 +52,7 @@ class Header(TypedDict, total=False):
 
 
 class HolderRecord(TypedDict, total=False):
-    """A holder as a verdict's JSON keeps it (:meth:`harness.attribution.Holder.to_dict`)."""
+    """A holder as a verdict's JSON keeps it (:meth:`harness.attribution.holder.Holder.to_dict`)."""
 
     path: str
     container: str

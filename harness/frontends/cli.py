@@ -33,7 +33,7 @@ from harness.core.naming import check_file_name, rebuilt
 from harness.core.units import parse_size
 from harness.frontends.gate import FAIL, PASS, comparison_lines, gate_folder, write_index_to
 from harness.history.creep import DEFAULT_CREEP, CreepLimit
-from harness.report import render_report
+from harness.report.sections import render_report
 from harness.results.artifacts import (
     DEFAULT_MIN_BYTES,
     DEFAULT_TOLERANCE,

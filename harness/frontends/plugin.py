@@ -36,8 +36,9 @@ from harness.verdict.options import options, parse_option, size_fields
 if TYPE_CHECKING:
     from harness.frontends.session_options import SessionOptions
     from harness.recorder import Recorder
-    from harness.report import GateDecision
-    from harness.rules import Rules, Verdict
+    from harness.report.index import GateDecision
+    from harness.verdict.model import Verdict
+    from harness.verdict.options import Rules
 
 DEFAULT_DIR = "reports"
 MEMREPORT_ENV = "LEAKGATE_MEMREPORT"
@@ -174,8 +175,8 @@ class LeakGate:
     def rules_for(self, item: pytest.Item) -> Rules:
         """The marker's rules over the ``memleak_*`` ini defaults; keywords naming a
         registered rule become its option. A bad value is a usage error naming the test."""
-        from harness.rules import Rules
         from harness.rules.registry import is_custom
+        from harness.verdict.options import Rules
 
         values: dict[str, Any] = {}
         custom: dict[str, Any] = {}
@@ -201,7 +202,7 @@ class LeakGate:
             raise pytest.UsageError(f"{item.nodeid}: memleak: {exc}") from None
 
     def start(self, item: pytest.Item) -> Trace:
-        from harness.attribution import PhaseAttribution
+        from harness.attribution.phase import PhaseAttribution
         from harness.recorder import Recorder
 
         rules = self.rules_for(item)
@@ -337,7 +338,7 @@ class LeakGate:
             self.write_failed(finished.write_error)
         verdict = finished.verdict
         trace.judged = True
-        from harness.attribution import hint
+        from harness.attribution.findings import hint
 
         explained = trace.recorder.attribution is not None and trace.recorder.attribution.explain
         limit = (

@@ -42,9 +42,10 @@ from harness.core.units import format_size
 from harness.measure.probes import probe_type
 from harness.recorder import Recorder
 from harness.results.cuda_snapshot import dump_snapshot, record_history
-from harness.rules import Rules, judge
+from harness.rules.judging import judge
 from harness.timeline.jsonl import read_timeline
 from harness.verdict.model import Status
+from harness.verdict.options import Rules
 
 KNOWN = 64 * 2**20  # the known allocation: 64 MiB
 BATCHES = 60

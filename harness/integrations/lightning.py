@@ -63,7 +63,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 import harness.core.labels as labels
-from harness.attribution import PhaseAttribution
+from harness.attribution.phase import PhaseAttribution
 from harness.core.errors import BadInput, as_unwritable
 from harness.core.naming import check_file_name
 from harness.measure.probes import probe_for

@@ -1,8 +1,11 @@
-"""Memory over a run as a Mermaid ``xychart-beta`` block, which GitHub renders without tooling:
-the x axis is the checkpoint number (the sample's position in the timeline), runs longer than
-:data:`CHART_POINTS` are cut into that many equal spans each drawn at its highest reading (so
-short spikes stay visible), each metric is one line in the order given, and a last, flat line
-marks the device's capacity when the readings come within a quarter of it.
+"""Memory Over the Run: the section (:func:`chart`), a line for each run shown (one per rank of
+a merged run), for what fills the device where it is another metric, and for the DataLoader
+workers' total. It is drawn as a Mermaid ``xychart-beta`` block, which GitHub renders without
+tooling (:func:`memory_chart`): the x axis is the checkpoint number (the sample's position in
+the timeline), runs longer than :data:`CHART_POINTS` are cut into that many equal spans each
+drawn at its highest reading (so short spikes stay visible), each series is one line in the
+order given, and a last, flat line marks the device's capacity when the readings come within
+a quarter of it.
 """
 
 from __future__ import annotations
@@ -12,12 +15,92 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from harness.core.markdown import mermaid
+from harness.core.markdown import Markdown, code, mermaid, text
+from harness.core.units import format_mib
+from harness.report.ranks import more, shown
+from harness.report.run import Run, batch_positions, checkpoint_name, key_starts, oom_events, turns
+from harness.report.workers import children_total
 
 CHART_POINTS = 120
 MIB = 2**20
 Readings = Sequence[int | None] | np.ndarray
 """Bytes per checkpoint: None, or NaN in an array, where not measured."""
+MARKS = 3
+"""Out-of-memory events, and turns of a loop's growth, named in the caption, per run shown."""
+PHASES = 12
+"""Phases the caption's guide to the x axis names."""
+
+
+def chart(run: Run) -> list[str]:
+    """The Memory Over the Run section; nothing where no reading was taken."""
+    columns = shown(run)
+    ranked = columns[0].rank is not None
+    metric = run.metric
+    series: dict[str, np.ndarray] = {}
+    said: dict[str, str] = {}
+    for c in columns:
+        name = f"rank {c.rank}" if ranked else metric
+        series[name] = c.run.readings(metric)
+        said[name] = f"{name}'s {code(metric)}" if ranked else code(metric)
+    for c in columns:
+        against = c.run.capacity_metric
+        filling = c.run.readings(against)
+        if against != metric and shows_capacity({against: filling}, c.run.capacity):
+            series[c.head(against)], said[c.head(against)] = filling, c.head(code(against))
+    for c in columns:
+        children = children_total(c.run)
+        if children is not None:
+            name = f"rank {c.rank} children" if ranked else "children"
+            series[name] = children
+            said[name] = name if ranked else "the children's judged memory in all"
+    block = memory_chart(series, capacity=run.capacity)
+    if not block:
+        return []
+    drawn = [said[name] for name, values in series.items() if not np.isnan(values).all()]
+    if shows_capacity(series, run.capacity):
+        drawn.append(f"the capacity ({format_mib(run.capacity)}, flat)")
+    lines_text = f"lines, in order: {', '.join(drawn)}" if len(drawn) > 1 else drawn[0]
+    caption = f"MiB per checkpoint ({lines_text}); x is the checkpoint number"
+    caption += " on each rank" * ranked
+    if any(len(c.run.samples) > CHART_POINTS for c in columns):
+        caption += f"; the run is drawn as {CHART_POINTS} spans at each span's highest reading"
+    for c in columns:
+        where = f"rank {c.rank} " if ranked else ""
+        ooms = [event[0] for event in oom_events(c.run)]
+        if ooms:
+            caption += "; out of memory at " + ", ".join(
+                f"{where}#{i} ({text(checkpoint_name(c.run.samples[i]))})" for i in ooms[:MARKS]
+            )
+        marked = turns(c.run)
+        if marked:
+            caption += "; " + ", ".join(
+                f"{note} at {where}#{i} ({text(checkpoint_name(c.run.samples[i]))})"
+                for i, note in list(marked.items())[:MARKS]
+            )
+    lines = ["## Memory Over the Run", "", *block, "", caption + "." + more(run)]
+    guide = phase_guide(columns[0].run)
+    if guide:
+        on = f" on rank {columns[0].rank}" if ranked else ""
+        lines += ["", f"Checkpoints by phase{on}: {guide}."]
+    return lines
+
+
+def phase_guide(run: Run) -> Markdown:
+    """``training e0 #1-21 · validation e0 #22-34 · ...``: where each phase lies on the x axis."""
+    c = run.columns
+    positions = batch_positions(run)
+    starts = key_starts(positions, c.phase, c.epoch)
+    lasts = np.append(starts[1:], len(positions))[: len(starts)] - 1
+    parts = []
+    for first, last in zip(
+        positions[starts[:PHASES]].tolist(), positions[lasts[:PHASES]].tolist(), strict=True
+    ):
+        phase, epoch = c.key(first)
+        name = text(phase, 120) if phase is not None else "batches"
+        parts.append(f"{name}{'' if epoch is None else f' e{epoch}'} #{first}-{last}")
+    if len(starts) > PHASES:
+        parts.append(f"... {len(starts) - PHASES} more")
+    return Markdown(" · ".join(parts))
 
 
 def memory_chart(

@@ -14,7 +14,7 @@ from harness.core.units import echo_size, format_mib, format_rate, format_size
 from harness.core.wording import plural
 from harness.measure.sample import Sample
 from harness.report.advice import advise
-from harness.report.memory import scope_label
+from harness.report.analysis import scope_label
 from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.verdict.model import CONFIGURATION, Finding, Kind, Outcome, Status, Verdict
 

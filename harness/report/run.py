@@ -121,6 +121,26 @@ def unbatched(run: Run) -> list[int]:
     return np.flatnonzero(run.columns.batch == NONE).tolist()
 
 
+def batch_positions(run: Run) -> np.ndarray:
+    """Positions of the per-batch samples, the OOM reports left out (a reading over the
+    capacity is a batch's)."""
+    reports = run.columns.labelled(labels.reports_oom)
+    return np.flatnonzero((run.columns.batch != NONE) & ~reports)
+
+
+def key_starts(positions: np.ndarray, *keys: np.ndarray, adjacent: bool = False) -> np.ndarray:
+    """Indices into ``positions`` where a run of equal ``keys`` starts (and, with
+    ``adjacent``, where the previous position is not the one just before)."""
+    new = np.zeros(len(positions), dtype=bool)
+    new[:1] = True
+    for key in keys:
+        values = key[positions]
+        new[1:] |= values[1:] != values[:-1]
+    if adjacent:
+        new[1:] |= np.diff(positions) != 1
+    return np.flatnonzero(new)
+
+
 def oom_positions(run: Run) -> set[int]:
     """Positions of the samples where the run ran out of memory: its OOM events, and the OOM
     findings' evidence (when it points at this timeline)."""

@@ -14,9 +14,11 @@ from typing import Any
 from harness.core.markdown import Markdown, code, link_to, spans, strong, table, text
 from harness.core.units import echo_size, format_mib
 from harness.core.wording import plural
+from harness.report.analysis import analysis, status
+from harness.report.chart import chart
 from harness.report.issues import MESSAGE_CHARS, issues, ranked, root_cause
-from harness.report.memory import status
-from harness.report.ranks import analysis, chart, profile, rank_logs, rank_rows
+from harness.report.profile import profile
+from harness.report.ranks import rank_logs, rank_rows
 from harness.report.run import Run, as_int, checkpoint_name, describe, ended, epochs
 from harness.verdict.model import CONFIGURATION, CheckStatus, Status, Verdict
 from harness.verdict.options import Rules, judged_options

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from harness.core.units import format_mib
 from harness.core.wording import plural
 from harness.measure.sample import Sample
-from harness.rules import Verdict
-from harness.verdict.model import CONFIGURATION
+from harness.verdict.model import CONFIGURATION, Verdict
 
 MAX_ROWS = 24
 CHILDREN = ("children_heap", "children_anon")

@@ -23,19 +23,11 @@ from harness.core.fsio import make_folders, write_atomic
 from harness.core.json_values import finite_number, read_json
 from harness.core.naming import is_rebuilt
 from harness.core.records import HolderRecord
-from harness.report import (
-    GateDecision,
-    Run,
-    checkpoint_name,
-    ended,
-    epochs,
-    index_lines,
-    render_report,
-    unbatched,
-)
+from harness.report.index import GateDecision, index_lines
+from harness.report.run import Run, checkpoint_name, ended, epochs, unbatched
+from harness.report.sections import render_report
 from harness.report.terminal import worst_growth
-from harness.rules import Verdict
-from harness.verdict.model import Status
+from harness.verdict.model import Status, Verdict
 from harness.verdict.schema import check_verdict
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from harness.core.json_values import read_json
 from harness.core.naming import safe_name
 from harness.core.units import format_mib, format_size
 from harness.core.wording import plural
-from harness.report import GateDecision
+from harness.report.index import GateDecision
 from harness.results.artifacts import (
     DEFAULT_MIN_BYTES,
     DEFAULT_TOLERANCE,

@@ -21,9 +21,9 @@ import harness.core.labels as labels
 from harness.core.errors import BadInput, LeakgateError, as_unwritable
 from harness.core.units import format_size
 from harness.core.wording import plural
-from harness.report import Run
+from harness.report.run import Run
 from harness.results.artifacts import write_run
-from harness.rules import judge
+from harness.rules.judging import judge
 from harness.rules.sample_columns import Columns
 from harness.timeline.jsonl import Timeline
 from harness.timeline.store import NONE
@@ -31,7 +31,8 @@ from harness.verdict.model import Verdict
 from harness.verdict.options import Rules
 
 if TYPE_CHECKING:
-    from harness.attribution import Holder, Share
+    from harness.attribution.findings import Share
+    from harness.attribution.holders import Holder
     from harness.recorder import Recorder
 
 
@@ -253,7 +254,7 @@ def _shares(recorder: Recorder, verdict: Verdict) -> list[Share]:
     against what existed when each finding's phase started, when the recorder attributed."""
     if verdict.passed:
         return []
-    from harness.attribution import shares
+    from harness.attribution.findings import shares
 
     return shares(
         recorder.attribution or recorder.holders, verdict.findings, recorder.worker_holders()
@@ -263,7 +264,7 @@ def _shares(recorder: Recorder, verdict: Verdict) -> list[Share]:
 def _named(explained: Sequence[Share]) -> list[Holder]:
     if not explained:
         return []
-    from harness.attribution import named
+    from harness.attribution.findings import named
 
     return named(h for share in explained for h in share.holders)
 

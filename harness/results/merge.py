@@ -3,7 +3,8 @@
 - Every rank is judged on its own rules (:func:`rank_part`, through
   :func:`~harness.results.finish.finish_run`, holders named while they are alive); then the
   cross-rank rules (:mod:`harness.rules.rank_outlier`) compare the ranks. :func:`finish_ranks`
-  merges the parts into one verdict (its status decided as :func:`~harness.rules.judge` decides one)
+  merges the parts into one verdict (its status decided as
+  :func:`~harness.rules.judging.judge` decides one)
   and writes ``<name>.md`` and ``<name>.json``: FAIL when any rank fails or one rank stands out,
   ERROR when a rank raised or left no timeline. The merged verdict's header lists each rank's run id
   (``header.ranks``): that is how ``leakgate gate`` pairs the rank timelines with it
@@ -30,7 +31,7 @@ from harness.core.naming import check_file_name, run_name
 from harness.core.records import HolderRecord
 from harness.report.ranks import MergedRun, RankRun
 from harness.results.finish import Finished, finish_run, relative, rules_of, write_finished
-from harness.rules import decide
+from harness.rules.judging import decide
 from harness.rules.rank_outlier import judge_ranks
 from harness.timeline.jsonl import Timeline, read_timeline
 from harness.verdict.model import RAISED, Check, CheckStatus, PhaseStats, Status, Verdict

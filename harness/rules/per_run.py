@@ -203,7 +203,7 @@ def oom(ctx: Context, _: None) -> list[Finding]:
     """One finding per failing batch, with one reading per failure as evidence: a checkpoint
     over an emulated capacity and the OOM event the trainer then reports for the same batch
     are one failure, read at the checkpoint (:func:`_failures`). The error the run raised is
-    judged by :func:`harness.rules.judge`."""
+    judged by :func:`harness.rules.judging.judge`."""
     samples = ctx.samples
     findings = []
     for event in group_ooms(samples, np.flatnonzero(ctx.columns.oom).tolist()):

@@ -59,18 +59,8 @@ def _any_line(sample: Sample) -> bytes:
     return _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
 
 
-_TEXTS: dict[str, str] = {}
-"""JSON text of the names written so far (labels, phases, metric names)."""
-_MAX_TEXTS = 4096
-
-
-def _text(value: str) -> str:
-    found = _TEXTS.get(value)
-    if found is None:
-        found = _ENCODER.encode(value)
-        if len(_TEXTS) < _MAX_TEXTS:
-            _TEXTS[value] = found
-    return found
+_text = _ENCODER.encode
+"""A name's JSON text (a label, a phase, a metric), built only with a line's frame."""
 
 
 Encoder = Callable[[Any], str | None]

@@ -208,7 +208,7 @@ HOLDER = Record(
         "rank": optional(count),
     }
 )
-"""One holder the attribution named (:class:`harness.attribution.Holder`'s fields, and the
+"""One holder the attribution named (:class:`harness.attribution.holder.Holder`'s fields, and the
 rank it was named on in a merged run)."""
 
 RANK = Record(
