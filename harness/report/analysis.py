@@ -12,15 +12,12 @@ import numpy as np
 
 from harness.core.markdown import Markdown, plain, strong, table, text
 from harness.core.units import echo_size, format_mib, format_rate, format_size
-from harness.report.ranks import Shown, more, shown
-from harness.report.run import Run, key_starts
+from harness.report.ranks import Shown, more, side_by_side
+from harness.report.run import NAME_CHARS, Run, key_starts
 from harness.report.workers import budget_note, growth_cells, sampling_note, worker_roles
 from harness.timeline.store import NONE
 from harness.verdict.model import CheckStatus, PhaseStats
 from harness.verdict.options import Rules
-
-NAME_CHARS = 120
-"""Characters kept of a phase's name."""
 
 
 class AnalysisRow(NamedTuple):
@@ -53,7 +50,7 @@ RANK_FIGURES = FIGURES[2:]
 def analysis(run: Run) -> list[str]:
     """The Memory Analysis section."""
     lines = ["## Memory Analysis", ""]
-    columns = shown(run)
+    columns = side_by_side(run)
     ranked = columns[0].rank is not None
     per_column = [_by_scope(analysis_rows(c.run)) for c in columns]
     scopes = list(dict.fromkeys(s for rows in per_column for s in rows))

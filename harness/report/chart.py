@@ -17,8 +17,16 @@ import numpy as np
 
 from harness.core.markdown import Markdown, code, mermaid, text
 from harness.core.units import format_mib
-from harness.report.ranks import more, shown
-from harness.report.run import Run, batch_positions, checkpoint_name, key_starts, oom_events, turns
+from harness.report.ranks import more, side_by_side
+from harness.report.run import (
+    NAME_CHARS,
+    Run,
+    batch_positions,
+    checkpoint_name,
+    key_starts,
+    oom_events,
+    turns,
+)
 from harness.report.workers import children_total
 
 CHART_POINTS = 120
@@ -27,13 +35,13 @@ Readings = Sequence[int | None] | np.ndarray
 """Bytes per checkpoint: None, or NaN in an array, where not measured."""
 MARKS = 3
 """Out-of-memory events, and turns of a loop's growth, named in the caption, per run shown."""
-PHASES = 12
+GUIDE_PHASES = 12
 """Phases the caption's guide to the x axis names."""
 
 
 def chart(run: Run) -> list[str]:
     """The Memory Over the Run section; nothing where no reading was taken."""
-    columns = shown(run)
+    columns = side_by_side(run)
     ranked = columns[0].rank is not None
     metric = run.metric
     series: dict[str, np.ndarray] = {}
@@ -93,13 +101,15 @@ def phase_guide(run: Run) -> Markdown:
     lasts = np.append(starts[1:], len(positions))[: len(starts)] - 1
     parts = []
     for first, last in zip(
-        positions[starts[:PHASES]].tolist(), positions[lasts[:PHASES]].tolist(), strict=True
+        positions[starts[:GUIDE_PHASES]].tolist(),
+        positions[lasts[:GUIDE_PHASES]].tolist(),
+        strict=True,
     ):
         phase, epoch = c.key(first)
-        name = text(phase, 120) if phase is not None else "batches"
+        name = text(phase, NAME_CHARS) if phase is not None else "batches"
         parts.append(f"{name}{'' if epoch is None else f' e{epoch}'} #{first}-{last}")
-    if len(starts) > PHASES:
-        parts.append(f"... {len(starts) - PHASES} more")
+    if len(starts) > GUIDE_PHASES:
+        parts.append(f"... {len(starts) - GUIDE_PHASES} more")
     return Markdown(" · ".join(parts))
 
 

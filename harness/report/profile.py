@@ -16,8 +16,9 @@ from harness.core.markdown import code, fenced, plain
 from harness.core.units import format_mib
 from harness.core.wording import plural
 from harness.measure.sample import Sample
-from harness.report.ranks import Shown, more, shown
+from harness.report.ranks import Shown, more, side_by_side
 from harness.report.run import (
+    NAME_CHARS,
     Run,
     as_int,
     batch_positions,
@@ -35,20 +36,20 @@ Nth, highest, last)."""
 HIGHEST_MARGIN = 2**20 // 10
 """How far a loop's highest reading must rise above its first and last to get its own row."""
 NOTE_CHARS = 120
-NAME_CHARS = 120
-"""Characters kept of a note, and of a checkpoint's name, in the Memory Profile."""
+"""Characters kept of a note in the Memory Profile."""
 CELL = 10
 """The least width of a column of figures."""
 
-Key = tuple[int, ...]
-Column = tuple[str, list[str]]
-"""A column of the profile: its heading and a cell per row."""
+RowKey = tuple[int, ...]
+Column = tuple[str, list[str], bool]
+"""A column of the profile: its heading, a cell per row, and whether it is text (aligned left)
+rather than a figure (aligned right)."""
 
 
 def profile(run: Run) -> list[str]:
     """The Memory Profile section."""
     lines = ["## Memory Profile", ""]
-    columns = shown(run)
+    columns = side_by_side(run)
     if not any(c.run.samples for c in columns):
         return [*lines, "No checkpoint was recorded."]
     codes: dict[str | None, int] = {}
@@ -56,28 +57,28 @@ def profile(run: Run) -> list[str]:
     keys, names, notes = _rows(columns, matched)
     positions = [_find(k, keys) for k in matched]
     del matched
-    figures: list[Column] = []
     readings = [
         _readings(c, [where.get(k) for k in keys], run.metric)
         for c, where in zip(columns, positions, strict=True)
-    ]
-    figures += [r[0] for r in readings] + [r[1] for r in readings if len(r) > 1]
+    ]  # each run's readings side by side, then what fills each one's device
+    figures = [own[0] for own in readings] + [fill for own in readings for fill in own[1:]]
     roles = [worker_roles(c.run) for c in columns]
     for c, where, own in zip(columns, positions, roles, strict=True):
         by_row = [
             ["-"] * len(own) if at is None else memory_cells(c.run, at, own)
             for at in (where.get(k) for k in keys)
         ]
-        figures += [(c.head(role), [row[n] for row in by_row]) for n, role in enumerate(own)]
+        figures += [(c.head(role), [row[n] for row in by_row], False) for n, role in enumerate(own)]
     width = max(len(n) for n in names.values()) + 1
-    widths = [max(CELL, len(head), *map(len, cells)) for head, cells in figures]
-    heads = [f"{head:>{w}}" for (head, _), w in zip(figures, widths, strict=True)]
-    body = ["  ".join([f"{'checkpoint':<{width}}", *heads])]
+    widths = [max(CELL, len(head), *map(len, cells)) for head, cells, _ in figures]
+    aligned = ["<" if left else ">" for _, _, left in figures]
+    heads = [f"{h:{a}{w}}" for (h, _, _), a, w in zip(figures, aligned, widths, strict=True)]
+    body = ["  ".join([f"{'checkpoint':<{width}}", *heads]).rstrip()]
     for row, key in enumerate(keys):
         name = names[key]
         line = "  ".join(
             [f"{name + ':':<{width}}"]
-            + [f"{c[row]:>{w}}" for (_, c), w in zip(figures, widths, strict=True)]
+            + [f"{c[row]:{a}{w}}" for (_, c, _), a, w in zip(figures, aligned, widths, strict=True)]
         )
         if notes[key]:
             line += f"  ({'; '.join(plain(n, NOTE_CHARS) for n in notes[key])})"
@@ -88,24 +89,26 @@ def profile(run: Run) -> list[str]:
 
 def _readings(c: Shown, at: list[int | None], metric: str) -> list[Column]:
     """``c``'s readings in ``metric`` at positions ``at`` (``n/a`` where it has no such
-    checkpoint), and what fills its device against the capacity, where known."""
+    checkpoint), and what fills its device against the capacity where that is known (text,
+    left-aligned, after the figure it starts with)."""
     view = c.run
     against, capacity = view.capacity_metric, view.capacity
     samples = [None if i is None else view.samples[i] for i in at]
 
-    def filled(sample: Sample | None) -> tuple[int | None, str]:
-        used = None if sample is None else as_int(sample.get(against))
-        if used is None or not capacity:
-            return used, ""
-        return used, f" / {format_mib(capacity)} ({100 * used / capacity:.1f}% utilization)"
+    def used(sample: Sample | None) -> str:
+        value = None if sample is None else as_int(sample.get(against))
+        if value is None or not capacity:
+            return ""
+        return f" / {format_mib(capacity)} ({100 * value / capacity:.1f}% utilization)"
 
     head = plain(metric, 40) if c.rank is None else f"rank {c.rank}"
     readings = [format_mib(None if s is None else view.reading(s)) for s in samples]
+    filled = " / capacity" * bool(capacity)
     if against == metric:
-        cells = [r + filled(s)[1] for r, s in zip(readings, samples, strict=True)]
-        return [(head + " / capacity" * bool(capacity), cells)]
-    used = [format_mib(u) + rest for u, rest in map(filled, samples)]
-    return [(head, readings), (c.head(plain(against, 40)) + " / capacity" * bool(capacity), used)]
+        cells = [f"{r:>{CELL}}{used(s)}" for r, s in zip(readings, samples, strict=True)]
+        return [(f"{head:>{CELL}}{filled}", cells, bool(capacity))]
+    fills = [format_mib(None if s is None else as_int(s.get(against))) + used(s) for s in samples]
+    return [(head, readings, False), (c.head(plain(against, 40)) + filled, fills, True)]
 
 
 def _caption(run: Run, columns: Sequence[Shown]) -> str:
@@ -127,13 +130,13 @@ def _caption(run: Run, columns: Sequence[Shown]) -> str:
 
 def _rows(
     columns: Sequence[Shown], own: Sequence[tuple[np.ndarray, ...]]
-) -> tuple[list[Key], dict[Key, str], dict[Key, list[str]]]:
+) -> tuple[list[RowKey], dict[RowKey, str], dict[RowKey, list[str]]]:
     """The rows each column's own profile would show (``own``: its samples' keys), matched by
     checkpoint and in the order of the first column that has each, with their names and notes
     (a rank's named when there are several)."""
-    order: dict[Key, tuple[int, int]] = {}
-    names: dict[Key, str] = {}
-    notes: dict[Key, list[str]] = {}
+    order: dict[RowKey, tuple[int, int]] = {}
+    names: dict[RowKey, str] = {}
+    notes: dict[RowKey, list[str]] = {}
     for column, (c, keys) in enumerate(zip(columns, own, strict=True)):
         for name, i, found in profile_rows(c.run):
             key = tuple(int(k[i]) for k in keys)
@@ -232,7 +235,7 @@ def _keys(view: Run, codes: dict[str | None, int]) -> tuple[np.ndarray, ...]:
     return (*four, before)
 
 
-def _find(keys: tuple[np.ndarray, ...], wanted: Sequence[Key]) -> dict[Any, int]:
+def _find(keys: tuple[np.ndarray, ...], wanted: Sequence[RowKey]) -> dict[Any, int]:
     """The position of each of ``wanted`` among the samples whose keys are ``keys`` (those
     it has): both sorted together, a wanted key just after the sample with the same key."""
     if not wanted:

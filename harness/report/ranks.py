@@ -1,6 +1,6 @@
 """A distributed run in the report: a :class:`MergedRun` is the :class:`~harness.report.run.Run`
 of the whole run (the merged verdict, rank 0's header and samples) plus every rank's own part
-(:class:`RankRun`). :func:`shown` gives the memory sections their columns, one per rank (a
+(:class:`RankRun`). :func:`side_by_side` gives the memory sections their columns, one per rank (a
 single run is a list of one); Configuration names the rank, world size and backend of any run
 whose header has them (:func:`rank_rows`), and Logs lists every rank's timeline
 (:func:`rank_logs`). Nothing here writes a file.
@@ -85,7 +85,7 @@ class Shown:
         return name if self.rank is None else f"r{self.rank} {name}"
 
 
-def shown(run: Run) -> list[Shown]:
+def side_by_side(run: Run) -> list[Shown]:
     """What the memory sections show side by side: each rank of a merged run (the first
     :data:`MAX_COLUMNS`), else the run itself, a list of one."""
     ranks = ranks_of(run)
@@ -143,5 +143,5 @@ __all__ = [
     "rank_logs",
     "rank_rows",
     "ranks_of",
-    "shown",
+    "side_by_side",
 ]

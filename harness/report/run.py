@@ -24,6 +24,8 @@ from harness.timeline.store import NONE
 from harness.verdict.model import Kind, Verdict
 
 SHOWN_FALLBACK = "rss"
+NAME_CHARS = 120
+"""Characters kept of a checkpoint's or a phase's name in the report."""
 
 
 @dataclass(frozen=True)
