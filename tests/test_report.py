@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from harness.core.errors import BadInput
 from harness.measure.sample import Sample
 from harness.report.chart import CHART_POINTS, memory_chart
+from harness.report.ranks import MergedRun, RankRun
 from harness.report.run import Run
 from harness.report.sections import render_report
 from harness.results.artifacts import (
@@ -793,3 +794,34 @@ def test_memreport_writes_a_report_per_test_and_one_index(pytester, xdist):
     assert "test_mem.py::test_loop[True]" in index and "test_mem.py::test_loop[False]" in index
     assert index.index("[True]") < index.index("[False]")  # the failure first
     assert "index: out/index.md" in result.stdout.str()
+
+
+def profile_cells(text):
+    """The Memory Profile's rows, each split into its checkpoint and its cells."""
+    block = section(text, "Memory Profile").split("```text\n")[1].split("```")[0]
+    return [re.split(r":?\s{2,}", line.strip()) for line in block.splitlines()[1:]]
+
+
+def test_a_merged_run_is_the_same_renderer_over_a_list_of_its_ranks():
+    """A single run is a list of one: each rank of a merged run gets the rows, readings,
+    utilization and figures its own report shows, in columns side by side."""
+    flat = incident()
+    leaking = [
+        replace(s, metrics={"allocated": s.metrics["allocated"] + 2 * i * MB})
+        for i, s in enumerate(flat)
+    ]
+    one = [run_of(samples, {**RULES, "max_growth": "60MiB"}) for samples in (flat, leaking)]
+    ranks = tuple(RankRun(rank, HEADER, run.samples, run.verdict) for rank, run in enumerate(one))
+    merged = MergedRun("both", HEADER, flat, one[1].verdict, ranks=ranks)
+    text = render_report(merged)
+    rows = profile_cells(text)
+    own = [profile_cells(render_report(run)) for run in one]
+    assert [row[0] for row in rows] == [row[0] for row in own[0]] == [row[0] for row in own[1]]
+    for rank in (0, 1):  # its reading and the device's utilization, as its own report has them
+        assert [row[1 + rank] for row in rows] == [row[1] for row in own[rank]]
+    growth = [
+        re.findall(r"^\| validation epoch 0 \|.*$", t, re.M)[0].split(" | ")
+        for t in (text, *map(render_report, one))
+    ]
+    assert growth[0][3:5] == growth[1][5:7] and growth[0][6:8] == growth[2][5:7]
+    assert "**FAIL** (rank 1)" in growth[0][-1] and "**FAIL**" not in growth[1][-1]
