@@ -163,6 +163,27 @@ def test_zeros_past_the_lines_end_the_file_for_both_readers(tmp_path, monkeypatc
     assert ([s.batch for s in read.samples], read.torn) == ([0], 1 if torn else 0)
 
 
+@pytest.mark.parametrize("columns", [True, False], ids=["columns", "lines"])
+@pytest.mark.parametrize("hole", [(0, 40), (5, 60), (1, 0)], ids=["head", "middle", "one-byte"])
+def test_a_write_killed_halfway_ends_the_timeline_before_it(tmp_path, monkeypatch, columns, hole):
+    """A kill inside the copy of a last write of several lines can leave its later bytes made
+    and earlier ones still zero (a copy need not run in order): the timeline ends before that
+    write, torn, for both readers, and nothing before it is lost."""
+    monkeypatch.setattr(timeline_columns, "COLUMNS_FROM", 0 if columns else 1 << 40)
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(path, HEADER)
+    for batch in range(10):
+        writer.write(_sample(batch))
+    writer.close()
+    data = path.read_bytes()
+    last = [data.find(b'"batch":%d,' % b) for b in (7, 8, 9)]
+    start = data.rfind(b"\n", 0, last[0]) + 1  # batches 7 to 9 were the last write
+    at, width = start + hole[0], hole[1] or 1
+    path.write_bytes(data[:at] + b"\0" * width + data[at + width :] + b"\0" * 9000)
+    read = read_timeline(path)
+    assert ([s.batch for s in read.samples], read.torn) == (list(range(7)), 1)
+
+
 @pytest.fixture
 def file_size_limit():
     """Lower this process's file size limit (Python ignores SIGXFSZ, so a write past it is

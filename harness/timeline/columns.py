@@ -228,7 +228,8 @@ def _data_end(fd: int, size: int) -> int:
 
 
 def _has_unusual_lines(fd: int, start: int, stop: int) -> bool:
-    """Empty lines or end records among the sample lines: the line reader's to judge. Each
+    """Empty lines, end records or zero bytes (a write a killed writer left unfinished) among
+    the sample lines: the line reader's to judge. Each
     block is read with the last bytes of the one before it, so that what spans a boundary is
     seen; only the first block's leading newline is an empty line of its own (a later one is
     the end of a line the block before it holds)."""
@@ -236,7 +237,7 @@ def _has_unusual_lines(fd: int, start: int, stop: int) -> bool:
     while at < stop:
         chunk = overlap + os.pread(fd, min(SCAN_BLOCK, stop - at), at)
         at += len(chunk) - len(overlap)
-        if b"\n\n" in chunk or b"leakgate_end" in chunk:
+        if b"\n\n" in chunk or b"leakgate_end" in chunk or b"\0" in chunk:
             return True
         if not overlap and chunk.startswith(b"\n"):
             return True

@@ -54,7 +54,8 @@ __all__ = [
 
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     """Read a timeline; a last line cut short by a killed writer is skipped and counted, and
-    the zeros such a writer reserved past its lines end the file.
+    the first zero byte, which such a writer reserved past its lines or left in its last write,
+    ends the file.
 
     Raises :class:`~harness.core.errors.BadInput` (one line: the file, the line, the field) when
     the file has no header, a format version it does not read, a line before the last is
@@ -77,12 +78,12 @@ def read_lines(path: str | os.PathLike[str], data: bytes | None = None) -> Timel
     """:func:`read_timeline`'s line-by-line reader: every line parsed and checked on its own,
     so that an error names its line and field. ``data`` is the file's bytes when the caller
     has read them already."""
-    lines = (read_regular(path) if data is None else data).split(b"\n")
-    lines[-1] = lines[-1].rstrip(b"\0")  # what a killed writer reserved past its lines
+    data = read_regular(path) if data is None else data
+    data, torn = _before_zeros(data)
+    lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
     records: list[tuple[int, Any]] = []
-    torn = 0
     for number, line in enumerate(lines, start=1):
         try:
             records.append((number, json.loads(line)))
@@ -120,6 +121,18 @@ def read_lines(path: str | os.PathLike[str], data: bytes | None = None) -> Timel
         except BadInput as exc:
             raise _located(exc, path, number, "sample") from None
     return Timeline(header, samples, torn, end)
+
+
+def _before_zeros(data: bytes) -> tuple[bytes, int]:
+    """``data`` up to the line that holds its first zero byte, and whether that line had
+    anything else (1: torn). A line never holds one (JSON escapes it): zeros are what the writer
+    reserved past its lines, and, where it was killed in the middle of a write, the part of
+    that last write not made yet, which can come before bytes of it that were."""
+    zero = data.find(b"\0")
+    if zero < 0:
+        return data, 0
+    start = data.rfind(b"\n", 0, zero) + 1
+    return data[:start], int(bool(data[start:].strip(b"\0\n")))
 
 
 def _located(exc: BadInput, path: str | os.PathLike[str], line: int, what: str) -> BadInput:
