@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import harness.measure.board_folder as board_folder
 import harness.measure.heap_board as heap_board
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,12 +196,12 @@ def test_a_board_whose_owner_lives_elsewhere_is_never_removed(tmp_path):
     )
     try:
         assert holder.stdout.readline() == "held\n"
-        heap_board._remove_orphans(str(tmp_path))
+        board_folder.remove_orphans(str(tmp_path))
         assert board.is_dir()
     finally:
         holder.stdin.close()
         holder.wait()
-    heap_board._remove_orphans(str(tmp_path))
+    board_folder.remove_orphans(str(tmp_path))
     assert not board.exists()
 
 

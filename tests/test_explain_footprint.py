@@ -1,12 +1,18 @@
 """What ``--memreport-explain`` adds to the process it explains, and what it takes for the
 test's: torch's compiler, which torch imports lazily at the first optimizer made, is imported
 before tracing starts, so that an optimizer made in an explained test is never named as native
-memory still held; and no fork hook is registered before explain first opens."""
+memory still held; no fork hook is registered before explain first opens; and a child forked
+while explain traces is first read once explain's traces are let go of in it, whichever at-fork
+hook was registered first."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TEST = """
 import pytest
@@ -57,3 +63,56 @@ print(len(ours()))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "1"]
+
+
+FORKED = """
+import os, sys, time, tracemalloc
+from harness.attribution.lines import Lines
+from harness.measure import heap_board
+
+heap_board.PERIOD = 3600.0  # no reading on the child's timer: only its first, then the asked
+board, why = heap_board.install()
+early = os.fork()  # the board's child hook is registered at the first fork, before explain's
+if early == 0:
+    os._exit(0)
+os.waitpid(early, 0)
+lines = Lines()
+lines.open()
+lines.trace()
+kept = [str(i) * 3 for i in range(200_000)]  # a trace each, which the child frees
+traces = tracemalloc.get_tracemalloc_memory()
+ready, go = os.pipe(), os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(ready[1], b"x")
+    os.read(go[0], 1)
+    heap_board._slot.publish()  # once every at-fork hook has run
+    os.read(go[0], 1)
+    os._exit(0)
+os.read(ready[0], 1)
+first = board.read(child)
+os.write(go[1], b"x")
+while (then := board.read(child)) is None or then.count < 2:
+    time.sleep(0.001)
+os.write(go[1], b"x")
+os.waitpid(child, 0)
+print(first.count, first.heap - then.heap, traces)
+"""
+
+
+def test_a_child_forked_while_explain_traces_is_first_read_without_its_traces():
+    from harness.measure.malloc import live_heap
+
+    if live_heap() is None:
+        pytest.skip("needs glibc's mallinfo2")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    count, dropped, traces = map(int, done.stdout.split())
+    assert count == 1 and traces > 4 << 20  # the first reading, made with 200,000 traces
+    assert dropped < traces / 4  # the child's heap did not fall by its traces once it was read

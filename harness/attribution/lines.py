@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from harness.attribution.snapshot import NO_STORAGE, StorageKey, storage_of
+from harness.measure import heap_board
 from harness.measure.malloc import live_heap
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
@@ -297,9 +298,10 @@ def _close_in_child() -> None:
 
 @functools.cache
 def _close_in_children() -> None:
-    """Have every forked child close what is open: registered at the first :meth:`Lines.open`,
-    never at import."""
+    """Have every forked child close what is open, before the heap board's first reading of it
+    too: registered at the first :meth:`Lines.open`, never at import."""
     os.register_at_fork(after_in_child=_close_in_child)
+    heap_board.release_in_child(_close_in_child)
 
 
 def _outside(frames: tuple[tuple[str, int], ...]) -> str | None:

@@ -32,27 +32,27 @@ readings taken so far) and the monotonic time of the reading. A reader keeps the
 used for each pid: a reading whose count has not moved is no evidence of anything since.
 
 A board lives as long as its process: an ``atexit`` hook removes it, and boards left by a
-process that was killed are removed by the next board made on the machine.
+process that was killed are removed by the next board made on the machine
+(:mod:`~harness.measure.board_folder`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import functools
 import os
 import shutil
 import stat
 import struct
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.measure.board_folder import leased_folder
 from harness.measure.malloc import heap, live_heap
 from harness.measure.procfs import mapped_outside, read_rollup
 
@@ -64,7 +64,6 @@ _SLOT = struct.Struct("<QqqQqqqQ")
 """sequence, pid, live heap, count, monotonic ns, and the latest rollup: uss, shared, and the
 count it was taken at (0: none yet)."""
 _SEQUENCE = struct.Struct("<Q")
-_PREFIX = "leakgate-heap-"
 _TRIES = 4
 
 
@@ -89,7 +88,7 @@ class Board:
     def __init__(self, path: str) -> None:
         self.path = path
         self.owner = os.getpid()
-        self._lease: int | None = None  # a lock held while the board lives (see _lease)
+        self._lease: int | None = None  # a lock held while the board lives (board_folder)
         self._slots: dict[int, int] = {}  # a child's slot, as a descriptor read with pread
         self._last: dict[int, HeapReading] = {}
         self._sequences: dict[int, int] = {}
@@ -97,11 +96,9 @@ class Board:
     @classmethod
     def make(cls) -> Board:
         """A new, private board; ``OSError`` when none can be made."""
-        shm = "/dev/shm"
-        parent = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-        _remove_orphans(parent)
-        board = cls(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent))
-        board._lease = _lease(board.path)
+        path, lease = leased_folder()
+        board = cls(path)
+        board._lease = lease
         return board
 
     def read(self, pid: int) -> HeapReading | None:
@@ -176,52 +173,6 @@ def _sequence(fd: int) -> int | None:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def _remove_orphans(parent: str) -> None:
-    """Remove this user's boards that are provably dead: their owner's pid is not a live
-    process here and no process holds their lease (a board made in another pid namespace that
-    shares this ``/dev/shm`` has a pid that means nothing here, and a lease that says it
-    lives). An odd name is left alone."""
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.name.startswith(_PREFIX):
-            continue
-        pid = entry.name[len(_PREFIX) :].partition("-")[0]
-        with contextlib.suppress(OSError, ValueError, OverflowError):
-            mine = entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid()
-            if mine and not _alive(int(pid)):
-                lease = _lease(entry.path)  # OSError while its owner, anywhere, holds it
-                try:
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                finally:
-                    os.close(lease)
-
-
-def _lease(path: str) -> int:
-    """A board's lease: an exclusive ``flock`` on its folder, held by its maker (and by the
-    children that inherit the descriptor) for as long as any of them lives; ``OSError`` while
-    another process holds it."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _rolls(count: int) -> bool:
@@ -321,6 +272,8 @@ _after_memray = False
 _hook: Callable[[int, int], None] | None = None
 """What a DataLoader worker calls after each reading it publishes, with its heap and count
 (:func:`watch_batches`)."""
+_releases: list[Callable[[], None]] = []
+"""What a forked child lets go of before its first reading (:func:`release_in_child`)."""
 
 
 def install() -> tuple[Board | None, str | None]:
@@ -407,6 +360,14 @@ def watch_batches(hook: Callable[[int, int], None] | None) -> None:
         _wrap_workers(_board.path)
 
 
+def release_in_child(release: Callable[[], None]) -> None:
+    """Have each child forked from now on call ``release`` before its first reading, whichever
+    at-fork hook runs first: what the parent kept for itself (explain's traces), which the
+    child frees, must not be the start its growth is judged from."""
+    if release not in _releases:
+        _releases.append(release)
+
+
 def _before_fork() -> None:
     """Before a fork: register :func:`_forked` for the child, once, and again once memray is
     imported (its handler ends its tracking in a child: a thread started before it would be
@@ -443,6 +404,8 @@ def _forked(generation: int) -> None:
     if _board is not None:
         _target, _board = _board.path, None
     _slot = None
+    for release in _releases:
+        release()
     if _target is not None:
         _slot = _open(_target)
         if _slot is not None:
