@@ -63,14 +63,21 @@ class Graphs:
 
 def _kept(node: Any) -> list[tuple[StorageKey, int]]:
     """What ``node`` keeps: the storages it saved for backward (none once a backward pass
-    freed them) and itself (:data:`NODE_BYTES`, under a key of its own), unless it is a
-    parameter's gradient accumulator, which lives as long as the parameter."""
+    freed them) and itself (:func:`node_bytes`, under a key of its own)."""
     kept = [
         (key, nbytes) for key, nbytes in map(storage_of, saved_tensors(node)) if key is not None
     ]
-    if type(node).__name__ != "AccumulateGrad":
-        kept.append((("graph", None, id(node)), NODE_BYTES))
+    own = node_bytes(node)
+    if own:
+        kept.append((("graph", None, id(node)), own))
     return kept
+
+
+def node_bytes(node: Any) -> int:
+    """What an autograd node itself keeps once a backward pass freed what it saved:
+    :data:`NODE_BYTES`, or nothing for a parameter's gradient accumulator, which lives as long
+    as the parameter."""
+    return 0 if type(node).__name__ == "AccumulateGrad" else NODE_BYTES
 
 
 def saved_tensors(node: Any) -> Iterator[torch.Tensor]:

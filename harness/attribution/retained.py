@@ -27,7 +27,7 @@ import torch
 
 from harness.attribution.accumulation import HeapGraph, Naming
 from harness.attribution.dominators import UNREACHED, immediate_dominators, retained
-from harness.attribution.graph import NODE_BYTES, saved_tensors
+from harness.attribution.graph import node_bytes, saved_tensors
 from harness.attribution.holder import Holder
 from harness.attribution.quiet import unobserved
 from harness.attribution.snapshot import (
@@ -344,8 +344,7 @@ class _Search:
             if not fresh:
                 continue
             self.functions.append(function)  # keeps its id unique while the search runs
-            if type(function).__name__ != "AccumulateGrad":
-                graph.nodes[at].weight = graph.nodes[at].graph = NODE_BYTES
+            graph.nodes[at].weight = graph.nodes[at].graph = node_bytes(function)
             for saved in saved_tensors(function):
                 if self.loose.pop(id(saved), None) is not None:  # its Python object too
                     tensor = graph.node(id(saved), saved)
