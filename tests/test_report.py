@@ -576,6 +576,23 @@ def test_the_renderer_never_raises(samples, header, holders, rules, torn, title)
     json.dumps(run_document(run), default=str)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(samples_strategy, min_size=1, max_size=3), headers, rules_strategy)
+def test_the_renderer_never_raises_on_ranks(parts, header, rules):
+    """A merged run goes through the same sections, whatever each rank holds (none, one OOM,
+    another's labels): a column per rank, none left out of a row it has."""
+    ranks = tuple(
+        RankRun(rank, {**header, "rank": rank}, samples, judge(samples, rules))
+        for rank, samples in enumerate(parts)
+    )
+    merged = MergedRun("m", header, parts[0], ranks[0].verdict, ranks=ranks)
+    text = render_report(merged)
+    assert all(s in text for s in SECTIONS if s != "## Memory Over the Run")
+    if any(parts):
+        head = section(text, "Memory Profile").split("```text\n")[1].splitlines()[0]
+        assert all(f"rank {rank}" in head for rank in range(len(parts)))
+
+
 # -- chart ---------------------------------------------------------------------------------------
 
 
