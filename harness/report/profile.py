@@ -15,7 +15,6 @@ import numpy as np
 from harness.core.markdown import code, fenced, plain
 from harness.core.units import format_mib
 from harness.core.wording import plural
-from harness.measure.sample import Sample
 from harness.report.ranks import Shown, more, side_by_side
 from harness.report.run import (
     NAME_CHARS,
@@ -55,19 +54,16 @@ def profile(run: Run) -> list[str]:
     codes: dict[str | None, int] = {}
     matched = [_keys(c.run, codes) for c in columns]
     keys, names, notes = _rows(columns, matched)
-    positions = [_find(k, keys) for k in matched]
+    found = [_find(k, keys) for k in matched]
     del matched
+    positions = [[where.get(k) for k in keys] for where in found]  # None: not on that run
     readings = [
-        _readings(c, [where.get(k) for k in keys], run.metric)
-        for c, where in zip(columns, positions, strict=True)
+        _readings(c, at, run.metric) for c, at in zip(columns, positions, strict=True)
     ]  # each run's readings side by side, then what fills each one's device
     figures = [own[0] for own in readings] + [fill for own in readings for fill in own[1:]]
     roles = [worker_roles(c.run) for c in columns]
-    for c, where, own in zip(columns, positions, roles, strict=True):
-        by_row = [
-            ["-"] * len(own) if at is None else memory_cells(c.run, at, own)
-            for at in (where.get(k) for k in keys)
-        ]
+    for c, at, own in zip(columns, positions, roles, strict=True):
+        by_row = [["-"] * len(own) if i is None else memory_cells(c.run, i, own) for i in at]
         figures += [(c.head(role), [row[n] for row in by_row], False) for n, role in enumerate(own)]
     width = max(len(n) for n in names.values()) + 1
     widths = [max(CELL, len(head), *map(len, cells)) for head, cells, _ in figures]
@@ -94,20 +90,20 @@ def _readings(c: Shown, at: list[int | None], metric: str) -> list[Column]:
     view = c.run
     against, capacity = view.capacity_metric, view.capacity
     samples = [None if i is None else view.samples[i] for i in at]
-
-    def used(sample: Sample | None) -> str:
-        value = None if sample is None else as_int(sample.get(against))
-        if value is None or not capacity:
-            return ""
-        return f" / {format_mib(capacity)} ({100 * value / capacity:.1f}% utilization)"
-
+    used = [None if s is None else as_int(s.get(against)) for s in samples]
+    utilization = [
+        f" / {format_mib(capacity)} ({100 * u / capacity:.1f}% utilization)"
+        if u is not None and capacity
+        else ""
+        for u in used
+    ]
     head = plain(metric, 40) if c.rank is None else f"rank {c.rank}"
     readings = [format_mib(None if s is None else view.reading(s)) for s in samples]
     filled = " / capacity" * bool(capacity)
     if against == metric:
-        cells = [f"{r:>{CELL}}{used(s)}" for r, s in zip(readings, samples, strict=True)]
+        cells = [f"{r:>{CELL}}{u}" for r, u in zip(readings, utilization, strict=True)]
         return [(f"{head:>{CELL}}{filled}", cells, bool(capacity))]
-    fills = [format_mib(None if s is None else as_int(s.get(against))) + used(s) for s in samples]
+    fills = [format_mib(u) + rest for u, rest in zip(used, utilization, strict=True)]
     return [(head, readings, False), (c.head(plain(against, 40)) + filled, fills, True)]
 
 
@@ -224,12 +220,9 @@ def _keys(view: Run, codes: dict[str | None, int]) -> tuple[np.ndarray, ...]:
     table = np.array([codes.setdefault(t, len(codes)) for t in c.strings], dtype=np.int64)
     four = (table[c.label], table[c.phase], c.epoch, c.batch)
     order = np.lexsort(four[::-1])  # stable: positions ascending among equal keys
+    starts = key_starts(order, *four)
     new = np.zeros(len(order), dtype=bool)
-    new[:1] = True
-    for column in four:
-        ordered = column[order]
-        new[1:] |= ordered[1:] != ordered[:-1]
-    starts = np.flatnonzero(new)
+    new[starts] = True
     before = np.empty(len(order), dtype=np.int64)
     before[order] = np.arange(len(order)) - starts[np.cumsum(new) - 1]
     return (*four, before)

@@ -4,8 +4,9 @@
 Each line is copied into a window of the file mapped into memory (:data:`WINDOW` bytes over
 its end, moved on as it fills), not written with a system call: the page cache holds the bytes
 as soon as they are copied, so a process killed mid-run (even by SIGKILL or the OOM killer)
-leaves complete lines that all parse, plus at most one torn last line and the zeros reserved
-past it, which :func:`~harness.timeline.jsonl.read_timeline` reads as the file's end. One kind of
+leaves complete lines that all parse, plus at most its last write cut short (a copy need not
+make its bytes in order) and the zeros reserved past it, which
+:func:`~harness.timeline.jsonl.read_timeline` reads as the file's end. One kind of
 line waits in memory: a loop's batch between two stride readings
 (:data:`~harness.measure.sample.STRIDE`) has its line written with the next line, so SIGKILL loses
 those of the batches after the last reading (fewer than the stride's step), never a reading. Only a
@@ -59,10 +60,6 @@ def _any_line(sample: Sample) -> bytes:
     return _encode({**sample.__dict__, "metrics": dict(sample.metrics)})
 
 
-_text = _ENCODER.encode
-"""A name's JSON text (a label, a phase, a metric), built only with a line's frame."""
-
-
 Encoder = Callable[[Any], str | None]
 
 
@@ -78,7 +75,7 @@ def _flag(value: Any) -> str | None:
     return ("true" if value else "false") if type(value) is bool else None
 
 
-def _note(value: Any) -> str | None:
+def _string(value: Any) -> str | None:
     return _ENCODER.encode(value) if type(value) is str else None
 
 
@@ -87,16 +84,16 @@ def _readings(metrics: Any) -> str | None:
     for name, value in metrics.items():
         if type(name) is not str or (value is not None and type(value) is not int):
             return None
-        readings.append(f"{_text(name)}:{'null' if value is None else value}")
+        readings.append(f"{_ENCODER.encode(name)}:{'null' if value is None else value}")
     return f"{{{','.join(readings)}}}"
 
 
 _KINDS: dict[str, Encoder] = {
-    "text": lambda value: _text(value) if type(value) is str else None,
+    "text": _string,
     "int": _whole,
     "float": _finite,
     "bool": _flag,
-    "note": _note,
+    "note": _string,
 }
 """Each kind of field's JSON text, or None for a value not of the types built here."""
 _NULLABLE = {"text", "int", "note"}
@@ -159,7 +156,7 @@ class _LineFormat:
         found = frames.get(kept)
         names = tuple(sample.metrics)
         if found is None or found[0] != names:
-            frame = self._frame(sample, self._numbers, readings=not unread)
+            frame = self._frame(sample, readings=not unread)
             if frame is None:
                 return None
             found = (names, frame)
@@ -172,10 +169,10 @@ class _LineFormat:
             filled = tuple("null" if value is None else value for value in filled)
         return (found[1] % filled).encode()
 
-    def _frame(self, sample: Sample, varying: Plan, readings: bool = False) -> str | None:
-        """The line with ``%s`` where each ``varying`` field's value goes, and with
-        ``readings`` each metric's; None when another value is not of its type."""
-        slots = {entry[0] for entry in varying}
+    def _frame(self, sample: Sample, readings: bool) -> str | None:
+        """The line with ``%s`` where each number's value goes, and with ``readings`` each
+        metric's; None when another value is not of its type."""
+        slots = {entry[0] for entry in self._numbers}
         parts = []
         for name, key, encode, nullable in self.plan:
             if name in slots:
@@ -184,7 +181,9 @@ class _LineFormat:
             if name == METRICS and readings:
                 if not all(type(metric) is str for metric in sample.metrics):
                     return None
-                texts = (f"{_text(metric).replace('%', '%%')}:%s" for metric in sample.metrics)
+                texts = (
+                    f"{_ENCODER.encode(metric).replace('%', '%%')}:%s" for metric in sample.metrics
+                )
                 parts.append(f"{key}{{{','.join(texts)}}}")
                 continue
             value = sample.__dict__[name]
