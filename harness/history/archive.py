@@ -4,7 +4,10 @@ A history is a folder (local, or any URI :meth:`pyarrow.fs.FileSystem.from_uri` 
 :data:`MARKER` and one ``<time>-<id>.parquet`` file per run, each written whole under a hidden
 temporary name and then renamed into place, so concurrent writers never collide and a killed
 writer leaves only a hidden temporary file, which no reader (nor any parquet engine) reads.
-A row is one test or traced run (:class:`HistoryRow`, whose fields declare the columns).
+On an object store where an object appears whole when its upload completes (S3, GCS), the file
+is written under its own name: a killed writer leaves nothing there. A row is one test or traced
+run (:class:`HistoryRow`, whose fields declare the columns); a file is read only when it has
+every column, of its type, and no row lacks what every row has.
 """
 
 from __future__ import annotations
@@ -20,16 +23,18 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_type_hints
+from types import NoneType, UnionType
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from harness.core.errors import BadInput, UnwritableReport, one_line
+from harness.core.errors import BadInput, UnwritableReport
 from harness.core.fsio import make_folders, probe_folder, write_atomic
 from harness.core.git import git
+from harness.history.remote import WHOLE_ON_CLOSE, contact, open_uri, problem
 from harness.verdict.model import Status
 
 MARKER = "_leakgate_history.json"
@@ -64,13 +69,17 @@ class HistoryRow:
     cores: Annotated[int | None, pa.int32()]
 
 
+_HINTS = get_type_hints(HistoryRow, include_extras=True)
 SCHEMA = pa.schema(
-    [
-        pa.field(name, hint.__metadata__[0])
-        for name, hint in get_type_hints(HistoryRow, include_extras=True).items()
-    ],
+    [pa.field(name, hint.__metadata__[0]) for name, hint in _HINTS.items()],
     metadata={SCHEMA_KEY: VERSION},
 )
+REQUIRED = tuple(
+    name
+    for name, hint in _HINTS.items()
+    if not (get_origin(hint.__origin__) is UnionType and NoneType in get_args(hint.__origin__))
+)
+"""The columns no row may leave empty (their fields do not take None)."""
 FINGERPRINT = ("device", "device_model", "torch", "cpu_model", "cores")
 
 
@@ -91,7 +100,7 @@ class History:
         try:
             found = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
         except (OSError, pa.ArrowException) as exc:
-            raise BadInput(f"cannot list ({one_line(exc)})", path=self.where) from None
+            raise BadInput(f"cannot list ({problem(exc)})", path=self.where) from None
         return sorted(
             info.path
             for info in found
@@ -107,44 +116,60 @@ def open_history(
     """The history at ``given``. To ``read``, a folder with :data:`MARKER`; to ``check`` or
     ``append``, also a new or empty folder, which ``append`` makes a history now (``check``
     only asks, locally, that it can be written). ``BadInput`` (one line) for an unreadable
-    URI, a file, a folder holding other things, or a marker that is not ours."""
+    URI, a store that fails or does not answer (:func:`~harness.history.remote.contact`), a
+    file, a folder holding other things, or a marker that is not ours."""
     where = os.fspath(given)
     try:
         if "://" in where:
-            fs, path = pafs.FileSystem.from_uri(where)
+            fs, path = open_uri(where)
         else:
             fs, path = pafs.LocalFileSystem(), os.path.abspath(where)
-        info = fs.get_file_info(path)
         history = History(fs, path.rstrip("/") or "/", where)
-        marked = info.type == pafs.FileType.Directory and _read_marker(history)
-        empty = info.type == pafs.FileType.NotFound or (
-            info.type == pafs.FileType.Directory
-            and not marked
-            and all(  # hidden: another writer's marker on its way
-                e.base_name.startswith(".")
-                for e in fs.get_file_info(pafs.FileSelector(history.path))
-            )
-        )
+        if history.local:
+            kind, names = _look(history)
+        else:
+            kind, names = contact(fs, lambda: _look(history), where)
+        marked = MARKER in names and _read_marker(history)
     except BadInput:
         raise
     except (OSError, pa.ArrowException, ValueError) as exc:
-        raise BadInput(f"cannot open the history ({one_line(exc)})", path=where) from None
-    if info.type not in (pafs.FileType.Directory, pafs.FileType.NotFound):
+        raise BadInput(f"cannot open the history ({problem(exc)})", path=where) from None
+    # hidden names: another writer's marker or run on its way
+    empty = kind == pafs.FileType.NotFound or all(n.startswith(".") for n in names)
+    if kind not in (pafs.FileType.Directory, pafs.FileType.NotFound):
         raise BadInput("not a history: a history is a folder", path=where)
     if not marked and not empty:
         raise BadInput(f"not a history (no {MARKER}, and not empty)", path=where)
     if not marked and mode == "read":
-        what = "no such history" if info.type == pafs.FileType.NotFound else "an empty folder"
+        what = "no such history" if kind == pafs.FileType.NotFound else "an empty folder"
         raise BadInput(f"{what}: nothing appended yet", path=where)
     if mode == "check" and history.local:
         try:
             probe_folder(history.path)
         except OSError as exc:
-            problem = f"cannot be written ({exc.filename}: {exc.strerror or exc})"
-            raise BadInput(problem, path=where) from None
+            said = f"cannot be written ({exc.filename}: {exc.strerror or exc})"
+            raise BadInput(said, path=where) from None
     if not marked and mode == "append":
         _make(history)
     return history
+
+
+def _look(history: History) -> tuple[pafs.FileType, list[str]]:
+    """What the history's path is, and the names in it when it is a folder. On a store the
+    folder is listed first: a listing says what a lookup of one key does not (no bucket, no
+    access, an endpoint that is not a store's), and a folder there is what holds something."""
+    fs, path = history.fs, history.path
+    if not history.local:
+        try:  # allowed to be missing, a listing would take any 404 for a missing folder
+            names = [e.base_name for e in fs.get_file_info(pafs.FileSelector(path))]
+        except FileNotFoundError:
+            names = []
+        if names:
+            return pafs.FileType.Directory, names
+    kind = fs.get_file_info(path).type
+    if kind != pafs.FileType.Directory or not history.local:
+        return kind, []
+    return kind, [e.base_name for e in fs.get_file_info(pafs.FileSelector(path))]
 
 
 def _read_marker(history: History) -> bool:
@@ -156,7 +181,7 @@ def _read_marker(history: History) -> bool:
         with history.fs.open_input_stream(marker) as stream:
             text = stream.read(4096)
     except (OSError, pa.ArrowException) as exc:
-        raise BadInput(f"cannot read ({one_line(exc)})", path=marker) from None
+        raise BadInput(f"cannot read ({problem(exc)})", path=marker) from None
     if b'"leakgate-history/' not in text:
         raise BadInput("not a leakgate history marker", path=marker)
     return True
@@ -171,19 +196,22 @@ def _make(history: History) -> None:
             history.fs.create_dir(history.path, recursive=True)
         _put(history, MARKER, marker)
     except (OSError, pa.ArrowException) as exc:
-        raise UnwritableReport(history.where, one_line(exc)) from None
+        raise UnwritableReport(history.where, problem(exc)) from None
 
 
 def _put(history: History, name: str, data: bytes) -> str:
     """Write ``data`` as ``name`` in the history, whole or not at all: locally through
-    :func:`~harness.core.fsio.write_atomic`, elsewhere under a hidden name, then moved."""
+    :func:`~harness.core.fsio.write_atomic`; on a store where an object appears whole when its
+    upload completes, under its name; elsewhere under a hidden name, then moved."""
     target = f"{history.path}/{name}"
     if history.local:
         return str(write_atomic(target, data))
-    hidden = f"{history.path}/.{name}.{uuid.uuid4().hex}.tmp"
-    with history.fs.open_output_stream(hidden) as stream:
+    whole = history.fs.type_name in WHOLE_ON_CLOSE
+    written = target if whole else f"{history.path}/.{name}.{uuid.uuid4().hex}.tmp"
+    with history.fs.open_output_stream(written) as stream:
         stream.write(data)
-    history.fs.move(hidden, target)
+    if not whole:
+        history.fs.move(written, target)
     return target
 
 
@@ -199,7 +227,7 @@ def append(history: History, rows: Sequence[HistoryRow]) -> str | None:
     try:
         return _put(history, f"{rows[0].run}.parquet", buffer.getvalue())
     except (OSError, pa.ArrowException) as exc:
-        raise UnwritableReport(history.where, one_line(exc)) from None
+        raise UnwritableReport(history.where, problem(exc)) from None
 
 
 def new_run() -> tuple[str, datetime.datetime]:
@@ -213,6 +241,7 @@ STRINGS = tuple(f.name for f in SCHEMA if pa.types.is_string(f.type))
 FILTERED = ("time", "metric", "fingerprint", "cpu_model", "cores")
 """The columns a reading's filter may name."""
 FOREIGN = "not a leakgate history file (foreign schema)"
+FOREIGN_WHY = "not a leakgate history file"
 READ_AHEAD = 8
 """Files read at once, ahead of the one being handed over."""
 
@@ -244,19 +273,33 @@ def scan(
 def _read(history: History, path: str, columns: list[str], where: ds.Expression | None) -> pa.Table:
     try:
         with history.fs.open_input_file(path) as source:
-            parquet = pq.ParquetFile(source, read_dictionary=STRINGS)
-            _check_schema(parquet.schema_arrow, path)
+            footer = pq.read_metadata(source)
+            check_schema(footer.schema.to_arrow_schema(), path)
+            parquet = pq.ParquetFile(source, metadata=footer, read_dictionary=STRINGS)
             table = parquet.read(columns=columns, use_threads=False)
-    except KeyError:  # a column of ours it does not have
-        raise BadInput(FOREIGN, path=path) from None
     except (OSError, pa.ArrowException) as exc:
-        raise BadInput(f"cannot read ({one_line(exc)})", path=path) from None
+        raise BadInput(f"cannot read ({problem(exc)})", path=path) from None
+    for name in REQUIRED:
+        if name in columns and table.column(name).null_count:
+            raise BadInput(f"{FOREIGN_WHY}: a row without a {name}", path=path)
     return table if where is None else table.filter(where)
 
 
-def _check_schema(found: pa.Schema, path: str) -> None:
+def check_schema(found: pa.Schema, path: str) -> None:
+    """``BadInput`` unless ``found`` (a file's schema) is a history's: the key in its metadata,
+    and each of :data:`SCHEMA`'s columns, of its type (a dictionary of strings counts as
+    strings). Columns of its own beside them are left alone."""
     if (found.metadata or {}).get(SCHEMA_KEY) != VERSION:
         raise BadInput(FOREIGN, path=path)
+    for field in SCHEMA:
+        if field.name not in found.names:
+            raise BadInput(f"{FOREIGN_WHY}: no {field.name} column", path=path)
+        kind = found.field(field.name).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if kind != field.type:
+            said = f"{FOREIGN_WHY}: its {field.name} column is {kind}, a history's is {field.type}"
+            raise BadInput(said, path=path)
 
 
 def history_summary(document: Mapping[str, Any]) -> dict[str, Any]:

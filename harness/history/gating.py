@@ -8,7 +8,7 @@ each appended row's series on its own machine fingerprint, never across fingerpr
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,15 @@ from harness.core.markdown import plain
 from harness.core.units import format_size
 from harness.core.wording import plural
 from harness.history.archive import History, HistoryPlace, HistoryRow, append, open_history
-from harness.history.creep import MIN_RUNS, CreepLimit, by_commit, creep
+from harness.history.creep import (
+    MIN_POINTS,
+    MIN_RUNS,
+    Creep,
+    CreepLimit,
+    by_commit,
+    creep,
+    point_text,
+)
 from harness.history.series import VALUES, Selection, read_series
 
 
@@ -64,27 +72,21 @@ def creep_lines(
             row = mine.get(series.test)
             if row is None or series.metric != metric:
                 continue
-            answers = {
-                name: creep(
-                    by_commit(series.commits, series.values(name)), limit, min_bytes=min_bytes
-                )
-                for name in VALUES
-            }
+            points = {n: by_commit(series.commits, series.values(n), series.times) for n in VALUES}
+            answers = {n: creep(c, limit, min_bytes=min_bytes) for n, c in points.items()}
             test = plain(series.test)
             if all(a.crept is None for a in answers.values()):
-                runs = max(a.runs for a in answers.values())
-                report.notes.append(
-                    f"creep: {test}: not enough history ({runs} comparable runs, "
-                    f"{MIN_RUNS} needed): nothing decided"
-                )
+                why = _too_little(answers.values())
+                report.notes.append(f"creep: {test}: {why}: nothing decided")
             for name, answer in answers.items():
                 if answer.crept:
                     held = f"now {row.holder}" if row.holder else "no holder named now"
+                    since = point_text(answer.since, answer.since_time, 10)
                     report.crept.append(
                         f"creep: {test} {name} {_moved(answer.first, answer.last)} over the "
-                        f"last {answer.runs} runs ({answer.commits} commits; trend "
+                        f"last {answer.runs} runs ({points[name].kinds()}; trend "
                         f"{format_size(answer.rise, signed=True)}, p={answer.p:.2g}), more "
-                        f"than {limit}, since {_short(answer.since)}; {held}"
+                        f"than {limit}, since {since}; {held}"
                     )
     return report
 
@@ -95,5 +97,12 @@ def _moved(first: float, last: float) -> str:
     return f"{format_size(first)} -> {format_size(last)}{share}"
 
 
-def _short(commit: str | None) -> str:
-    return commit[:10] if commit else "an unknown commit"
+def _too_little(answers: Iterable[Creep]) -> str:
+    """Why a series decides nothing: too few runs, or runs on too few commits."""
+    runs, points = max((a.runs, a.commits) for a in answers)
+    if runs < MIN_RUNS:
+        return f"not enough history ({runs} comparable runs, {MIN_RUNS} needed)"
+    return (
+        f"not enough history ({runs} comparable runs on {plural(points, 'commit')}; a trend "
+        f"needs {MIN_POINTS})"
+    )

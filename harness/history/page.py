@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -19,13 +20,14 @@ from harness.core.fsio import write_output
 from harness.core.markdown import Markdown, code, heading, mermaid, table, text
 from harness.core.units import format_size
 from harness.core.wording import plural
-from harness.history.archive import History, scan
+from harness.history.archive import MARKER, History, scan
 from harness.history.creep import (
     DEFAULT_CREEP,
     Commits,
     CreepLimit,
     by_commit,
     creep,
+    point_text,
     steps,
 )
 from harness.history.series import VALUES, HistorySeries, Selection, read_series
@@ -86,7 +88,7 @@ def render_page(history: History, selection: Selection, *, window: int = PAGE_WI
     )
     moved, charts = [], []
     for s in series:
-        commits = {name: by_commit(s.commits, s.values(name)) for name in VALUES}
+        commits = {name: by_commit(s.commits, s.values(name), s.times) for name in VALUES}
         for name, c in commits.items():
             row = _moved(s, name, c, limit)
             if row is not None:
@@ -112,13 +114,12 @@ def _moved(s: HistorySeries, name: str, c: Commits, limit: CreepLimit) -> list[s
     for at in found:
         before, after = float(np.median(c.values[:at])), float(np.median(c.values[at:]))
         share = f" ({(after - before) / abs(before):+.0%})" if before else ""
-        said.append(
-            f"{code(_short(c.names[at]))}: {format_size(after - before, signed=True)}{share}"
-        )
+        said.append(f"{code(_short(c, at))}: {format_size(after - before, signed=True)}{share}")
     creeping = ""
     if crept.crept:
         share = f"{(crept.last - crept.first) / abs(crept.first):+.0%} " if crept.first else ""
-        creeping = f"{share}over {crept.commits} commits since {code(_short(crept.since))}"
+        since = point_text(crept.since, crept.since_time, 8)
+        creeping = f"{share}over {c.kinds()} since {code(since)}"
     return [
         code(s.test),
         code(s.fingerprint),
@@ -131,22 +132,24 @@ def _moved(s: HistorySeries, name: str, c: Commits, limit: CreepLimit) -> list[s
 
 def _chart(s: HistorySeries, commits: dict[str, Commits]) -> list[str]:
     peak, growth = commits["peak"], commits["growth"]
-    names = peak.names if len(peak.names) >= len(growth.names) else growth.names
-    shown = names[-CHART_COMMITS:]
+    most = peak if len(peak.names) >= len(growth.names) else growth
+    shown = list(range(len(most.names)))[-CHART_COMMITS:]
     lines = [heading(3, f"{s.test} on {s.fingerprint} ({s.metric or '?'})"), ""]
     if not shown:
         return [*lines, "No value recorded.", ""]
-    values = {n: _aligned(commits[n], shown) for n in VALUES}
+    keys = [_key(most, i) for i in shown]
+    values = {n: _aligned(commits[n], keys) for n in VALUES}
     known = [v for vs in values.values() for v in vs if not math.isnan(v)]
     top = max([_MIB, *known])
+    labels = ", ".join(chr(34) + mermaid(_short(most, i)) + chr(34) for i in shown)
     lines += [
-        f"{plural(len(names), 'commit')}; the last {len(shown)} shown: the first line peak, the "
-        "second growth (MiB, the median of each commit's runs).",
+        f"{most.kinds()}; the last {len(shown)} shown: the first line peak, the second growth "
+        "(MiB, the median of each commit's runs).",
         "",
         "```mermaid",
         "xychart-beta",
         f'    title "{mermaid(s.test)}"',
-        f"    x-axis [{', '.join(chr(34) + mermaid(_short(n)) + chr(34) for n in shown)}]",
+        f"    x-axis [{labels}]",
         f'    y-axis "MiB" {min([0.0, *known]) / _MIB:.1f} --> {top / _MIB * 1.05:.1f}',
         *(f"    line [{', '.join(_mib(v) for v in vs)}]" for vs in values.values()),
         "```",
@@ -155,22 +158,41 @@ def _chart(s: HistorySeries, commits: dict[str, Commits]) -> list[str]:
     return lines
 
 
-def _aligned(c: Commits, shown: list[str | None]) -> list[float]:
-    at = dict(zip(c.names, c.values.tolist(), strict=True))
-    return [at.get(n, math.nan) for n in shown]
+def _key(c: Commits, at: int) -> tuple[str | None, int | None]:
+    """A point's key, the same for a value's points and another's: its commit, or for a run
+    without one, its time."""
+    name = c.names[at]
+    return (name, None) if name is not None else (None, c.times[at] if c.times else at)
+
+
+def _aligned(c: Commits, keys: list[tuple[str | None, int | None]]) -> list[float]:
+    at = {_key(c, i): v for i, v in enumerate(c.values.tolist())}
+    return [at.get(k, math.nan) for k in keys]
 
 
 def _mib(value: float) -> str:
     return "0" if math.isnan(value) else f"{value / _MIB:.2f}"
 
 
-def _short(commit: str | None) -> str:
-    return commit[:8] if commit else "unknown"
+def _short(c: Commits, at: int) -> str:
+    """A point as a chart's axis and a step name it: a commit's first 8 characters, or the
+    day and time of a run without one."""
+    time = c.times[at] if c.times else None
+    if c.names[at] is not None or time is None:
+        return point_text(c.names[at], None, 8)
+    return f"{datetime.datetime.fromtimestamp(time / 1e6, datetime.UTC):%m-%d %H:%M}"
 
 
 def write_page(page: str, output: str | os.PathLike[str] | None) -> None:
-    """The page to ``output`` (atomically, or a stream), or to stdout."""
+    """The page to ``output`` (atomically, or a stream), or to stdout. ``BadInput`` for an
+    output inside a local history (over its marker or a run, or beside them, where every
+    parquet engine reading the folder would meet it)."""
     if output is None or os.fspath(output) == "-":
         print(page, end="")
-    else:
-        write_output(output, page)
+        return
+    folder = Path(os.path.realpath(Path(os.path.abspath(output)).parent))
+    for around in (folder, *folder.parents):
+        if (around / MARKER).is_file():
+            said = f"is inside the history {around}: write the page elsewhere"
+            raise BadInput(said, path=os.fspath(output), field="-o")
+    write_output(output, page)

@@ -170,7 +170,10 @@ class _Taken:
         if len(self.wanted) < len(known):
             more = [self._takes(name) for name in known[len(self.wanted) :]]
             self.wanted = np.concatenate([self.wanted, np.array(more, bool)])
-        return (tests >= 0) & self.wanted[np.maximum(tests, 0)]
+        taken = np.zeros(len(tests), bool)
+        named = tests >= 0
+        taken[named] = self.wanted[tests[named]]
+        return taken
 
     def _takes(self, name: str) -> bool:
         matched = self.matcher is None or self.matcher.match(name) is not None
