@@ -118,8 +118,18 @@ def test_a_step_skips_a_commit_whose_verdict_is_an_error(repository, tmp_path, c
     state = tmp_path / "state"
     state.mkdir()
     assert main(["bisect-step", "--state", str(state), "--", *PYTEST, TEST]) == 125
-    (found,) = state.iterdir()
+    (found,) = (state / "commits").iterdir()
     assert found.name == f"{repository[-1]}.json" and '"ERROR"' in found.read_text()
+
+
+def test_a_wrong_test_id_is_refused_at_bad_after_one_run(repository, capsys):
+    assert main(["bisect", repository[0], repository[-1], "--", *PYTEST, "test_leak.py::nope"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: BAD: no memory verdict at {repository[-1][:12]}: exit 4")
+    assert line.endswith("ERROR: not found: " + str(Path.cwd() / "test_leak.py::nope"))
+    assert git("rev-parse", "HEAD", cwd=".") == repository[-1]
+    assert git("status", "--porcelain", cwd=".") == ""
+    assert not (repository_root() / ".git" / "BISECT_START").exists()
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,7 @@ def _history_commands(commands: Any) -> None:
     history.add_argument("-o", "--output", metavar="PAGE.md", help="the page (default: stdout)")
     bisect = commands.add_parser(
         "bisect",
-        usage="leakgate bisect [-h] [--history DIR] GOOD BAD -- COMMAND ...",
+        usage="leakgate bisect [-h] [--history DIR] [--max-no-verdict N] GOOD BAD -- COMMAND ...",
         help="the first commit whose test fails its memory verdict (git bisect run)",
         description="Run git bisect between GOOD and BAD with the test command's memory "
         "verdict: FAIL marks a commit bad, PASS good, ERROR or no verdict skips it. Prints the "
@@ -194,9 +194,17 @@ def _history_commands(commands: Any) -> None:
     bisect.add_argument("good", metavar="GOOD")
     bisect.add_argument("bad", metavar="BAD")
     bisect.add_argument("--history", metavar="DIR", help="a history to narrow the range with")
+    bisect.add_argument(
+        "--max-no-verdict",
+        type=_count,
+        metavar="N",
+        dest="max_silent",
+        help="stop after N commits in a row without a verdict (default 3)",
+    )
     bisect.set_defaults(test_command=[])  # what follows --, split off by main
     step = commands.add_parser("bisect-step")
     step.add_argument("--state", type=Path, required=True)
+    step.add_argument("--driver", type=int)
     step.set_defaults(test_command=[])
 
 
@@ -392,7 +400,7 @@ def _history(args: argparse.Namespace) -> int:
 def _bisect(args: argparse.Namespace) -> int:
     from harness.history.bisect import bisect
 
-    return bisect(args.good, args.bad, args.test_command, args.history)
+    return bisect(args.good, args.bad, args.test_command, args.history, args.max_silent)
 
 
 def _bisect_step(args: argparse.Namespace) -> int:
@@ -400,7 +408,7 @@ def _bisect_step(args: argparse.Namespace) -> int:
     from harness.history.bisect import SKIP, step
 
     try:
-        return step(args.test_command, args.state)
+        return step(args.test_command, args.state, args.driver)
     except (LeakgateError, OSError) as exc:
         print(f"leakgate bisect: skipped ({one_line(exc)})", file=sys.stderr)
         return SKIP
