@@ -73,9 +73,10 @@ def git_names(*args: str, cwd: Where = None) -> set[str]:
 
 
 def changed_files(cwd: Where = None) -> set[str]:
-    """Files git tracks whose index or working copy differs from HEAD (staged or not)."""
-    staged = git_names("diff", "--name-only", "--cached", "HEAD", cwd=cwd)
-    return staged | git_names("diff", "--name-only", "HEAD", cwd=cwd)
+    """Files git tracks whose index or working copy differs from HEAD (staged or not; both
+    names of a file renamed)."""
+    staged = git_names("diff", "--name-only", "--no-renames", "--cached", "HEAD", cwd=cwd)
+    return staged | git_names("diff", "--name-only", "--no-renames", "HEAD", cwd=cwd)
 
 
 def head_text(cwd: Where = None) -> str:

@@ -308,7 +308,8 @@ def _judge(command: Sequence[str], state: Path, cwd: str | None) -> dict[str, An
     if _stopping(state, None):  # the driver may have looked before the file was there
         _signal_group(test.pid, signal.SIGTERM)
     code = test.wait()
-    running.unlink(missing_ok=True)
+    if _read(running) == test.pid:  # (a run that ended a killed one may have its own there)
+        running.unlink()
     changed = changed_files() - before
     if changed:
         git("checkout", "--quiet", "HEAD", "--", *sorted(changed))
@@ -426,8 +427,9 @@ def _bisect_id(top: Path) -> list[int] | None:
 def _check_tree(top: Path, good: str, bad: str) -> None:
     """Refuse a working tree whose changes a checkout between GOOD and BAD would overwrite (git
     would stop there with only ``Aborting``), naming the file and what to do."""
-    touched = git_names("diff", "--name-only", "HEAD", good, cwd=top)
-    touched |= git_names("log", "-m", "--name-only", "--format=", f"{good}..{bad}", cwd=top)
+    names = ("--name-only", "--no-renames")  # a file renamed is two: both could be overwritten
+    touched = git_names("diff", *names, "HEAD", good, cwd=top)
+    touched |= git_names("log", "-m", *names, "--format=", f"{good}..{bad}", cwd=top)
     untracked = git_names("ls-files", "--others", "--exclude-standard", cwd=top)
     for paths, what, todo in (
         (changed_files(top) & touched, "changed", "commit or stash your changes (git stash)"),
