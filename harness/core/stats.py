@@ -287,8 +287,17 @@ def trend(x: Series, y: Series, *, spans: int | None = None) -> Trend:
         dy = by[j] - by[i]
     s, z, p = _mann_kendall(by, dy)
     residuals = ys - (slope * xs + intercept)
-    noise = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
-    return Trend(slope, intercept, s, z, p, noise if len(ys) else 0.0, len(bx))
+    return Trend(slope, intercept, s, z, p, spread(residuals), len(bx))
+
+
+def spread(values: Series) -> float:
+    """The robust standard deviation of ``values``: :data:`MAD_TO_SIGMA` times their median
+    absolute deviation (a trend's noise, the history's noise between runs, the spread between
+    ranks); 0 for none."""
+    found = _numbers(values)
+    if not len(found):
+        return 0.0
+    return MAD_TO_SIGMA * float(np.median(np.abs(found - np.median(found))))
 
 
 def reduce(

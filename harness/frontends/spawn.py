@@ -1,30 +1,71 @@
 """A test body on N local ranks, judged as one distributed run: :func:`run_ranks`.
 
-Each rank is a process spawned with ``torch.multiprocessing`` that joins a gloo process group on
-127.0.0.1 (through a store on a free port), records into its own recorder, and finishes through
+Each rank is a process spawned with ``multiprocessing`` that joins a gloo process group on
+127.0.0.1 (through a store on a free port), records into its own recorder (ready to name
+holders, as a single run's is), and finishes through
 :func:`~harness.results.merge.finish_distributed`; the merged result decides the test.
+
+What can go wrong is bounded, and said in one line:
+
+- before anything starts, a world size this machine cannot run (:func:`max_local_ranks`), a
+  body that is not a module-level function and arguments that cannot reach a spawned rank are
+  refused (:class:`~harness.core.errors.BadArgument`);
+- a rank that raises ends its own timeline and exits; one that dies just exits. Either ends the
+  run at once: the other ranks are stopped (``SIGTERM``: each ends its timeline, saying it was
+  stopped; ``SIGKILL`` after :data:`GRACE` seconds), and the ranks' timelines are merged into a
+  verdict that is ERROR and names the rank that failed first. ``timeout`` stops a run the same
+  way;
+- the working folder (``leakgate-ranks-<pid>-*`` in the temporary folder) is leased while its
+  run lives and removed when it ends; a run killed outright takes its ranks with it (each dies
+  with its parent), and the next run removes its folder.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
+import multiprocessing
 import os
 import pickle
+import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import harness.core.labels as labels
+from harness.core.errors import BadArgument, Raised
 from harness.core.identity import check_world_size
 from harness.core.naming import check_file_name, safe_name
+from harness.core.units import format_size
+from harness.measure.board_folder import leased_folder
+from harness.measure.malloc import libc_function
 from harness.results.finish import Finished
-from harness.results.merge import finish_distributed, merge_timelines
-from harness.verdict.options import Rules
+from harness.results.merge import finish_distributed, merge_timelines, rank_part
+from harness.verdict.options import Rules, check_count
+
+PREFIX = "leakgate-ranks-"
+"""The working folders' prefix, in the temporary folder."""
+RANK_MEMORY = 150 * 2**20
+"""The memory a local rank holds of its own (its anonymous resident memory: torch imported, a
+gloo group joined, a recorder open; measured at 147 MiB), which bounds the ranks a machine can
+run by its available memory."""
+GRACE = 10.0
+"""Seconds a stopped rank has to end its timeline before it is killed."""
+STOPPED = 128 + signal.SIGTERM
+"""The exit code of a rank stopped by ``SIGTERM`` (as a shell reports one)."""
+STOPPED_NOTE = "stopped: the run ended (another rank failed, or time ran out)"
+"""What a stopped rank's timeline says it ended with."""
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -34,17 +75,18 @@ class _Spec:
     body: Callable[..., Any]
     args: tuple[Any, ...]
     nproc: int
-    port: int
     name: str
     rules: Rules | None
-    timelines: str
     directory: str | None
-    exchange: str
     probe: str
     threads: int
     attribute: bool
     timeout: float
     title: str | None
+    parent: int
+    port: int = 0
+    timelines: str = ""
+    exchange: str = ""
 
 
 def run_ranks(
@@ -63,101 +105,224 @@ def run_ranks(
 ) -> Finished:
     """Run ``body(recorder, *args)`` on ``nproc`` local ranks and judge them as one run.
 
-    Each rank is a process spawned with ``torch.multiprocessing`` that joins a gloo process
-    group on 127.0.0.1 (through a store on a port the system picks), records into its own
-    :class:`~harness.recorder.Recorder` (``probe``, ``rules``, ``attribute``; ``threads``
-    torch threads), framed by collected ``TEST_START``/``TEST_END`` checkpoints, and finishes
-    through :func:`finish_distributed`. ``body`` must be importable by name (a module-level
-    function); ``torch.distributed.get_rank()`` tells it its rank. Timelines and the merged
-    report go to ``directory`` (default: inside a pytest test run with ``--memreport``, its
-    folder, where ``leakgate gate`` sees them; else a temporary folder, removed after). ``name``
-    defaults to the running pytest test's. A ``name`` that is not a plain file name and an
-    ``nproc`` that is not a world size are refused (``ValueError``; ``TypeError`` for one of
-    the wrong type) before anything starts.
+    Each rank is a process spawned with ``multiprocessing`` that joins a gloo process group on
+    127.0.0.1 (through a store on a port the system picks), records into its own
+    :class:`~harness.recorder.Recorder` (``probe``, ``rules``; ``threads`` torch threads), framed
+    by collected ``TEST_START``/``TEST_END`` checkpoints, and finishes through
+    :func:`finish_distributed`. Each rank names the holders of its own growth as a single run
+    does (where it passes ``max_growth``; at every phase's end too with ``attribute``).
+    ``body`` must be a module-level function; ``torch.distributed.get_rank()`` tells it its
+    rank. Timelines and the merged report go to ``directory`` (default: inside a pytest test run
+    with ``--memreport``, its folder, where ``leakgate gate`` sees them; else the working
+    folder, removed after). ``name`` defaults to the running pytest test's.
 
-    Returns the merged :class:`~harness.results.finish.Finished`; a rank that raised or exited
-    early, or a run past ``timeout`` seconds (a safety net against a hung collective), makes it
-    ERROR.
+    Refused before anything starts (:class:`~harness.core.errors.BadArgument`, one line): a
+    ``name`` that is not a plain file name, an ``nproc`` that is not a world size or is more than
+    this machine can run (:func:`max_local_ranks`), a body that is not a module-level function,
+    ``args`` that cannot be pickled, an unknown probe, ``threads`` under 1, a ``timeout`` that is
+    not a positive number of seconds.
+
+    Returns the merged :class:`~harness.results.finish.Finished`. A rank that raised or exited
+    early, or a run past ``timeout`` seconds, stops the other ranks at once and makes it ERROR,
+    naming the rank (see the module).
     """
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
+    from harness.measure.probes import probe_type
 
     check_world_size(nproc)
+    bound, why = _local_bound()
+    if nproc > bound:
+        raise BadArgument(
+            f"nproc: {nproc} ranks is more than this machine can run: at most {bound} local "
+            f"ranks ({why})"
+        )
     name = _test_name() if name is None else check_file_name(name)
     if rules is not None and not isinstance(rules, Rules):
         rules = Rules.from_dict(rules)
-    directory = directory if directory is not None else _memreport()
-    exchange = tempfile.mkdtemp(prefix="leakgate-ranks-")
-    timelines = str(directory) if directory is not None else exchange
-    store = dist.TCPStore(
-        "127.0.0.1", 0, None, True, timedelta(seconds=timeout), wait_for_workers=False
-    )
+    probe_type(probe)
+    threads = check_count(threads, where="threads", least=1)
+    timeout = _seconds(timeout, "timeout")
+    _check_body(body)
+    folder = directory if directory is not None else _memreport()
+    folder = str(folder) if folder is not None else None
     spec = _Spec(
-        body,
-        tuple(args),
-        nproc,
-        store.port,
-        name,
-        rules,
-        timelines,
-        str(directory) if directory is not None else None,
-        exchange,
-        probe,
-        threads,
-        attribute,
-        timeout,
-        title,
+        body=body,
+        args=tuple(args),
+        nproc=nproc,
+        name=name,
+        rules=rules,
+        directory=folder,
+        probe=probe,
+        threads=threads,
+        attribute=bool(attribute),
+        timeout=timeout,
+        title=title,
+        parent=os.getpid(),
     )
-    failure = None
     try:
-        context = mp.start_processes(_rank_main, args=(spec,), nprocs=nproc, join=False)
-        deadline = time.monotonic() + timeout
+        pickle.dumps(spec)
+    except Exception as exc:
+        raise BadArgument(f"args: cannot be sent to a spawned rank ({Raised.of(exc)})") from None
+    return _run(spec)
+
+
+def _run(given: _Spec) -> Finished:
+    """Spawn the ranks in a leased working folder, watch them, and merge what they left."""
+    import torch.distributed as dist
+
+    exchange, lease = leased_folder(PREFIX, tempfile.gettempdir())
+    store = None
+    try:
+        store = dist.TCPStore(
+            "127.0.0.1", 0, None, True, timedelta(seconds=given.timeout), wait_for_workers=False
+        )
+        timelines = given.directory if given.directory is not None else exchange
+        spec = replace(given, port=store.port, timelines=timelines, exchange=exchange)
+        payload = pickle.dumps(spec)
+        spawn = multiprocessing.get_context("spawn")
+        ranks = [
+            spawn.Process(target=_rank_main, args=(rank, payload), name=f"leakgate rank {rank}")
+            for rank in range(spec.nproc)
+        ]
         try:
-            while not context.join(timeout=max(0.5, deadline - time.monotonic())):
-                if time.monotonic() >= deadline:
-                    failure = f"the ranks did not finish within {timeout:g} s"
-                    for process in context.processes:
-                        if process.is_alive():
-                            process.terminate()
-                    break
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            failure = _rank_failure(exc)
+            for process in ranks:
+                process.start()
+            failure = _watch(ranks, Path(exchange), spec.timeout)
+        finally:
+            _stop(ranks)
         merged = Path(exchange) / "merged.pkl"
         if failure is None and merged.exists():
             with merged.open("rb") as file:
                 return pickle.load(file)  # written by our own rank 0 just now
-        paths = sorted(Path(timelines).glob(f"{name}.rank*.jsonl"))
+        paths = sorted(Path(timelines).glob(f"{spec.name}.rank*.jsonl"))
         if not paths:
             raise RuntimeError(f"run_ranks: no rank left a timeline ({failure})")
         return merge_timelines(
             paths,
-            rules,
-            name=name,
-            directory=directory,
-            title=title,
-            world_size=nproc,
+            spec.rules,
+            name=spec.name,
+            directory=spec.directory,
+            title=spec.title,
+            world_size=spec.nproc,
             error=failure or "rank 0 did not merge the run",
         )
     finally:
         del store
         shutil.rmtree(exchange, ignore_errors=True)
+        os.close(lease)
 
 
-def _rank_failure(exc: Exception) -> str:
-    """``rank 1 raised ValueError: ...`` or ``rank 1 exited with code -9``."""
-    rank = getattr(exc, "error_index", "?")
-    code = getattr(exc, "exit_code", None)
-    if code is not None:
-        return f"rank {rank} exited with code {code}"
-    lines = [t for t in str(exc).strip().splitlines() if t.strip()]
-    return f"rank {rank} raised {lines[-1].strip() if lines else type(exc).__name__}"
+def _watch(ranks: Sequence[BaseProcess], exchange: Path, timeout: float) -> str | None:
+    """Wait for every rank to exit, or for the first to fail or the time to run out: what
+    stopped the run, or None when every rank exited cleanly."""
+    deadline = time.monotonic() + timeout
+    waiting = {process.sentinel: rank for rank, process in enumerate(ranks)}
+    while waiting:
+        left = deadline - time.monotonic()
+        ready = wait(list(waiting), timeout=left) if left > 0 else []
+        if not ready:
+            return f"the ranks did not finish within {timeout:g} s"
+        failed = []
+        for sentinel in ready:
+            rank = waiting.pop(sentinel)  # type: ignore[arg-type]
+            ranks[rank].join()
+            if ranks[rank].exitcode != 0:
+                failed.append(rank)
+        if failed:
+            return _first_failure(failed, ranks, exchange)
+    return None
 
 
-def _rank_main(rank: int, spec: _Spec) -> None:
-    """One spawned rank: join the group, record the body, finish with the other ranks."""
+def _first_failure(failed: Sequence[int], ranks: Sequence[BaseProcess], exchange: Path) -> str:
+    """What the first of ``failed`` (ranks seen to exit at once) did: a rank that died before
+    one that raised (a collective fails on the ranks left when one dies), else the earliest to
+    raise."""
+
+    def said(rank: int) -> tuple[int, int]:
+        raised = exchange / f"rank{rank}.raised"
+        return (1, raised.stat().st_mtime_ns) if raised.exists() else (0, 0)
+
+    rank = min(failed, key=said)
+    raised = exchange / f"rank{rank}.raised"
+    if raised.exists():
+        return f"rank {rank} raised {raised.read_text().strip()}"
+    return f"rank {rank} {_exit_text(ranks[rank].exitcode)}"
+
+
+def _exit_text(code: int | None) -> str:
+    """``exited with code 3``, ``was killed by SIGKILL``, ``was stopped by SIGTERM``."""
+    if code == STOPPED:
+        return "was stopped by SIGTERM"
+    if code is not None and code < 0:
+        known = -code in signal.valid_signals()
+        return f"was killed by {signal.Signals(-code).name if known else f'signal {-code}'}"
+    return f"exited with code {code}"
+
+
+def _stop(ranks: Sequence[BaseProcess]) -> None:
+    """Stop the ranks still running: ``SIGTERM`` (each ends its own timeline), then
+    ``SIGKILL`` for those still there after :data:`GRACE` seconds."""
+    running = [p for p in ranks if p.pid is not None and p.exitcode is None]
+    for process in running:
+        process.terminate()
+    deadline = time.monotonic() + GRACE
+    for process in running:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in running:
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+
+
+class _Stopped(BaseException):
+    """Raised in a rank's body when ``run_ranks`` stops it (another rank failed, or the run timed
+    out): a ``BaseException``, so that the body's own handlers let it by."""
+
+
+class _StopSignal:
+    """A rank's ``SIGTERM`` handler: raises :class:`_Stopped` while the body runs (armed), and
+    only notes it after, when the rank is ending its own timeline."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.asked = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.asked = True
+        if self.armed:
+            self.armed = False
+            raise _Stopped(STOPPED_NOTE)
+
+
+def _rank_main(rank: int, payload: bytes) -> None:
+    """One spawned rank: join the group, record the body, finish with the other ranks, and
+    leave with an exit code that says how it went."""
+    stop = _StopSignal()
+    signal.signal(signal.SIGTERM, stop)
+    spec: _Spec = pickle.loads(payload)
+    _die_with_parent(spec.parent)
+    try:
+        code = _run_rank(rank, spec, stop)
+    except _Stopped:
+        code = STOPPED
+    except BaseException as exc:  # the group or the recorder could not start
+        _say_raised(spec, rank, exc)
+        code = 1
+    # Done, and everything written: leave before the interpreter's C++ teardown, where a rank
+    # of torch 2.13 sometimes aborts ("terminate called without an active exception"; rank 0
+    # of a two-rank test exited with -6 in 1 of 4 full test runs) and a finished rank would
+    # count as a failed one.
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def _run_rank(rank: int, spec: _Spec, stop: _StopSignal) -> int:
+    """The rank's run; its exit code: 0 when it finished (merged or not: a peer that died is
+    the run's failure, not this rank's), 1 when the body raised, :data:`STOPPED` when stopped."""
     import torch
     import torch.distributed as dist
 
+    from harness.attribution.phase import PhaseAttribution
     from harness.recorder import Recorder
 
     torch.set_num_threads(spec.threads)
@@ -170,47 +335,133 @@ def _rank_main(rank: int, spec: _Spec) -> None:
         world_size=spec.nproc,
         timeout=timedelta(seconds=spec.timeout),
     )
-    try:
-        recorder = Recorder(
-            spec.probe,
-            timeline=Path(spec.timelines) / f"{spec.name}.jsonl",
-            rules=spec.rules,
-            attribute=spec.attribute,
-            meta={"test": spec.name},
-        )
+    # Ready to name holders where a rank's growth passes its budget, as the plugin's recorder is.
+    attribution = True if spec.attribute else PhaseAttribution.for_rules(spec.rules or Rules())
+    recorder = Recorder(
+        spec.probe,
+        timeline=Path(spec.timelines) / f"{spec.name}.jsonl",
+        rules=spec.rules,
+        attribute=attribution,
+        meta={"test": spec.name},
+    )
+    with recorder:
+        recorder.checkpoint(labels.TEST_START, phase="test", collect=True)
         error: BaseException | None = None
-        with recorder:
-            recorder.checkpoint(labels.TEST_START, phase="test", collect=True)
-            try:
+        try:
+            try:  # a stop raises in the body, or here before its end: never after
+                stop.armed = True
+                if stop.asked:
+                    raise _Stopped("stopped before the body started")
                 spec.body(recorder, *spec.args)
-            except Exception as exc:
-                error = exc.with_traceback(None)
-            recorder.checkpoint(
-                labels.TEST_END,
-                phase="test",
-                collect=True,
-                note=None if error is None else f"raised {type(error).__name__}",
-            )
+            finally:
+                stop.armed = False
+        except (Exception, _Stopped) as exc:
+            error = exc.with_traceback(None)
+        said = None if error is None else f"raised {type(error).__name__}"
+        if isinstance(error, _Stopped) or (error is None and stop.asked):
+            said = STOPPED_NOTE
+        recorder.checkpoint(labels.TEST_END, phase="test", collect=True, note=said)
+        if said == STOPPED_NOTE:
+            rank_part(recorder, spec.rules, name=spec.name, error=said)
+            return STOPPED
+        if error is not None:
+            rank_part(recorder, spec.rules, name=spec.name, error=error)
+            _say_raised(spec, rank, error)
+            return 1
+        try:
             finished = finish_distributed(
-                recorder,
-                spec.rules,
-                name=spec.name,
-                error=error,
-                directory=spec.directory,
-                title=spec.title,
+                recorder, spec.rules, name=spec.name, directory=spec.directory, title=spec.title
             )
-        if rank == 0:
-            path = Path(spec.exchange) / "merged.pkl"
-            path.write_bytes(pickle.dumps(finished))
-    finally:
-        dist.destroy_process_group()
-    # Done, and everything written: leave before the interpreter's C++ teardown, where a rank
-    # of torch 2.13 sometimes aborts ("terminate called without an active exception"; rank 0
-    # of a two-rank test exited with -6 in 1 of 4 full test runs) and a finished rank would
-    # count as a failed one.
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(0)
+        except RuntimeError:  # a peer left: this rank's timeline is ended, the run merges it
+            return 0
+    if rank == 0:
+        path = Path(spec.exchange) / "merged.pkl"
+        temporary = path.with_name(".merged.pkl")
+        temporary.write_bytes(pickle.dumps(finished))
+        os.replace(temporary, path)
+    dist.destroy_process_group()
+    return 0
+
+
+def _say_raised(spec: _Spec, rank: int, error: BaseException) -> None:
+    """Leave what ``rank`` raised for the parent, in one line (``ValueError: bad shard``)."""
+    text = str(Raised.of(error)).replace("\n", " ")
+    path = Path(spec.exchange) / f"rank{rank}.raised"
+    try:
+        path.with_name(f".rank{rank}.raised").write_text(text + "\n")
+        os.replace(path.with_name(f".rank{rank}.raised"), path)
+    except OSError:  # the run is over and its folder gone: nobody is left to tell
+        pass
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this rank when the process that spawned it dies (Linux), so that a
+    run killed outright leaves no rank waiting in a collective (where no signal handler runs)."""
+    prctl = libc_function("prctl", ctypes.c_int, ctypes.c_int, ctypes.c_ulong)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before that took hold
+        os._exit(STOPPED)
+
+
+def max_local_ranks() -> int:
+    """The most ranks :func:`run_ranks` starts on this machine: as many as its available memory
+    holds at :data:`RANK_MEMORY` each, within the open files and processes this process may
+    have (a rank holds a socket to every other)."""
+    return _local_bound()[0]
+
+
+def _local_bound() -> tuple[int, str]:
+    """:func:`max_local_ranks` and why, in words."""
+    available = _available_memory()
+    bounds = [
+        (
+            max(1, available // RANK_MEMORY),
+            f"{format_size(available)} of memory available at about "
+            f"{format_size(RANK_MEMORY)} a rank",
+        )
+    ]
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if files != resource.RLIM_INFINITY:
+        bounds.append((max(1, files - 64), f"{files} open files allowed"))
+    processes = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if processes != resource.RLIM_INFINITY:
+        bounds.append((max(1, processes // 16), f"{processes} processes and threads allowed"))
+    return min(bounds)
+
+
+def _available_memory() -> int:
+    """``MemAvailable`` (Linux), else the free physical pages."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _check_body(body: Any) -> None:
+    """A body a spawned rank can import by name: a module-level function (or other callable
+    that pickles by reference). ``BadArgument`` in one line otherwise."""
+    qualname = getattr(body, "__qualname__", None)
+    try:
+        if not callable(body) or (qualname is not None and "<" in qualname):
+            raise TypeError
+        pickle.dumps(body)
+    except Exception:
+        shown = qualname or type(body).__name__
+        raise BadArgument(
+            f"body: the body must be a module-level function, importable by a spawned rank "
+            f"(got {shown})"
+        ) from None
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise BadArgument(f"{what}: expected a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def quiet_flight_recorder() -> None:

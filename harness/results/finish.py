@@ -46,6 +46,8 @@ class Finished:
     shares: Sequence[Share] = ()
     paths: Mapping[str, Path] = field(default_factory=dict)
     write_error: OSError | None = None
+    ranks: Sequence[int] = ()
+    """A merged run's: the rank each of ``shares`` was named on, which leads its lines."""
 
     @property
     def verdict(self) -> Verdict:
@@ -54,11 +56,12 @@ class Finished:
     def holder_lines(self, limit: int = 3) -> list[str]:
         """Who holds the memory of each explained finding, and how much of it they hold."""
         lines = []
-        for share in self.shares:
+        for n, share in enumerate(self.shares):
             if share.holders:
-                lines.append(f"  {share.kind} in {share.phase or 'the run'}: {share.text}")
+                rank = f"rank {self.ranks[n]}: " if n < len(self.ranks) else ""
+                lines.append(f"  {rank}{share.kind} in {share.phase or 'the run'}: {share.text}")
                 lines += [
-                    f"    held {f'in {h.process} ' if h.process else ''}by {h}"
+                    f"    {rank}held {f'in {h.process} ' if h.process else ''}by {h}"
                     for h in share.holders[:limit]
                 ]
         return lines

@@ -239,19 +239,14 @@ def finish_ranks(
         ranks=tuple(parts),
     )
     found = sorted(_holders(holders), key=lambda h: -h.bytes)
-    shares = [
-        replace(
-            share, holders=tuple(replace(h, path=f"rank {p.rank}: {h.path}") for h in share.holders)
-        )
-        for p in parts
-        for share in p.shares
-    ]
+    shares = [share for p in parts for share in p.shares]
+    ranks = tuple(p.rank for p in parts for _ in p.shares)  # each share's lines lead with it
     if folder is not None:
         try:
             make_folders(folder)
         except OSError as exc:
-            return Finished(run, found, shares, write_error=exc)
-    return write_finished(run, found, shares, markdown, document)
+            return Finished(run, found, shares, write_error=exc, ranks=ranks)
+    return replace(write_finished(run, found, shares, markdown, document), ranks=ranks)
 
 
 def _world(parts: Sequence[RankRun], given: int | None) -> int:

@@ -5,18 +5,26 @@ Each rank's own verdict may miss it when its budget is loose or unset; comparing
 not. :func:`judge_ranks` runs every registered rule marked ``across_ranks`` over a
 :class:`RankContext` (the ranks' verdicts); ``rank_outlier`` is the built-in one.
 
-``rank_outlier``, per ``(phase, epoch)`` that at least two ranks judged:
+``rank_outlier``, per ``(phase, epoch)`` that at least two ranks judged, reads what each rank's
+own rules read (:class:`~harness.verdict.model.PhaseStats`, in the rules' metric):
 
 - growth (after warm-up, as the leak rule measures it: :mod:`harness.rules.fit`): a rank with
-  an increasing trend (p < :data:`~harness.rules.loop.ALPHA`) whose growth exceeds the other
-  ranks' median by more than the gap, and is more than twice that median, is a ``leak``
-  finding naming the rank;
-- peak rise: the same test on ``peak_rise`` (no trend needed) is a ``peak`` finding, unless
-  that rank's growth stood out already (its peak is then the same memory).
+  its own increasing trend (p < :data:`~harness.rules.loop.ALPHA`) whose growth exceeds the
+  other ranks' median by more than the gap, and is more than twice that median, is a ``leak``
+  finding naming the rank. The gap is ``max_growth`` (:data:`DEFAULT_GAP` where it is unset),
+  or the noise floor where that is higher: :data:`NOISE_SIGMAS` times the robust spread
+  (:func:`~harness.core.stats.spread`, as the history's creep gate measures its noise) of the
+  other ranks, the ranks taken as clean: their readings around their own trend lines, and their
+  growths from one rank to another where there are two or more;
+- peak rise, only where ``max_peak`` is set and the peak is a reading of the judged metric
+  (``allocated`` on CUDA): the same test with ``max_peak`` as the gap (and the other ranks'
+  spread of peaks as the floor), unless that rank's growth stood out already (its peak is then
+  the same memory). The CPU's peak is the resident high-water mark (``VmHWM``), which moves by
+  MiBs between identical ranks (pages a freed block leaves touched): it is shown in the check
+  as evidence, never judged alone.
 
-The gap is ``max_growth`` (growth) or ``max_peak`` (peak), and :data:`DEFAULT_GAP` for one that
-is off. Registered by :mod:`harness.rules` with ``option=None``: an ordinary, one-timeline judgement
-calls it with a plain :class:`~harness.rules.context.Context`, and it judges nothing there.
+Registered by :mod:`harness.rules` with ``option=None``: an ordinary, one-timeline judgement calls
+it with a plain :class:`~harness.rules.context.Context`, and it judges nothing there.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from harness.core.stats import spread
 from harness.core.units import format_rate, format_size
 from harness.rules.context import CheckLog, scope
 from harness.rules.loop import ALPHA
@@ -35,7 +44,9 @@ from harness.verdict.options import Rules
 
 RULE = "rank_outlier"
 DEFAULT_GAP = 2**20
-"""The gap a rank must stand out by when the rules set no budget for that measure (1 MiB)."""
+"""The gap a rank's growth must stand out by when the rules set no ``max_growth`` (1 MiB)."""
+NOISE_SIGMAS = 3.0
+"""How many robust standard deviations of the clean ranks a rank must stand out by at least."""
 
 
 @dataclass
@@ -77,6 +88,19 @@ def judge_ranks(verdicts: Mapping[int, Verdict], rules: Rules) -> tuple[list[Fin
     return findings, ctx.checks
 
 
+@dataclass(frozen=True)
+class _Measure:
+    """One thing the ranks are compared on: a :class:`PhaseStats` field, the gap a rank must
+    stand out by, the finding's kind and verb, and whether the ranks' own residual noise
+    bounds it (growth: it is read from a trend line)."""
+
+    name: str
+    gap: int
+    kind: Kind
+    verb: str
+    trended: bool
+
+
 @across_ranks
 def rank_outlier(ctx: Any, option: Any = None) -> list[Finding]:
     """A rank whose growth or peak rise stands out from the other ranks' (see the module)."""
@@ -85,8 +109,13 @@ def rank_outlier(ctx: Any, option: Any = None) -> list[Finding]:
     if len(ctx.verdicts) < 2:
         ctx.check(RULE, "run", CheckStatus.SKIP, "one rank: nothing to compare")
         return []
-    growth_gap = ctx.rules.max_growth or DEFAULT_GAP
-    peak_gap = ctx.rules.max_peak or DEFAULT_GAP
+    rules = ctx.rules
+    growth = _Measure("growth", rules.max_growth or DEFAULT_GAP, Kind.LEAK, "grew", True)
+    peak = (
+        None
+        if rules.max_peak is None
+        else _Measure("peak_rise", rules.max_peak, Kind.PEAK, "peaked", False)
+    )
     world = len(ctx.verdicts)
     worst: dict[tuple[int, str | None, Kind], Finding] = {}
     for (phase, epoch), by_rank in ctx.phases().items():
@@ -94,22 +123,14 @@ def rank_outlier(ctx: Any, option: Any = None) -> list[Finding]:
         if len(by_rank) < 2:
             ctx.check(RULE, where, CheckStatus.SKIP, "judged on one rank only")
             continue
-        found = _stand_out(by_rank, "growth", growth_gap, Kind.LEAK, world, (phase, epoch))
+        found = _stand_out(by_rank, growth, world)
         leaking = {rank for rank, _ in found}
-        found += [
-            (rank, finding)
-            for rank, finding in _stand_out(
-                by_rank, "peak_rise", peak_gap, Kind.PEAK, world, (phase, epoch)
-            )
-            if rank not in leaking  # a leaking rank's peak is its growth again
-        ]
-        shown = ", ".join(
-            f"rank {r} {_signed(s.growth)} / {_signed(s.peak_rise)}" for r, s in by_rank.items()
-        )
-        details = f"growth / peak rise by rank: {shown}"
+        if peak is not None and _judged_peak(by_rank):
+            found += [(r, f) for r, f in _stand_out(by_rank, peak, world) if r not in leaking]
+        details = _details(by_rank, peak is not None)
         if found:
             named = "; ".join(f.message for _, f in found)
-            ctx.check(RULE, where, CheckStatus.FAIL, f"{named} ({details})", limit=growth_gap)
+            ctx.check(RULE, where, CheckStatus.FAIL, f"{named} ({details})", limit=growth.gap)
         else:
             ctx.check(RULE, where, CheckStatus.PASS, f"no rank stands out: {details}")
         for rank, finding in found:
@@ -119,47 +140,84 @@ def rank_outlier(ctx: Any, option: Any = None) -> list[Finding]:
     return list(worst.values())
 
 
+def _judged_peak(by_rank: Mapping[int, PhaseStats]) -> bool:
+    """Whether every rank's peak is a reading of the metric its growth is judged on (not a
+    resident high-water mark beside it)."""
+    return all(s.peak_metric is not None and s.peak_metric == s.metric for s in by_rank.values())
+
+
+def _details(by_rank: Mapping[int, PhaseStats], peak: bool) -> str:
+    """Each rank's growth, with its peak rise as evidence (named by its metric where that is
+    not the judged one, or where ``max_peak`` is unset)."""
+    shown = []
+    for rank, stats in by_rank.items():
+        rise = _signed(stats.peak_rise)
+        if stats.peak_metric and (stats.peak_metric != stats.metric or not peak):
+            rise += f" {stats.peak_metric} high-water mark"
+        shown.append(f"rank {rank} {_signed(stats.growth)} / {rise}")
+    return f"growth / peak rise by rank: {', '.join(shown)}"
+
+
 def _signed(value: float | None) -> str:
     return format_size(value, signed=True)
 
 
+def _noise_floor(others: list[PhaseStats], measure: str, trended: bool) -> float:
+    """:data:`NOISE_SIGMAS` times the clean ranks' robust spread in ``measure``: of their
+    readings around their trend lines (``trended``: the median of their ``noise``), and of their
+    values from one rank to another where there are two or more."""
+    sigmas = []
+    if trended:
+        noises = [s.noise for s in others if s.noise is not None]
+        if noises:
+            sigmas.append(float(statistics.median(noises)))
+    values = [getattr(s, measure) for s in others if getattr(s, measure) is not None]
+    if len(values) > 1:
+        sigmas.append(spread(values))
+    return NOISE_SIGMAS * max(sigmas, default=0.0)
+
+
 def _stand_out(
-    by_rank: Mapping[int, PhaseStats],
-    measure: str,
-    gap: int,
-    kind: Kind,
-    world: int,
-    key: tuple[str | None, int | None],
+    by_rank: Mapping[int, PhaseStats], measure: _Measure, world: int
 ) -> list[tuple[int, Finding]]:
-    """The ranks whose ``measure`` exceeds the other ranks' median by more than ``gap`` and by
-    more than that median again (a leak needs its own increasing trend too)."""
+    """The ranks whose ``measure`` exceeds the other ranks' median by more than its gap (or
+    their noise floor, where higher) and by more than that median again (a leak needs its own
+    increasing trend too)."""
     found = []
-    phase, epoch = key
     for rank, stats in by_rank.items():
-        value = getattr(stats, measure)
-        others = [getattr(s, measure) for r, s in by_rank.items() if r != rank]
-        others = [v for v in others if v is not None]
+        value = getattr(stats, measure.name)
+        others = [
+            s for r, s in by_rank.items() if r != rank and getattr(s, measure.name) is not None
+        ]
         if value is None or not others:
             continue
-        median = max(0.0, float(statistics.median(others)))
+        median = max(0.0, float(statistics.median(getattr(s, measure.name) for s in others)))
+        floor = _noise_floor(others, measure.name, measure.trended)
+        gap = max(float(measure.gap), floor)
         if not (value - median > gap and value > 2 * median):
             continue
-        if kind == Kind.LEAK and not (stats.p_value is not None and stats.p_value < ALPHA):
+        if measure.kind == Kind.LEAK and not (stats.p_value is not None and stats.p_value < ALPHA):
             continue
-        what = "grew" if kind == Kind.LEAK else "peaked"
-        slope = f" ({format_rate(stats.slope)})" if kind == Kind.LEAK else ""
+        leak = measure.kind == Kind.LEAK
+        slope = f" ({format_rate(stats.slope)})" if leak else ""
+        allowed = f"gap allowed {format_size(gap)}"
+        if floor > measure.gap:
+            allowed += ": the other ranks' noise floor"
+        message = (
+            f"rank {rank} of {world} stands out: {stats.phase or 'the run'} {measure.verb} "
+            f"{_signed(value)}{slope} while the other ranks' median is {_signed(median)} "
+            f"({allowed})"
+        )
         found.append(
             (
                 rank,
                 Finding(
-                    kind,
-                    phase,
-                    epoch,
+                    measure.kind,
+                    stats.phase,
+                    stats.epoch,
                     int(value),
-                    f"rank {rank} of {world} stands out: {phase or 'the run'} {what} "
-                    f"{format_size(value, signed=True)}{slope} while the other ranks' median is "
-                    f"{format_size(median, signed=True)} (gap allowed {format_size(gap)})",
-                    slope=stats.slope if kind == Kind.LEAK else None,
+                    message,
+                    slope=stats.slope if leak else None,
                     rule=RULE,
                 ),
             )
