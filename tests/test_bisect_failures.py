@@ -158,6 +158,20 @@ def _kill_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
+def _wait_until_gone(pid: int) -> None:
+    """Wait (within :data:`WAIT`) until process ``pid``, not a child of this one, has ended."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.02)
+
+
 def _started(repo: Repo, stop_at: int) -> subprocess.Popen:
     """``leakgate bisect`` started in a session of its own (as a terminal's job is), once the
     fake test's ``stop_at``-th run is waiting."""
@@ -241,6 +255,41 @@ def test_a_killed_bisect_is_ended_by_the_next_run(make_repo):
         "leakgate bisect: a killed bisect was left under way: put back main at "
         f"{repo.commits[-1][:7]} and ended git's bisect"
     ]
+    repo.assert_as_the_user_left_it()
+
+
+def test_a_test_left_running_by_a_killed_bisect_marks_no_commit(make_repo):
+    """leakgate alone killed while its test runs: the test ends, and its step stops git's
+    bisect run instead of marking the commit; the next run ends the bisect."""
+    repo = make_repo(LEAK_AT_5)
+    driver = _started(repo, 3)
+    here = json.loads(repo.marker.read_text())
+    driver.kill()
+    driver.wait(timeout=WAIT)  # (its stdout stays open: the step left running holds a copy)
+    marked = git("bisect", "log", cwd=repo.path)
+    with open(repo.release, "w") as release:  # the waiting test goes on
+        release.write("go")
+    _wait_until_gone(here["step_group"])  # git bisect run, the step's group leader
+    assert git("bisect", "log", cwd=repo.path) == marked
+    assert repo.ran() == 3
+    driver.stdout.close()
+    driver.stderr.close()
+    repo.marker.unlink()
+    assert repo.bisect().returncode == 0
+    repo.assert_as_the_user_left_it()
+
+
+def test_a_second_bisect_in_the_same_working_tree_is_refused(make_repo):
+    repo = make_repo(LEAK_AT_5)
+    driver = _started(repo, 3)
+    done = repo.bisect()
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"error: a leakgate bisect (pid {driver.pid}) is running in this working tree\n"
+    )
+    driver.terminate()
+    driver.communicate(timeout=WAIT)
+    assert driver.returncode == 128 + signal.SIGTERM
     repo.assert_as_the_user_left_it()
 
 
