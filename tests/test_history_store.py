@@ -54,6 +54,7 @@ class S3Server:
     endpoint: str
     key: str
     secret: str
+    readers: tuple[str, str]  # the key of a user who may read the bucket, never write
 
     def environment(self, monkeypatch, *, key=None, secret=None, endpoint=None) -> None:
         """The environment a team's CI sets for pyarrow's S3 client."""
@@ -85,14 +86,18 @@ def s3_server():
         "aws_secret_access_key": "admin",
     }
     iam = boto3.client("iam", **admin)
-    iam.create_user(UserName="ci")
     allowed = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
-    policy = {"Version": "2012-10-17", "Statement": [allowed]}
-    iam.put_user_policy(UserName="ci", PolicyName="history", PolicyDocument=json.dumps(policy))
-    key = iam.create_access_key(UserName="ci")["AccessKey"]
+    no_writes = {"Effect": "Deny", "Action": "s3:PutObject", "Resource": "*"}
+    keys = []
+    for user, statements in (("ci", [allowed]), ("reader", [allowed, no_writes])):
+        iam.create_user(UserName=user)
+        policy = json.dumps({"Version": "2012-10-17", "Statement": statements})
+        iam.put_user_policy(UserName=user, PolicyName="history", PolicyDocument=policy)
+        made = iam.create_access_key(UserName=user)["AccessKey"]
+        keys.append((made["AccessKeyId"], made["SecretAccessKey"]))
     boto3.client("s3", **admin).create_bucket(Bucket=BUCKET)
     requests.post(f"{endpoint}/moto-api/reset-auth", data=b"0", timeout=30)
-    yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
+    yield S3Server(endpoint, *keys[0], readers=keys[1])
     requests.post(f"{endpoint}/moto-api/reset-auth", data=b"inf", timeout=30)
     server.stop()
 
@@ -299,10 +304,32 @@ def test_wrong_credentials_are_said_and_change_nothing(
     assert names_in(where) == before
 
 
+def test_a_key_that_may_not_write_keeps_the_verdicts_and_says_why(
+    s3, tmp_path, monkeypatch, capsys, pytester
+):
+    where = built_in(f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/h", [MIB] * 3)
+    before = names_in(where)
+    s3.environment(monkeypatch, key=s3.readers[0], secret=s3.readers[1])
+    assert main(["history", where]) == 0  # reading is allowed
+    capsys.readouterr()
+    pytester.makepyfile(test_loop=PASSING)
+    result = pytester.runpytest("-p", "no:randomly", f"--memreport-history={where}")
+    assert result.ret != pytest.ExitCode.USAGE_ERROR  # the session ran: its verdicts stand
+    assert "test_loop.py::test_kept" in result.stdout.str()
+    warned = [line for line in result.stdout.lines if "history not appended" in line]
+    assert len(warned) == 1 and "access denied" in warned[0], result.stdout.str()
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "run.json").write_text(json.dumps(verdict(MIB)))
+    one_line_exit_2(capsys, ["gate", str(reports), "--history", where], "access denied")
+    s3.environment(monkeypatch)
+    assert names_in(where) == before
+
+
 def test_an_endpoint_that_never_answers_is_given_up_after_the_wait(monkeypatch, capsys):
     monkeypatch.setenv("LEAKGATE_HISTORY_TIMEOUT", "1")
     with silent_endpoint() as endpoint:
-        S3Server(f"http://{endpoint}", "k", "s").environment(monkeypatch)
+        S3Server(f"http://{endpoint}", "k", "s", ("k", "s")).environment(monkeypatch)
         one_line_exit_2(capsys, ["history", "s3://bucket/h"], "no answer within 1 s")
 
 
@@ -311,5 +338,5 @@ def test_an_endpoint_where_nothing_listens_is_said(monkeypatch, capsys):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
-    S3Server(endpoint, "k", "s").environment(monkeypatch)
+    S3Server(endpoint, "k", "s", ("k", "s")).environment(monkeypatch)
     one_line_exit_2(capsys, ["history", "s3://bucket/h"], "nothing answers at the endpoint")
