@@ -322,6 +322,7 @@ def test_a_key_that_may_not_write_keeps_the_verdicts_and_says_why(
     reports.mkdir()
     (reports / "run.json").write_text(json.dumps(verdict(MIB)))
     one_line_exit_2(capsys, ["gate", str(reports), "--history", where], "access denied")
+    assert "Gate: REFUSED" in (reports / "index.md").read_text()  # no earlier decision shown
     s3.environment(monkeypatch)
     assert names_in(where) == before
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.core.errors import BadInput, as_bad_input, as_unwritable
+from harness.core.errors import BadInput, UnwritableReport, as_bad_input, as_unwritable
 from harness.core.fsio import write_atomic
 from harness.core.markdown import strong, text
 from harness.core.units import format_mib, format_size
@@ -62,7 +62,7 @@ def write_index_to(directory: Path, decision: GateDecision | None = None) -> Pat
     return path
 
 
-def write_refusal(directory: Path, reason: BadInput) -> None:
+def write_refusal(directory: Path, reason: BadInput | UnwritableReport) -> None:
     """Replace ``directory``'s ``index.md`` (a job summary may show it) with one that says the
     gate refused the folder and why, so that an earlier decision is never shown as this one's.
     Best effort: the refusal itself is what the gate reports."""
@@ -107,7 +107,7 @@ def gate_folder(
         gated = decide_gate(directory, baseline_dir, tolerance=tolerance, min_bytes=min_bytes)
         if history is not None:
             gated = with_history(gated, history, max_creep, min_bytes=min_bytes)
-    except BadInput as exc:
+    except (BadInput, UnwritableReport) as exc:  # a history that cannot be written: refused too
         write_refusal(directory, exc)
         raise
     write_index_to(directory, gated.decision)
