@@ -85,6 +85,20 @@ def test_a_page_is_never_written_inside_a_history(tmp_path, capsys):
     assert main(["history", str(folder)]) == 0  # still a history
 
 
+def test_pytest_never_writes_its_reports_inside_the_history(tmp_path, pytester):
+    built(pytester.path / "hist", [MIB] * 3)
+    pytester.makepyfile(test_ran=PASSING)
+    for reports in ("hist", "hist/reports"):
+        args = [f"--memreport={reports}", "--memreport-history=hist"]
+        result = pytester.runpytest("-p", "no:randomly", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        errors = [line for line in result.stderr.lines if line.strip()]
+        assert len(errors) == 1 and "is inside the history" in errors[0], errors
+        assert "--memreport" in errors[0] and not (pytester.path / "ran").exists()
+    kept = [p.name for p in (pytester.path / "hist").iterdir() if p.suffix != ".parquet"]
+    assert kept == [MARKER]
+
+
 @pytest.fixture
 def outside_git(tmp_path, monkeypatch):
     """The gate run where no repository is: its runs have no commit."""

@@ -10,7 +10,9 @@ one plain entry of the storage, never a link out of it, and a complete one whose
 all regular files (:func:`~harness.results.baseline.baseline_verdicts`). Nothing compared or saved
 is the folder the session writes its verdicts into, and the summary is never one of the session's
 folders nor written among verdicts. ``--memreport-history`` is a history, or a new or empty
-folder that can be written (:func:`~harness.history.archive.open_history`). Anything else is
+folder that can be written, or a store that answers in time
+(:func:`~harness.history.archive.open_history`), and the reports are never written inside it.
+Anything else is
 :class:`~harness.core.errors.BadInput`, which the plugin turns into pytest's usage error.
 """
 
@@ -150,12 +152,17 @@ def session_options(
     }
     written = None if summary is None else _summary(summary, verdicts, kept)
     if history is not None:
-        from harness.history.archive import open_history  # lazily: pyarrow, only when asked
+        # lazily: pyarrow, only when asked
+        from harness.history.archive import history_around, open_history
 
         try:
             open_history(history, mode="check")
         except BadInput as exc:
             raise BadInput(exc.problem, path=exc.path, field="--memreport-history") from None
+        around = None if directory is None else history_around(directory, history)
+        if around is not None:
+            said = f"is inside the history {around}: keep the reports apart from it"
+            raise BadInput(said, path=directory, field="--memreport")
     return SessionOptions(directory, compared, saved, written, history)
 
 

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from types import NoneType, UnionType
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
@@ -170,6 +171,25 @@ def _look(history: History) -> tuple[pafs.FileType, list[str]]:
     if kind != pafs.FileType.Directory or not history.local:
         return kind, []
     return kind, [e.base_name for e in fs.get_file_info(pafs.FileSelector(path))]
+
+
+def history_around(
+    written: str | os.PathLike[str], history: str | os.PathLike[str] | None = None
+) -> str | None:
+    """The local history that ``written`` (a file or folder leakgate is to write) would lie in,
+    where every parquet engine reading the history would meet it: a folder at or above it that
+    holds :data:`MARKER`, or ``history`` (a local folder, made yet or not) when it is one of
+    them. None when there is none."""
+    folder = Path(os.path.realpath(written))
+    around = [folder, *folder.parents]
+    if history is not None and "://" not in os.fspath(history):
+        mine = Path(os.path.realpath(history))
+        if mine in around:
+            return os.fspath(history)
+    for above in around:
+        if (above / MARKER).is_file():
+            return str(above)
+    return None
 
 
 def _read_marker(history: History) -> bool:

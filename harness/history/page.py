@@ -20,7 +20,7 @@ from harness.core.fsio import write_output
 from harness.core.markdown import Markdown, code, heading, mermaid, table, text
 from harness.core.units import format_size
 from harness.core.wording import plural
-from harness.history.archive import MARKER, History, scan
+from harness.history.archive import History, history_around, scan
 from harness.history.creep import (
     DEFAULT_CREEP,
     Commits,
@@ -190,9 +190,8 @@ def write_page(page: str, output: str | os.PathLike[str] | None) -> None:
     if output is None or os.fspath(output) == "-":
         print(page, end="")
         return
-    folder = Path(os.path.realpath(Path(os.path.abspath(output)).parent))
-    for around in (folder, *folder.parents):
-        if (around / MARKER).is_file():
-            said = f"is inside the history {around}: write the page elsewhere"
-            raise BadInput(said, path=os.fspath(output), field="-o")
+    around = history_around(Path(os.path.abspath(output)).parent)
+    if around is not None:
+        said = f"is inside the history {around}: write the page elsewhere"
+        raise BadInput(said, path=os.fspath(output), field="-o")
     write_output(output, page)
