@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from harness.core.errors import BadInput, UnwritableReport
 from harness.core.fsio import make_folders, probe_folder, write_atomic
 from harness.core.git import git
-from harness.history.remote import WHOLE_ON_CLOSE, contact, open_uri, problem
+from harness.history.remote import WHOLE_ON_CLOSE, contact, open_uri, problem, unreachable
 from harness.verdict.model import Status
 
 MARKER = "_leakgate_history.json"
@@ -156,10 +156,19 @@ def open_history(
 
 
 def _look(history: History) -> tuple[pafs.FileType, list[str]]:
-    """What the history's path is, and the names in it when it is a folder. On a store the
-    folder is listed first: a listing says what a lookup of one key does not (no bucket, no
-    access, an endpoint that is not a store's), and a folder there is what holds something."""
+    """What the history's path is, and the names in it when it is a folder (only the marker's
+    where it has one: a long history is listed once, when it is read). On a store a folder
+    without a marker, or a marker's lookup that failed on an answer, is listed before its path
+    is looked up: a listing says what a lookup of one key does not (no bucket, which
+    credentials, an endpoint that is not a store's), and a folder there is what holds
+    something."""
     fs, path = history.fs, history.path
+    try:
+        if fs.get_file_info(f"{path}/{MARKER}").type == pafs.FileType.File:
+            return pafs.FileType.Directory, [MARKER]
+    except (OSError, pa.ArrowException) as exc:
+        if history.local or unreachable(exc):
+            raise
     if not history.local:
         try:  # allowed to be missing, a listing would take any 404 for a missing folder
             names = [e.base_name for e in fs.get_file_info(pafs.FileSelector(path))]

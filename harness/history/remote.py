@@ -166,6 +166,17 @@ SAID = (
 ``{limit}`` is :func:`wait_limit`."""
 
 
+UNREACHABLE = ("NETWORK_CONNECTION", "Could not resolve", "Could not connect", "Retry policy")
+"""pyarrow's words for a store that was never reached."""
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says the store was never reached (no answer, no route, no name): asking
+    it something else would only wait again."""
+    words = one_line(error)
+    return any(mark in words for mark in UNREACHABLE)
+
+
 def problem(error: BaseException) -> str:
     """A store's error as one line: what failed (:data:`SAID`), then pyarrow's words."""
     words = one_line(error)
