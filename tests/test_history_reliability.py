@@ -131,6 +131,10 @@ def test_runs_without_a_commit_are_judged_in_the_order_they_ran(tmp_path, capsys
     first = row(6, MIB).time  # the first run of the rise
     assert f"since the run of {first:%Y-%m-%d %H:%M:%S} UTC (no commit)" in crept[0]
     assert "not enough history" not in out
+    assert main(["history", str(tmp_path / "history")]) == 0
+    page = capsys.readouterr().out
+    assert "21 runs without a commit; the last 21 shown" in page
+    assert f'"{first:%m-%d %H:%M}"' in page and "(no commit)" in page  # the axis, the creep
 
 
 def test_flat_runs_without_a_commit_pass_on_evidence(tmp_path, capsys, outside_git):
