@@ -6,8 +6,8 @@ moto's S3 server (started here, on a free port, so that the server's work is not
 The creep gate's reading (``bench_history.STEPS["creep"]``: the last 20 runs of each of the
 1,000 tests, newest first, after listing every run) then runs in a child process that reaches
 the server as a CI job reaches S3, through ``AWS_ENDPOINT_URL`` and the credentials in the
-environment; its wall time and peak resident memory are kept. The same reading from the folder
-runs beside it.
+environment; its wall time and peak resident memory are kept, of the fastest of
+:data:`ROUNDS` children. The same reading from the folder runs beside it.
 
     pytest benchmarks/bench_history_s3.py
 """
@@ -22,6 +22,8 @@ import pytest
 from bench_history import SIZES, STEPS, TESTS, _measured, write_history
 
 BUCKET = "leakgate-bench"
+ROUNDS = 3
+"""Children run for each reading; the fastest is kept."""
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,11 @@ def histories(s3, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[s
 def test_creep_gate_reading(benchmark, histories, runs, place, tmp_path):
     folder, uri = histories[runs]
     where = folder if place == "folder" else uri
-    result = benchmark.pedantic(_measured, (STEPS["creep"], where, tmp_path), rounds=1)
-    benchmark.extra_info.update(result, runs=runs, tests=TESTS, place=place)
+    tries = benchmark.pedantic(
+        lambda: [_measured(STEPS["creep"], where, tmp_path) for _ in range(ROUNDS)], rounds=1
+    )
+    result = min(tries, key=lambda r: r["seconds"])  # the least disturbed by other work
+    seconds = [round(r["seconds"], 2) for r in tries]
+    benchmark.extra_info.update(result, runs=runs, tests=TESTS, place=place, tries=seconds)
     assert result["exit"] == 0, result
     assert result["last"] == f"{TESTS // 100} crept 0 notes", result
