@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from harness import Recorder
+from harness.measure.host import POOLS
 from harness.measure.probes import CpuProbe
 
 PROBES = [
@@ -61,21 +62,23 @@ def test_checkpoint_between(benchmark, tmp_path):
 
 
 def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
-    """Exactly the system reads a CPU checkpoint makes while ``rss`` is at its high-water mark
-    (as on an idle heap), by name, through ``probe``'s own libc functions and file descriptors,
-    and nothing else (no parsing, no sample): ``mallinfo2``, a ``pread`` of
+    """Exactly the reads a CPU checkpoint makes while ``rss`` is at its high-water mark (as on
+    an idle heap), by name, through ``probe``'s own readers and file descriptors, and nothing
+    else (no parsing, no sample): ``mallinfo2`` (twice: the live heap and what malloc holds),
+    the walk of Python's allocator, the library pools' counters, a ``pread`` of
     ``/proc/self/statm``, ``getrusage`` and ``5`` written to ``/proc/self/clear_refs``
     (``/proc/self/status`` is read only when ``getrusage``'s mark is above ``rss``). A source
     the probe does without is left out, as the checkpoint leaves it out (and ``malloc_trim(0)``
     added where the probe trims before every reading)."""
-    statm, status, clear_refs = (
-        getattr(probe, fd, None) for fd in ("_statm", "_status", "_clear_refs")
-    )
+    host = probe._host
+    status, clear_refs = probe._status, probe._clear_refs
+    statm = host._statm
     reads: dict[str, Callable[[], object] | None] = {
-        "malloc_trim": functools.partial(probe._malloc_trim, 0)
-        if getattr(probe, "_trim_each", False)
-        else None,
-        "mallinfo2": getattr(probe, "_mallinfo2", None),
+        "malloc_trim": functools.partial(probe._malloc_trim, 0) if probe._trim_each else None,
+        "mallinfo2": host._malloc,
+        "mallinfo2 (held)": host._held,
+        "python": host._python.read,
+        **{f"pool {name}": pool for name, pool in POOLS.items() if pool() is not None},
         "statm": None if statm is None else functools.partial(os.pread, statm, 128, 0),
         "getrusage": None
         if status is None

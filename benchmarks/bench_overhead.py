@@ -97,8 +97,8 @@ def test_checkpoint_parts(benchmark, split, tmp_path):
     assert writer is not None
     spent: dict[str, list[float]] = {}
     for owner, name, part in (
-        (probe, "_mallinfo2", "mallinfo2"),
-        (probe, "_rss", "rss (statm)"),
+        (probe._host._python, "read", "Python's allocator (its walk, in the host's reads)"),
+        (probe._host, "read", "host's reads (mallinfo2 x2, Python's allocator, pools, statm)"),
         (probe, "_peak", "peak (getrusage, VmHWM when above rss)"),
         (probe, "reset_peak", "peak reset (clear_refs)"),
         (recorder._children, "read", "children read (none alive)"),

@@ -19,7 +19,8 @@ from harness.core.errors import BadArgument, UnwritableReport
 from harness.core.identity import rank_info
 from harness.core.naming import rank_timeline
 from harness.core.units import parse_size
-from harness.measure.children import ChildSampler
+from harness.measure.children import CHILDREN_COST, JOB, ChildSampler
+from harness.measure.host import HOST, OWN_COUNTED, HostMemory
 from harness.measure.probes import Probe, make_probe
 from harness.measure.sample import STRIDE, Sample
 from harness.timeline.header import run_header
@@ -87,6 +88,7 @@ class Recorder:
         attribute: bool | PhaseAttribution = False,
         rules: Rules | None = None,
         children: bool | None = None,
+        host: bool | None = None,
     ) -> None:
         limit = None if capacity is None else parse_size(capacity, what="capacity")
         if attribute is not False:
@@ -99,6 +101,10 @@ class Recorder:
             children = rules.children if rules is not None else True
         if not isinstance(children, bool):
             raise BadArgument(f"children: expected a bool or None, got {children!r}")
+        if host is None:
+            host = rules.host if rules is not None else True
+        if not isinstance(host, bool):
+            raise BadArgument(f"host: expected a bool or None, got {host!r}")
         self._children = ChildSampler() if children else None
         if attribute is True:
             from harness.verdict.options import Rules
@@ -112,6 +118,8 @@ class Recorder:
         self.attribution: PhaseAttribution | None = attribute or None
         self.rank = rank_info()
         self.probe = make_probe(probe)
+        # the host beside a device that is not the host (a GPU): read on the stride's readings
+        self._host = HostMemory() if host and not self.probe.host else None
         self._timeline = None
         self.timeline_error: UnwritableReport | None = None
         try:
@@ -123,7 +131,13 @@ class Recorder:
                 self._checked_capacity = CheckedCapacity(limit, probe.capacity_metric, probe.name)
             self.capacity = limit if limit is not None else self.probe.capacity
             self.header = run_header(
-                self.probe, self._children, self.capacity, limit is not None, config, meta
+                self.probe,
+                self._children,
+                self.capacity,
+                limit is not None,
+                config,
+                meta,
+                self._host,
             )
             if rules is not None:
                 self.header["rules"] = rules.to_dict()
@@ -135,6 +149,8 @@ class Recorder:
                 self._timeline = TimelineWriter(timeline, self.header)
         except BaseException:
             self.probe.close()
+            if self._host is not None:
+                self._host.close()
             raise
         self._wait = None if self._timeline is None else self._timeline.wait
         self._store = SampleStore()
@@ -202,7 +218,8 @@ class Recorder:
         plain = label in self._plain
         if event is not None or not plain:
             event = labels.given_event(label, event)
-        full = self._reads_all(label, batch, collect)
+        stride = self._on_stride(label, batch, collect)
+        full = stride or not self.probe.strided
         if not full and plain and self._strided and note is None and event is None:
             # a loop's batch between two stride readings, read by neither the probe nor the
             # children (their processes are the last reading's); its row and line come later
@@ -214,7 +231,17 @@ class Recorder:
             return sample
         may = event != labels.OOM
         return self._record(
-            label, phase, epoch, batch, collect, note, event, full, may_raise=may, rollup=collect
+            label,
+            phase,
+            epoch,
+            batch,
+            collect,
+            note,
+            event,
+            full,
+            may_raise=may,
+            rollup=collect,
+            stride=stride,
         )
 
     __call__ = checkpoint
@@ -262,6 +289,7 @@ class Recorder:
         *,
         may_raise: bool,
         rollup: bool,
+        stride: bool = True,
     ) -> Sample:
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
@@ -273,9 +301,9 @@ class Recorder:
         if collect:
             gc.collect()
             self.probe.release()
-        probe = self.probe
+        probe, host = self.probe, self._host if stride else None
         own = 0
-        if probe.host and full:
+        if (probe.host and full) or host is not None:
             # Less the recorder's own sample store, which grows with every checkpoint, and the
             # dearer search's bookkeeping (asked first: it forgets what was freed since):
             # neither may be judged as the run's growth.
@@ -283,10 +311,15 @@ class Recorder:
             if self.attribution is not None:
                 own += self.attribution.own_bytes(exact=edge is not None)
         metrics = probe.sample() if full else probe.sample_between()
+        prefix = ""
+        if host is not None:
+            prefix = HOST
+            host.read(metrics, HOST)
         if own:
-            for name, value in metrics.items():
+            for name in OWN_COUNTED:
+                value = metrics.get(prefix + name)
                 if value is not None:
-                    metrics[name] = value - own
+                    metrics[prefix + name] = value - own
         if full:  # else the peak window goes on to the next full reading
             probe.reset_peak()
         processes = self._processes  # between two readings, the last one's live processes
@@ -295,6 +328,7 @@ class Recorder:
             processes = self._processes = None if found is None else found[1]
             if found is not None:
                 metrics.update(found[0])
+                job(metrics, prefix, found)
         capacity = self._checked_capacity
         overflow = capacity.exceeded(label, metrics, may_raise) if capacity is not None else None
         if overflow or len(probe.notes) > self._notes_said:
@@ -320,11 +354,12 @@ class Recorder:
             raise DeviceOutOfMemory(overflow, sample)
         return sample
 
-    def _reads_all(self, label: str, batch: int | None, collect: bool) -> bool:
-        """Whether this checkpoint reads the probe's strided metrics: every one that is not a
-        batch's, and a label's batches on :data:`~harness.measure.sample.STRIDE`, counted from the
-        last of those (all of them under an emulated capacity, checked at each)."""
-        if batch is None or collect or not self.probe.strided or self._checked_capacity:
+    def _on_stride(self, label: str, batch: int | None, collect: bool) -> bool:
+        """Whether this checkpoint is one of the stride's readings (of the probe's strided
+        metrics, and of the host beside a device): every one that is not a batch's, and a
+        label's batches on :data:`~harness.measure.sample.STRIDE`, counted from the last of
+        those (all of them under an emulated capacity, checked at each)."""
+        if batch is None or collect or self._checked_capacity:
             self._runs.clear()
             return True
         run = self._runs.get(label, 0)
@@ -389,7 +424,7 @@ class Recorder:
         ended_by = None
         try:
             start = f"{name} START"
-            full = self._reads_all(start, None, collect)
+            full = self._on_stride(start, None, collect)
             self._record(
                 start, None, None, None, collect, None, None, full, may_raise=True, rollup=True
             )
@@ -401,7 +436,7 @@ class Recorder:
             try:
                 if not self._closed:
                     end, by = f"{name} END", ended_by
-                    full = self._reads_all(end, None, collect)
+                    full = self._on_stride(end, None, collect)
                     self._record(
                         end,
                         None,
@@ -481,6 +516,8 @@ class Recorder:
             if self.attribution is not None:
                 self.attribution.close()
             self.probe.close()
+            if self._host is not None:
+                self._host.close()
             if self._unfreeze:
                 gc.unfreeze()
 
@@ -492,6 +529,16 @@ class Recorder:
         if error is not None:
             self.end(error)
         self.close()
+
+
+def job(metrics: dict[str, int | None], prefix: str, children: tuple[dict[str, int], Any]) -> None:
+    """The job's memory (:data:`~harness.rules.measures.JOB`) into ``metrics``: the host's live
+    heap (its metrics named with ``prefix``) and what the live children add, where both were
+    read (no child alive adds nothing)."""
+    live, (found, processes) = metrics.get(prefix + "allocated"), children
+    cost = found.get(CHILDREN_COST, None if processes else 0)
+    if live is not None and cost is not None:
+        metrics[JOB] = live + cost
 
 
 _LIMIT = labels.INDEX_LIMIT

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from harness.measure import malloc, probes
+from harness.measure import host, malloc, probes
 from harness.measure.probes import CpuProbe, CudaProbe, make_probe
 
 MiB = 2**20
@@ -151,16 +151,20 @@ def test_refused_peak_reset_gives_no_peak(monkeypatch, tmp_path):
 def test_rss_comes_from_psutil_without_proc(monkeypatch, tmp_path):
     process = types.SimpleNamespace(memory_info=lambda: types.SimpleNamespace(rss=12345))
     fake = types.SimpleNamespace(Process=lambda: process)
-    monkeypatch.setattr(probes, "_STATM", str(tmp_path / "missing"))
+    monkeypatch.setattr(host, "STATM", str(tmp_path / "missing"))
     monkeypatch.setitem(sys.modules, "psutil", fake)
     with_psutil = CpuProbe()
     monkeypatch.setitem(sys.modules, "psutil", None)
     without = CpuProbe()
     try:
-        assert with_psutil.sample()["rss"] == 12345 and with_psutil.notes == []
+        missing = (
+            f"cpu anon and outside unavailable: {tmp_path / 'missing'}: No such file or directory"
+        )
+        assert with_psutil.sample()["rss"] == 12345 and with_psutil.notes == [missing]
         assert without.sample()["rss"] is None
         assert without.notes == [
-            f"cpu rss unavailable: {tmp_path / 'missing'}: No such file or directory, and no psutil"
+            missing,
+            f"cpu rss unavailable: {tmp_path / 'missing'} cannot be read, and no psutil",
         ]
     finally:
         with_psutil.close()

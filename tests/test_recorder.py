@@ -541,7 +541,7 @@ def test_a_loops_batches_between_readings_are_in_the_store_and_in_the_file_by_th
         ("val 100%", None, None, None, None, None),
         ("val 100%", 3, None, None, None, None),
     }
-    assert all(s.metrics == {"allocated": None, "rss": None, "peak": None} for s in unread)
+    assert all(s.metrics == dict.fromkeys(CpuProbe.metrics) for s in unread)
     assert list(rec.samples) == read_timeline(path).samples
 
 
@@ -584,7 +584,7 @@ def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(lea
                         rec.checkpoint("AFTER_STEP", batch=batch)
         verdict = judge(rec.samples, Rules(phase="validation", max_growth="128KiB"))
     assert rec.header["stride"] == {
-        "metrics": ["allocated", "rss", "peak"],
+        "metrics": list(CpuProbe.metrics),
         "first": 32,
         "every": 16,
     }

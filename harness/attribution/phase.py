@@ -19,7 +19,7 @@ from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.attribution.torch_state import torch_holders
-from harness.measure.malloc import live_heap
+from harness.measure.host import live
 from harness.measure.sample import Sample
 from harness.verdict.options import Rules
 
@@ -161,11 +161,11 @@ class PhaseAttribution:
         never frees those tracebacks while it runs."""
         lines = self.lines
         traced = lines is not None and lines.traced
-        heap, own = (live_heap(), self.own_bytes()) if traced else (None, 0)
+        heap, own = (live(), self.own_bytes()) if traced else (None, 0)
         acted = self._act(sample)
         if acted and lines is not None:
             lines.recount()
-            now = live_heap()
+            now = live()
             if heap is not None and now is not None:
                 self._left += max(0, now - heap - (self.own_bytes() - own))
         return acted

@@ -50,6 +50,14 @@ from harness.attribution.weights import TENSOR_BYTES, is_ours, size_of
 
 _HOLDERS = 3
 R = TypeVar("R")
+
+
+def _shared(item: Any) -> bool:
+    """Whether ``item`` is one the interpreter shares and never makes anew (``None``, a bool,
+    a cached small int): no container's growth."""
+    return item is None or type(item) is bool or (type(item) is int and -5 <= item <= 256)
+
+
 _CHUNK = 4096
 
 
@@ -226,8 +234,11 @@ class _Search:
             if type(holder) in ORDERED:
                 start = old.get(id(holder), 0 if id(holder) in self.new else len(holder))
                 if len(holder) > start:
-                    items = holder.values() if isinstance(holder, dict) else holder
-                    self._add(holder, itertools.islice(items, start, None))
+                    if isinstance(holder, dict):  # a key made for an entry is its memory too
+                        pairs = itertools.islice(holder.items(), start, None)
+                        self._add(holder, itertools.chain.from_iterable(pairs))
+                    else:
+                        self._add(holder, itertools.islice(holder, start, None))
             elif id(holder) in self.new and kind_of(type(holder)) != "tensor":
                 self._add(holder, contents(holder, gc.get_referents(holder)))
         if before is not None:
@@ -285,14 +296,18 @@ class _Search:
                     self._storage(node, key, now - then)
 
     def _add(self, holder: Any, items: Iterable[Any]) -> None:
+        """Weigh the untracked ``items`` ``holder`` gained: each of :data:`UNTRACKED_FROM`
+        bytes or more a node of its own under it, the small ones (floats, short strings, small
+        tuples of them: Python's allocator's blocks) together in the holder's own weight."""
         above: int | None = None
+        small = 0
         for item in items:
-            if gc.is_tracked(item) or id(item) in self.weighed:
+            if gc.is_tracked(item) or id(item) in self.weighed or _shared(item):
                 continue
             weight, inner = 0, [item]
             while inner:
                 part = inner.pop()
-                if id(part) in self.weighed:
+                if id(part) in self.weighed or _shared(part):
                     continue
                 self.weighed.add(id(part))
                 weight += size_of(part)
@@ -300,6 +315,7 @@ class _Search:
                 if type(part).__name__ == "ndarray" and getattr(part, "base", None) is not None:
                     inner.append(part.base)  # a view: its owner's buffer
             if weight < UNTRACKED_FROM:
+                small += weight
                 continue
             above = self._place(holder) if above is None else above
             if above is None:
@@ -308,6 +324,10 @@ class _Search:
             at = self.graph.node(id(item), item)
             self.graph.nodes[at].weight = weight
             self.graph.edge(above, at)
+        if small:
+            above = self._place(holder) if above is None else above
+            if above:
+                self.graph.nodes[above].weight += small
 
     def _tensor(self, node: int, tensor: torch.Tensor) -> None:
         if self.before is not None and tensor in self.before and not self.before.regraphed(tensor):

@@ -21,6 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from harness.attribution.quiet import unobserved
 from harness.attribution.sites import allocator_blocks
 from harness.attribution.weights import size_of
+from harness.measure.host import live
 
 StorageKey = tuple[str, int | None, int]
 
@@ -60,6 +61,10 @@ class Snapshot:
     """The id and size of each object ``gc`` does not track (an array, a string) of
     :data:`UNTRACKED_FROM` bytes or more that those objects referred to, sorted by id: an
     array a leak made and put in an old object's attribute is told from the one there then."""
+    own: int | None = field(default=None, repr=False)
+    """What the process's live heap grew by while the snapshot was made and kept (its weak
+    references, its tables and the Python ints in them), measured around it; None where the
+    live heap cannot be read."""
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -76,7 +81,10 @@ class Snapshot:
         return ref is not None and ref() is tensor
 
     def nbytes(self) -> int:
-        """What malloc holds for this snapshot (its ids of objects dominate)."""
+        """What the live heap holds for this snapshot: as measured when it was made, else its
+        arrays and tables (its ids of objects dominate)."""
+        if self.own is not None:
+            return self.own
         held = self.objects.nbytes + self.sizes.nbytes + self.untracked.nbytes
         return int(held) + sys.getsizeof(self.lengths) + sys.getsizeof(self.storage_sizes)
 
@@ -109,6 +117,7 @@ def live_tensors(objects: bool = False) -> Snapshot:
     use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it. With
     ``objects``, note every object ``gc`` lists and the lengths of collections too (what a
     search by retained size counts from: tens of milliseconds, for the module globals)."""
+    before = live()
     tensors: dict[int, weakref.ref[torch.Tensor]] = {}
     storages: dict[int, StorageWeakRef] = {}
     graphs: dict[int, int] = {}
@@ -143,7 +152,7 @@ def live_tensors(objects: bool = False) -> Snapshot:
                     storage_sizes[storage._cdata] = storage.nbytes()
     blocks = frozenset((key, size) for key, size, _ in allocator_blocks())
     del everything
-    return Snapshot(
+    made = Snapshot(
         tensors,
         blocks,
         time.time(),
@@ -155,6 +164,10 @@ def live_tensors(objects: bool = False) -> Snapshot:
         storage_sizes=storage_sizes,
         untracked=untracked,
     )
+    after = live()
+    if before is not None and after is not None:
+        object.__setattr__(made, "own", max(0, after - before))
+    return made
 
 
 def _find(keys: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

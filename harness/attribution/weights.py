@@ -18,15 +18,29 @@ _SELF_CHECK = f"{_PACKAGE}.frontends.selfcheck"
 
 
 def size_of(obj: Any) -> int:
-    """``sys.getsizeof(obj)`` where its type measures itself in C (a list, a numpy array with
-    its buffer, a string); an object whose ``__sizeof__`` is Python code is weighed as a plain
-    object instead: that code may do anything (a mock answers with a new mock)."""
+    """What the allocator gives for ``obj`` (:func:`allotted`): ``sys.getsizeof(obj)`` where its
+    type measures itself in C (a list, a numpy array with its buffer, a string); an object whose
+    ``__sizeof__`` is Python code is weighed as a plain object instead: that code may do
+    anything (a mock answers with a new mock)."""
     try:
         if isinstance(getattr(type(obj), "__sizeof__", None), _C_METHODS):
-            return sys.getsizeof(obj)
-        return object.__sizeof__(obj)
+            return allotted(sys.getsizeof(obj))
+        return allotted(object.__sizeof__(obj))
     except Exception:
         return 0
+
+
+SMALL = 512
+"""The largest request Python's own allocator serves, in blocks of 16-byte steps; larger ones
+go to ``malloc``, whose chunks carry an 8-byte header and are 16-byte aligned, 32 B at least."""
+
+
+def allotted(size: int) -> int:
+    """The bytes an allocation of ``size`` takes as the live heap counts it: a pymalloc block,
+    or a ``malloc`` chunk."""
+    if size <= SMALL:
+        return (size + 15) & ~15
+    return max(32, (size + 8 + 15) & ~15)
 
 
 def is_ours(obj: Any) -> bool:

@@ -221,6 +221,30 @@ def cuda_probe_agrees() -> str:
     )
 
 
+def host_beside_cuda() -> str:
+    """A loop on the GPU that moves each output to the host and keeps it there (the usual cure
+    for a device's out-of-memory): the device stays level, and the host fails as a leak of its
+    own; its twin, which keeps nothing, passes."""
+    verdicts = []
+    for keep in (True, False):
+        outputs = _Outputs()
+        with Recorder("cuda") as rec, rec.phase("validation", epoch=0):
+            for batch in range(BATCHES):
+                out = (torch.ones(PER_BATCH // 4, device="cuda") * 2).cpu()
+                if keep:
+                    outputs.kept.append(out)
+                del out
+                rec.checkpoint("VALIDATION_BATCH", batch=batch)
+        verdicts.append(judge(rec.samples, RULES))
+    leak, twin = verdicts
+    on_host = [f for f in leak.findings if f.evidence and f.evidence[0].metric == "host_allocated"]
+    require(leak.status == Status.FAIL and bool(on_host), f"host leak judged {leak.status}")
+    device = [f for f in leak.findings if f.evidence and f.evidence[0].metric == "allocated"]
+    require(not device, f"the device judged to leak: {device[0].message if device else ''}")
+    require(twin.status == Status.PASS, f"clean twin judged {twin.status}: {twin.findings}")
+    return f"host leak FAIL ({format_size(on_host[0].bytes or 0, signed=True)}), twin PASS"
+
+
 def snapshot_written() -> str:
     """A snapshot of a known allocation, written and read back."""
     with tempfile.TemporaryDirectory(prefix="leakgate-selfcheck-") as folder:
@@ -261,6 +285,7 @@ def cuda_checks() -> list[DeviceCheck]:
             "cuda: the incident replayed at a capacity",
             lambda: incident_replay("cuda", at_capacity=True),
         ),
+        DeviceCheck("cuda: the host beside the device", host_beside_cuda),
         DeviceCheck("cuda: a memory snapshot", snapshot_written),
     ]
 

@@ -89,9 +89,20 @@ LIST_EVERY = 16
 ANON_EVERY = 4
 """Readings from one ``anon`` reading of a child that publishes its heap to the next (each
 listing reads it too); a child without a slot has it read at every reading."""
-SUMS = ("children_heap", "children_anon", "children_uss", "children_pss")
+SUMS = (
+    "children_heap",
+    "children_anon",
+    "children_uss",
+    "children_pss",
+    "children_outside",
+    "children_cost",
+)
 """The live descendants' sums (``children_heap`` whenever one lives, the others when read)."""
-PER_ROLE = ("child_heap", "child_anon", "child_uss", "child_pss", "child_shared")
+CHILDREN_COST = "children_cost"
+"""What the live children add to the job (:attr:`TreeReading.cost`)."""
+JOB = "job"
+"""The job's memory: the host's live heap and what its live children add (a recorder's)."""
+PER_ROLE = ("child_heap", "child_anon", "child_uss", "child_pss", "child_shared", "child_outside")
 """Per-role metrics, written ``<metric>:<role>`` (:func:`role_metric`)."""
 
 
@@ -111,11 +122,18 @@ class ProcessMemory(NamedTuple):
     uss: int | None = None
     pss: int | None = None
     shared: int | None = None
+    outside: int | None = None
 
     @property
     def judged(self) -> int:
         """What this process counts for in ``children_heap``."""
         return self.heap if self.heap is not None else self.anon or 0
+
+    @property
+    def held(self) -> int:
+        """What this process's own growth is read on: its judged measure, and what no counter
+        explains where it publishes that."""
+        return self.judged + (self.outside or 0)
 
 
 class TreeReading(NamedTuple):
@@ -125,6 +143,9 @@ class TreeReading(NamedTuple):
     processes: tuple[ProcessMemory, ...] = ()
     absent: tuple[str, ...] = ()
     rollup: bool = False
+    cost: int | None = None
+    """What the live descendants add to the job: each one's private memory when first read
+    (``uss``) and what it grew by since on its judged measure; on rollup readings only."""
 
     @property
     def pids(self) -> dict[str, int]:
@@ -143,9 +164,19 @@ class TreeReading(NamedTuple):
         if self.rollup:
             flat["children_uss"] = sum(p.uss or 0 for p in self.processes)
             flat["children_pss"] = sum(p.pss or 0 for p in self.processes)
+        if self.cost is not None:
+            flat["children_cost"] = self.cost
+        fresh = [p for p in self.processes if p.fresh or latest]
+        if (
+            fresh
+            and all(p.outside is not None for p in fresh)
+            and len(fresh) == len(self.processes)
+        ):
+            flat["children_outside"] = sum(p.outside or 0 for p in fresh)
         for p in self.processes:
             heap = p.heap if p.fresh or latest else None
-            values = (heap, p.anon, p.uss, p.pss, p.shared)
+            outside = p.outside if p.fresh or latest else None
+            values = (heap, p.anon, p.uss, p.pss, p.shared, outside)
             for name, value in zip(_names(p.role), values, strict=True):
                 if value is not None:
                     flat[name] = value
@@ -208,6 +239,8 @@ class ChildrenReader:
         self._counts: dict[int, int] = {}
         """Each publishing descendant's reading count when last used, and its rollup's."""
         self._rolled: dict[int, int] = {}
+        self._born: dict[int, tuple[int, int]] = {}
+        """Each descendant's ``uss`` at its first rollup and what it held then."""
         self._helpers: dict[int, bool] = {}
         self._since = 0
         self._roles_now: tuple[str, ...] = ()
@@ -311,7 +344,19 @@ class ChildrenReader:
             self._seen.update(dict.fromkeys(roles))
             self._absent = tuple(role for role in self._seen if role not in roles)
             self._roles_now = roles
-        return TreeReading(tuple(processes), self._absent, rollup)
+        return TreeReading(tuple(processes), self._absent, rollup, self._cost(processes, rollup))
+
+    def _cost(self, processes: list[ProcessMemory], rollup: bool) -> int | None:
+        """What ``processes`` add to the job (:attr:`TreeReading.cost`), on a rollup reading."""
+        for p in processes:
+            if p.uss is not None and p.pid not in self._born:
+                self._born[p.pid] = (p.uss, p.held)
+        if not rollup:
+            return None
+        born = [self._born.get(p.pid) for p in processes]
+        if any(b is None for b in born):
+            return None
+        return sum(b[0] + p.held - b[1] for p, b in zip(processes, born, strict=True) if b)
 
     def _process(self, pid: int, outside: bool, rollup: bool, new: bool) -> ProcessMemory | None:
         """One descendant's reading, or None when it has exited."""
@@ -342,13 +387,15 @@ class ChildrenReader:
         if self.history.get(pid) != role and len(self.history) < HISTORY:
             self.history[pid] = role
         heap = published.heap if published is not None else None
-        return ProcessMemory(role, pid, anon, heap, fresh, *rolled)
+        unexplained = published.outside if published is not None else None
+        return ProcessMemory(role, pid, anon, heap, fresh, *rolled, unexplained)
 
     def _forget(self, pid: int) -> None:
         """Let go of an exited descendant (its slot, its count, its role)."""
         self._roles.pop(pid, None)
         self._counts.pop(pid, None)
         self._rolled.pop(pid, None)
+        self._born.pop(pid, None)
         if self.board is not None:
             self.board.forget(pid)
 

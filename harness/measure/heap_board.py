@@ -53,16 +53,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.measure.board_folder import leased_folder
-from harness.measure.malloc import heap, live_heap
+from harness.measure.host import HostMemory
+from harness.measure.malloc import heap
 from harness.measure.procfs import mapped_outside, read_rollup
 
 PERIOD = 0.01
 """Seconds between two readings of a forked child that is not a DataLoader worker."""
-SIZE = 64
+SIZE = 128
 MAPS_EVERY = 16  # a child's mappings outside malloc are read so often (0.5 ms each)
-_SLOT = struct.Struct("<QqqQqqqQ")
-"""sequence, pid, live heap, count, monotonic ns, and the latest rollup: uss, shared, and the
-count it was taken at (0: none yet)."""
+_SLOT = struct.Struct("<QqqQqqqQq")
+"""sequence, pid, live heap, count, monotonic ns, the latest rollup (uss, shared, and the
+count it was taken at: 0 for none yet), and what no counter explains (:data:`UNREAD` where it
+cannot be read)."""
+UNREAD = -(2**63)
 _SEQUENCE = struct.Struct("<Q")
 _TRIES = 4
 
@@ -79,6 +82,7 @@ class HeapReading:
     uss: int = 0
     shared: int = 0
     rolled: int = 0
+    outside: int | None = None
 
 
 class Board:
@@ -121,7 +125,12 @@ class Board:
             sequence, owner, *fields = _SLOT.unpack_from(data)
             whole = sequence % 2 == 0 and _sequence(fd) == sequence
             if whole and owner == pid and fields[1]:
-                self._last[pid], self._sequences[pid] = HeapReading(*fields), sequence
+                live, count, taken, uss, shared, rolled, outside = fields
+                unread = outside == UNREAD
+                reading = HeapReading(
+                    live, count, taken, uss, shared, rolled, None if unread else outside
+                )
+                self._last[pid], self._sequences[pid] = reading, sequence
                 break
         return self._last.get(pid)
 
@@ -201,6 +210,8 @@ class _Slot:
                 os.unlink(path)
             raise
         self._fd = fd  # written with pwrite, never mapped: a slot cut short faults nothing
+        self._host = HostMemory()
+        self._reading: dict[str, int | None] = {}
         self._sequence = 0
         self._count = 0
         self._rollup = (0, 0, 0)
@@ -210,9 +221,12 @@ class _Slot:
         self._thread: threading.Thread | None = None
 
     def publish(self) -> int | None:
-        """Write the live heap now (odd sequence number while writing), and the child's own
-        ``smaps_rollup`` at readings 8, 32, 128, ... (:func:`_rolls`); the heap written."""
-        heap = live_heap()
+        """Write the live heap now (odd sequence number while writing), what no counter
+        explains, and the child's own ``smaps_rollup`` at readings 8, 32, 128, ...
+        (:func:`_rolls`); the heap written."""
+        reading = self._reading
+        self._host.read(reading)
+        heap, outside = reading["allocated"], reading["outside"]
         if heap is None:
             return None
         if self._count % MAPS_EVERY == 0:
@@ -226,7 +240,10 @@ class _Slot:
                     self._rollup = (rolled[0], rolled[2], self._count)
             self._sequence += 1  # odd while the slot is written, its first 8 bytes first
             now = time.monotonic_ns()
-            slot = _SLOT.pack(self._sequence, self.pid, heap, self._count, now, *self._rollup)
+            unread = UNREAD if outside is None else outside
+            slot = _SLOT.pack(
+                self._sequence, self.pid, heap, self._count, now, *self._rollup, unread
+            )
             self._sequence += 1
             try:
                 os.pwrite(self._fd, slot, 0)

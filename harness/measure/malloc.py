@@ -61,7 +61,9 @@ _PROBE = 64 << 10
 (128 KiB at first), so that freeing it does not raise the threshold for the process."""
 
 
-def _glibc() -> Callable[[], int] | None:
+def _glibc() -> tuple[Callable[[], int], Callable[[], int]] | None:
+    """glibc's live heap (``uordblks + hblkhd``) and what it holds from the system (``arena +
+    hblkhd``: its arenas, used or free, and its mapped chunks)."""
     mallinfo2 = libc_function("mallinfo2", MallInfo2)
     if mallinfo2 is None:
         return None
@@ -70,7 +72,11 @@ def _glibc() -> Callable[[], int] | None:
         info = mallinfo2()
         return int(info.uordblks + info.hblkhd)
 
-    return read
+    def held() -> int:
+        info = mallinfo2()
+        return int(info.arena + info.hblkhd)
+
+    return read, held
 
 
 def _serves(read: Callable[[], int]) -> bool:
@@ -132,11 +138,13 @@ def _tcmalloc() -> Callable[[], int | None] | None:
 
 @dataclass(frozen=True)
 class Heap:
-    """Who serves ``malloc`` here, and how its live heap is read (None: it cannot be)."""
+    """Who serves ``malloc`` here, how its live heap is read (None: it cannot be), and what it
+    holds from the system (glibc's only; None elsewhere)."""
 
     allocator: str
     read: Callable[[], int | None] | None
     note: str | None = None
+    held: Callable[[], int] | None = None
 
 
 @functools.cache
@@ -144,8 +152,8 @@ def heap() -> Heap:
     """The allocator serving ``malloc`` in this process, found once (a forked child has its
     parent's; ``heap.cache_clear()`` finds it again)."""
     glibc = _glibc()
-    if glibc is not None and _serves(glibc):
-        return Heap("glibc", glibc)
+    if glibc is not None and _serves(glibc[0]):
+        return Heap("glibc", glibc[0], held=glibc[1])
     for name, reader in (("jemalloc", _jemalloc()), ("tcmalloc", _tcmalloc())):
         if reader is not None and reader() is not None:
             return Heap(name, reader)

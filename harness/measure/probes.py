@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
+import harness.measure.host as host
 from harness.core.errors import BadInput
+from harness.measure.host import PARTS, HostMemory
 from harness.measure.malloc import heap, libc_function
 
 Metrics = dict[str, int | None]
 
-_STATM = "/proc/self/statm"
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
 _MEMINFO = "/proc/meminfo"
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Probe(ABC):
@@ -95,15 +95,16 @@ def _open(path: str, flags: int) -> tuple[int | None, str | None]:
 
 
 class CpuProbe(Probe):
-    """Host memory of this process.
+    """Host memory of this process, in each place it lives (:mod:`harness.measure.host`).
 
-    - ``allocated``: bytes malloc has handed out (:func:`harness.measure.malloc.live_heap`: glibc's
-      ``mallinfo2``, or a preloaded jemalloc's or tcmalloc's own counter), the analogue of
-      ``torch.cuda.memory_allocated``: PyTorch's CPU tensors come from malloc.
-      Python's small objects (512 B or less) live in pymalloc arenas, which bypass malloc:
-      they show in ``rss`` only. Precise to a few KB. It walks malloc's free lists: a
-      microsecond or two on a normal heap, milliseconds on a badly fragmented one, 67 µs on
-      average inside a TFT epoch (measured).
+    - ``allocated``: the live heap: what ``malloc`` handed out and did not get back (glibc's
+      ``mallinfo2``, or a preloaded jemalloc's or tcmalloc's own counter), the bytes in Python's
+      own allocator's blocks (objects of 512 B or less, which ``malloc`` never sees) and a
+      library pool outside ``malloc`` (pyarrow's): the analogue of
+      ``torch.cuda.memory_allocated``. Its parts are kept as ``malloc``, ``python`` and
+      ``pool_<library>``, so a report says which grew.
+    - ``outside``: resident anonymous memory (``anon``) less what those allocators hold from the
+      system: growth that no counter explains (:mod:`harness.measure.host`).
     - ``rss``: resident memory (``/proc/self/statm``; psutil off Linux), the analogue of
       ``reserved``: it includes the interpreter, libraries and heap that malloc keeps.
     - ``peak``: the highest ``rss`` since the last :meth:`reset_peak` (``VmHWM``, reset by
@@ -118,7 +119,7 @@ class CpuProbe(Probe):
     an allocator whose counters leakgate cannot read) the primary metric is ``rss``, so the trim
     runs before every reading.
 
-    A long loop reads all three on a stride (:data:`~harness.measure.sample.STRIDE`: each of a
+    A long loop reads them all on a stride (:data:`~harness.measure.sample.STRIDE`: each of a
     label's first 32 batches, then every 16th): between, a checkpoint makes no system call and
     its readings are ``None``. ``allocated`` is judged on the batches read; ``peak`` loses
     nothing, since the high-water mark is reset only when it is read. Without a live heap
@@ -128,14 +129,14 @@ class CpuProbe(Probe):
     """
 
     name = "cpu"
-    metrics = ("allocated", "rss", "peak")
+    metrics = ("allocated", "rss", "peak", *PARTS, "anon", "outside")
     capacity_metric = "rss"
     host = True
 
     def __init__(self) -> None:
         self.notes = []
         found = heap()
-        self._live_heap = found.read
+        self._host = HostMemory()
         self._malloc_trim = libc_function("malloc_trim", ctypes.c_int, ctypes.c_size_t)
         if found.read is None:
             self.notes.append(f"cpu allocated unavailable: {found.note}; the primary metric is rss")
@@ -146,14 +147,14 @@ class CpuProbe(Probe):
                 "cpu malloc_trim unavailable: rss keeps heap that malloc freed but holds"
             )
             self._malloc_trim = None
+        self.notes += [f"cpu {note}" for note in self._host.notes if found.read is not None]
         self.primary = "allocated" if found.read is not None else "rss"
         self.strided = self.metrics if found.read is not None else ()
         self._trim_each = found.read is None and self._malloc_trim is not None
-        self._statm, statm_error = _open(_STATM, os.O_RDONLY)
-        psutil = None if self._statm is not None else _psutil()
+        psutil = None if self._host.reads_rss else _psutil()
         self._process = psutil.Process() if psutil is not None else None
-        if self._statm is None and self._process is None:
-            self.notes.append(f"cpu rss unavailable: {statm_error}, and no psutil")
+        if not self._host.reads_rss and self._process is None:
+            self.notes.append(f"cpu rss unavailable: {host.STATM} cannot be read, and no psutil")
         self._status, self._clear_refs = self._open_peak()
         self.capacity = _mem_total()
 
@@ -178,19 +179,16 @@ class CpuProbe(Probe):
     def sample(self) -> Metrics:
         if self._trim_each:
             self._malloc_trim(0)
-        allocated = self._live_heap() if self._live_heap is not None else None
-        rss = self._rss()
-        return {"allocated": allocated, "rss": rss, "peak": self._peak(rss)}
+        metrics: Metrics = {}
+        self._host.read(metrics)
+        rss = metrics["rss"]
+        if rss is None and self._process is not None:
+            rss = metrics["rss"] = int(self._process.memory_info().rss)
+        metrics["peak"] = self._peak(rss)
+        return metrics
 
     def sample_between(self) -> Metrics:
-        return {"allocated": None, "rss": None, "peak": None}
-
-    def _rss(self) -> int | None:
-        if self._statm is not None:
-            return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
-        if self._process is not None:
-            return int(self._process.memory_info().rss)
-        return None
+        return dict.fromkeys(self.metrics)
 
     def _peak(self, rss: int | None) -> int | None:
         """``VmHWM``. ``getrusage``'s ``ru_maxrss``, a fraction of the cost, reads the same mark
@@ -222,10 +220,11 @@ class CpuProbe(Probe):
         }
 
     def close(self) -> None:
-        for fd in (self._statm, self._status, self._clear_refs):
+        self._host.close()
+        for fd in (self._status, self._clear_refs):
             if fd is not None:
                 os.close(fd)
-        self._statm = self._status = self._clear_refs = None
+        self._status = self._clear_refs = None
 
 
 def _psutil() -> Any:

@@ -155,6 +155,12 @@ CAUSES: tuple[Row, ...] = (
         "counts, so each worker slowly copies the pages it touches, up to the whole dataset "
         "per worker. No memory is leaked, but it is multiplied by the number of workers.",
     ),
+    Row(
+        Kind.OUTSIDE,
+        "Memory grows that no allocator leakgate reads accounts for: a library's own mappings "
+        "(`mmap`, a pool without a counter, a native extension's buffers) kept with every "
+        "{phase} batch.",
+    ),
     Row(None, "See the evidence above."),
 )
 
@@ -201,6 +207,12 @@ FIXES: tuple[Row, ...] = (
         "Keep the dataset in storage without per-item Python objects: numpy arrays, a pyarrow "
         "table, or tensors (one buffer each, whose pages are never written by a read), or "
         "load items lazily from files inside the workers.",
+    ),
+    Row(
+        Kind.OUTSIDE,
+        "Find what maps or pools memory each batch outside Python and malloc (run the loop "
+        "under `memray run --native`, or compare `/proc/<pid>/smaps` at two batches) and "
+        "release it each batch, or bound it.",
     ),
     Row(None, "Act on the evidence above."),
 )

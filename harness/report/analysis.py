@@ -15,6 +15,7 @@ from harness.core.units import echo_size, format_mib, format_rate, format_size
 from harness.report.ranks import Shown, more, side_by_side
 from harness.report.run import NAME_CHARS, Run, key_starts
 from harness.report.workers import budget_note, growth_cells, sampling_note, worker_roles
+from harness.rules.measures import part_name
 from harness.timeline.store import NONE
 from harness.verdict.model import CheckStatus, PhaseStats
 from harness.verdict.options import Rules
@@ -189,7 +190,11 @@ def analysis_rows(run: Run) -> list[AnalysisRow]:
                 run.metric,
             )
         )
-    return rows + [phase_row(p, run.verdict.rules) for p in judged.values()]
+    rows += [phase_row(p, run.verdict.rules) for p in judged.values()]
+    for p in run.verdict.beside:  # the measures judged beside the rules' metric
+        row = phase_row(p, run.verdict.rules)
+        rows.append(row._replace(phase=f"{row.phase} · {part_name(p.metric or '')}"))
+    return rows
 
 
 def scope_label(phase: Any, epoch: Any) -> str:

@@ -28,6 +28,7 @@ from harness.report.run import (
     unbatched,
 )
 from harness.report.workers import PROFILE_NOTE, memory_cells, worker_roles
+from harness.rules.measures import part_name, shown_parts
 
 PROFILE_BATCH_ROWS = 6
 """About how many rows a run of per-batch checkpoints gets in the Memory Profile (first, every
@@ -61,6 +62,7 @@ def profile(run: Run) -> list[str]:
         _readings(c, at, run.metric) for c, at in zip(columns, positions, strict=True)
     ]  # each run's readings side by side, then what fills each one's device
     figures = [own[0] for own in readings] + [fill for own in readings for fill in own[1:]]
+    figures += [part for c, at in zip(columns, positions, strict=True) for part in _parts(c, at)]
     roles = [worker_roles(c.run) for c in columns]
     for c, at, own in zip(columns, positions, roles, strict=True):
         by_row = [["-"] * len(own) if i is None else memory_cells(c.run, i, own) for i in at]
@@ -105,6 +107,20 @@ def _readings(c: Shown, at: list[int | None], metric: str) -> list[Column]:
         return [(f"{head:>{CELL}}{filled}", cells, bool(capacity))]
     fills = [format_mib(u) + rest for u, rest in zip(used, utilization, strict=True)]
     return [(head, readings, False), (c.head(plain(against, 40)) + filled, fills, True)]
+
+
+def _parts(c: Shown, at: list[int | None]) -> list[Column]:
+    """A column for each place the run read beside its metric, where it has readings: the
+    live heap's parts (``malloc``, Python objects, a library's pool), what no counter explains,
+    the host beside a device (:mod:`harness.rules.measures`)."""
+    view = c.run
+    columns = []
+    for metric in shown_parts(view.verdict.rules.metric, view.columns.metric_names):
+        if not view.columns.present(metric).any():
+            continue
+        cells = ["-" if i is None else format_mib(as_int(view.samples[i].get(metric))) for i in at]
+        columns.append((c.head(plain(part_name(metric), 40)), cells, False))
+    return columns
 
 
 def _caption(run: Run, columns: Sequence[Shown]) -> str:

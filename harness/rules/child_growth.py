@@ -52,7 +52,14 @@ from harness.verdict.model import CheckStatus, Finding, Kind, Outcome
 
 ALL = "all children"
 """The name of the series of every child together."""
-MEASURES = {"child_heap": "live heap", "child_anon": "anon", "children_heap": "live heap"}
+OUTSIDE = "anon outside what leakgate reads"
+MEASURES = {
+    "child_heap": "live heap",
+    "child_anon": "anon",
+    "children_heap": "live heap",
+    "child_outside": OUTSIDE,
+    "children_outside": OUTSIDE,
+}
 """What each judged metric is called in a check and the report."""
 
 
@@ -89,6 +96,13 @@ def child_series(ctx: Context, group: Group) -> list[ChildSeries]:
     found = [_series(ctx, looped, role) for role in roles]
     if len(roles) > 1:
         found.append(_series(ctx, looped, ALL))
+    if ctx.rules.child_metric == "heap":  # and what no counter explains, where it was read
+        for role in roles:
+            outside = role_metric("child_outside", role)
+            if cols.present(outside)[looped].any():
+                found.append(_series(ctx, looped, role, outside))
+        if len(roles) > 1 and cols.present("children_outside")[looped].any():
+            found.append(_series(ctx, looped, ALL, "children_outside"))
     return found
 
 
@@ -108,9 +122,9 @@ def _metric(ctx: Context, looped: np.ndarray, role: str) -> str:
     return heap if inside and cols.present(heap)[looped].any() else role_metric("child_anon", role)
 
 
-def _series(ctx: Context, looped: np.ndarray, role: str) -> ChildSeries:
+def _series(ctx: Context, looped: np.ndarray, role: str, metric: str | None = None) -> ChildSeries:
     cols = ctx.columns
-    metric = _metric(ctx, looped, role)
+    metric = metric or _metric(ctx, looped, role)
     at = looped[cols.present(metric)[looped]]
     codes = cols.processes[at].tolist()
     processes = codes if role == ALL else [_live(ctx, c).get(role) for c in codes]
@@ -150,7 +164,7 @@ def child_leak(ctx: Context, group: Group, _: None) -> list[Finding]:
         return []
     leaking = []
     judged = child_series(ctx, group)
-    roles = sum(s.name != ALL for s in judged)
+    roles = len({s.name for s in judged if s.name != ALL})
     for series in judged:
         where = f"{group.scope}, {series.name}"
         budget = limit * roles if series.name == ALL else limit

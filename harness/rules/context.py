@@ -23,6 +23,7 @@ import numpy as np
 from harness.core.units import format_size
 from harness.measure.sample import STRIDE, Sample
 from harness.rules.fit import Fit
+from harness.rules.measures import Measure, parts_grown, primary
 from harness.rules.sample_columns import Columns, Key
 from harness.timeline.store import NONE
 from harness.verdict.model import Check, CheckStatus, Evidence
@@ -157,11 +158,22 @@ class Context(CheckLog):
     ``samples`` may be a list or a :class:`~harness.timeline.store.SampleStore` (read in columns,
     its samples built only where a rule reads one)."""
 
-    def __init__(self, samples: Sequence[Sample], rules: Rules) -> None:
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        rules: Rules,
+        *,
+        columns: Columns | None = None,
+        measure: Measure | None = None,
+    ) -> None:
         self.samples = samples
         self.rules = rules
+        self.measure = measure or primary(rules.metric)
+        """What the rules judge here: the rules' metric, or a measure beside it, which has no
+        fallback to rss."""
+        self.beside = measure is not None
         self.checks: list[Check] = []
-        self.columns = Columns(samples)
+        self.columns = columns if columns is not None else Columns(samples)
         self.loop_positions = Positions(np.flatnonzero(self.columns.looped))
         self.groups = self._groups()
 
@@ -243,7 +255,8 @@ class Context(CheckLog):
         :func:`strided`), else rss if every sample has it, else the one read most often
         (samples without it are then left out: the fit is of what was read)."""
         counts: dict[str, int] = {}
-        for m in dict.fromkeys((self.rules.metric, FALLBACK_METRIC)):
+        fallback = () if self.beside else (FALLBACK_METRIC,)
+        for m in dict.fromkeys((self.rules.metric, *fallback)):
             read = self.columns.present(m)[series]
             counts[m] = int(np.count_nonzero(read))
             if len(series) and (
@@ -326,11 +339,19 @@ class Context(CheckLog):
         return self.samples[i].get(metric) or 0
 
     def pair_metric(self, a: int, b: int) -> str | None:
-        """The first of the rule's metric and rss that both positions have."""
-        for m in dict.fromkeys((self.rules.metric, FALLBACK_METRIC)):
+        """The first of the rule's metric and rss (for the rules' own metric) that both
+        positions have."""
+        fallback = () if self.beside else (FALLBACK_METRIC,)
+        for m in dict.fromkeys((self.rules.metric, *fallback)):
             if self.samples[a].get(m) is not None and self.samples[b].get(m) is not None:
                 return m
         return None
+
+    def parts(self, first: int, last: int) -> str:
+        """``: Python objects +5.5MiB, malloc +1.5MiB``: what the judged measure's parts grew
+        by between two positions (empty where it has no parts read at both)."""
+        grown = parts_grown(self.measure, self.columns, first, last)
+        return f": {grown}" if grown else ""
 
     def evidence(self, i: int, metric: str | None) -> Evidence:
         s = self.samples[i]

@@ -32,11 +32,13 @@ from harness.rules import (  # noqa: F401  (registers the rules)
 )
 from harness.rules import rank_outlier as _ranks
 from harness.rules.context import Context, Group
+from harness.rules.measures import beside
 from harness.rules.mistakes import nothing_recorded, recorded_nothing, unmatched_phase
 from harness.rules.registry import Rule, register_rule, registered
 from harness.verdict.model import (
     CONFIGURATION,
     RAISED,
+    Check,
     CheckStatus,
     Finding,
     Kind,
@@ -88,6 +90,8 @@ def judge(
             if enabled:
                 findings += _apply(ctx, rule, "run", broken, ctx, option)
     findings, phases = saturation.bounded(ctx, findings, phases)
+    more, others = _judge_beside(ctx, broken)
+    findings += more
     message = _judge_error(ctx, findings, error)
     if message is None and broken:
         message = "; ".join(dict.fromkeys(broken))
@@ -95,7 +99,47 @@ def judge(
     if unjudged is not None:
         ctx.check(unjudged[0], "run", CheckStatus.ERROR, unjudged[1])
     status, message = decide(findings, error=message, unjudged=unjudged and unjudged[1])
-    return Verdict(status, tuple(findings), tuple(phases), tuple(ctx.checks), rules, message)
+    checks = (*ctx.checks, *(c for other in others for c in other.checks))
+    beside = tuple(stats for other in others for stats in other.phases)
+    return Verdict(status, tuple(findings), tuple(phases), checks, rules, message, beside)
+
+
+class _Beside:
+    """What judging one measure beside the rules' metric found: its checks (their scope
+    naming the measure) and each loop's numbers."""
+
+    def __init__(self, checks: list[Check], phases: list[PhaseStats]) -> None:
+        self.checks, self.phases = checks, phases
+
+
+def _judge_beside(ctx: Context, broken: list[str]) -> tuple[list[Finding], list[_Beside]]:
+    """Each measure beside the rules' metric that the run recorded (:mod:`harness.rules.
+    measures`), judged by its rules as the rules' metric is: its findings, and its checks and
+    loops' numbers."""
+    findings: list[Finding] = []
+    judged: list[_Beside] = []
+    for measure in beside(ctx.columns, ctx.rules.host):
+        rules = replace(ctx.rules, metric=measure.metric)
+        sub = Context(ctx.samples, rules, columns=ctx.columns, measure=measure)
+        chosen = [r for r in registered() if r.name in measure.rules]
+        by_phase: dict[str | None, list[list[Finding]]] = {}
+        phases: list[PhaseStats] = []
+        for group in sub.groups:
+            if group.metric is not None and group.series and rules.selects(group.phase):
+                in_loops = [r for r in chosen if r.scope == "phase"]
+                found, stats = _judge_group(sub, group, in_loops, broken)
+                phases.append(stats)
+                by_phase.setdefault(group.phase, []).append(found)
+        found = [f for results in by_phase.values() for f in _worst_per_rule(results)]
+        for rule in chosen:
+            enabled, option = rule.enabled_with(rules)
+            if rule.scope == "run" and enabled:
+                found += _apply(sub, rule, "run", broken, sub, option)
+        found, phases = saturation.bounded(sub, found, phases)
+        findings += found
+        tag = f" ({measure.metric})"
+        judged.append(_Beside([replace(c, scope=c.scope + tag) for c in sub.checks], phases))
+    return findings, judged
 
 
 def decide(

@@ -83,14 +83,15 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         note = "no collected re-check after the loop" if went_on else ""
     tail = f"; {note}" if note else ""
     ctx.check("max_growth", group.scope, CheckStatus.FAIL, summary + tail, fit.growth, limit)
+    parts = ctx.parts(judged[0], judged[-1])
     message = (
-        f"leak in {group.scope}{fit.since}: {rate(fit.rate)}, "
+        f"{ctx.measure.leak(group.scope)}{fit.since}: {rate(fit.rate)}, "
         f"{format_size(fit.growth, signed=True)} > max_growth {ctx.rules.shown('max_growth')} "
-        f"(trend p={t.p:.2g}){tail}"
+        f"(trend p={t.p:.2g}){parts}{tail}"
     )
     return [
         Finding(
-            Kind.LEAK,
+            ctx.measure.kind,
             group.phase,
             group.epoch,
             round(fit.growth),

@@ -21,6 +21,7 @@ import numpy as np
 import harness.core.labels as labels
 from harness.core.units import format_size
 from harness.core.wording import plural
+from harness.measure.children import JOB, parse_processes
 from harness.measure.sample import Sample
 from harness.rules.context import FALLBACK_METRIC, Context, where
 from harness.rules.registry import register_rule
@@ -85,14 +86,14 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
                 else ""
             )
             message = (
-                f"drift at {label}: {format_size(amount, signed=True)}{beyond} from epoch "
-                f"{epochs[0]} to epoch {samples[at].epoch} > max_drift "
-                f"{ctx.rules.shown('max_drift')}"
+                f"{ctx.measure.drift(label)}: {format_size(amount, signed=True)}{beyond} from "
+                f"epoch {epochs[0]} to epoch {samples[at].epoch} > max_drift "
+                f"{ctx.rules.shown('max_drift')}{ctx.parts(ref, at)}{processes(ctx, ref, at)}"
             )
             evidence = (ctx.evidence(ref, metric), ctx.evidence(at, metric))
             failures.append(
                 Finding(
-                    Kind.DRIFT,
+                    Kind.OUTSIDE if ctx.measure.kind == Kind.OUTSIDE else Kind.DRIFT,
                     samples[at].phase,
                     samples[at].epoch,
                     round(residual),
@@ -112,6 +113,38 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
             worst_finding, message=f"{worst_finding.message} ({len(failures)} labels drift)"
         )
     return [worst_finding]
+
+
+def processes(ctx: Context, ref: int, at: int) -> str:
+    """For the job's drift, the child processes alive at the two positions, and those alive at
+    ``at`` by the epoch they started in: ``; 10 processes alive at epoch 4 against 4 at epoch 1
+    (2 more each epoch); started in epoch 2 and still alive: python3 4242, python3 4243``."""
+    if ctx.measure.metric != JOB:
+        return ""
+    cols, samples = ctx.columns, ctx.samples
+    then, now = (parse_processes(samples[i].processes) for i in (ref, at))
+    first, last = (int(cols.epoch[i]) for i in (ref, at))
+    alive = plural(len(now), "child process", "child processes")
+    if now.keys() == then.keys():
+        return f"; the same {alive} alive at epoch {first} and {last}"
+    text = f"; {alive} alive at epoch {last} against {len(then)} at epoch {first}"
+    if last > first and len(now) > len(then):
+        text += f" ({(len(now) - len(then)) / (last - first):g} more each epoch)"
+    codes, starts = np.unique(cols.processes[: at + 1], return_index=True)
+    born: dict[str, int] = {}
+    for code, start in sorted(
+        zip(codes.tolist(), starts.tolist(), strict=True), key=lambda c: c[1]
+    ):
+        for role in parse_processes(cols.strings[code]):
+            born.setdefault(role, int(cols.epoch[start]))
+    kept: dict[int, list[str]] = {}
+    for role in now:
+        if role not in then and born.get(role, NONE) != NONE:
+            kept.setdefault(born[role], []).append(role)
+    for epoch, roles in sorted(kept.items()):
+        shown = ", ".join(roles[:3]) + (f" and {len(roles) - 3} more" if len(roles) > 3 else "")
+        text += f"; started in epoch {epoch} and still alive: {shown}"
+    return text
 
 
 def _too_few_epochs(ctx: Context, firsts: dict[str, dict[int, int]]) -> str:
@@ -168,8 +201,9 @@ def teardown(ctx: Context, limit: int) -> list[Finding]:
         return []
     ctx.check("teardown", "session", CheckStatus.FAIL, details, residue, limit)
     message = (
-        f"teardown: {format_size(residue, signed=True)} still held after the session and "
-        f"collection > teardown {ctx.rules.shown('teardown')}"
+        f"teardown{ctx.measure.where}: {format_size(residue, signed=True)} still held after the "
+        f"session and collection > teardown {ctx.rules.shown('teardown')}"
+        f"{ctx.parts(start, at)}"
     )
     evidence = (ctx.evidence(start, metric), ctx.evidence(at, metric))
     return [

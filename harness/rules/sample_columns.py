@@ -115,6 +115,18 @@ class Columns:
     def distinct_labels(self) -> set[str | None]:
         return {self.strings[code] for code in np.unique(self.label).tolist()}
 
+    @property
+    def metric_names(self) -> list[str]:
+        """Every metric any sample holds, in order of first appearance."""
+        names = self.__dict__.get("_names")
+        if names is None:
+            if self._store is not None:
+                names = list(self._store.metric_names)
+            else:
+                names = list(dict.fromkeys(m for s in self._samples for m in s.metrics))
+            self.__dict__["_names"] = names
+        return names
+
     def present(self, metric: str) -> np.ndarray:
         """Where ``metric`` was read."""
         found = self._present.get(metric)

@@ -83,7 +83,8 @@ def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
         return []
     ctx.check("project_to", group.scope, CheckStatus.FAIL, summary, projected, limit)
     message = (
-        f"projected leak in {group.scope}{fit.since}: {rate(slope)} x {batches} batches = "
+        f"projected {ctx.measure.leak(group.scope)}{fit.since}: {rate(slope)} x {batches} "
+        "batches = "
         f"{format_size(projected, signed=True)} > {budget} {ctx.rules.shown(budget)} "
         f"(trend p={t.p:.2g}; {format_size(fit.growth, signed=True)} over {fit.span:g} "
         "batches in this run)"
@@ -91,7 +92,7 @@ def projection(ctx: Context, group: Group, batches: int) -> list[Finding]:
     evidence = tuple(ctx.evidence(i, group.metric) for i in (group.judged[0], group.judged[-1]))
     return [
         Finding(
-            Kind.LEAK,
+            ctx.measure.kind,
             group.phase,
             group.epoch,
             round(projected),

@@ -17,6 +17,7 @@ import torch
 from harness.core.errors import BadArgument
 from harness.core.version import __version__
 from harness.measure.children import SCHEDULE, SUMS, ChildSampler
+from harness.measure.host import HOST, METRICS, HostMemory
 from harness.measure.probes import Probe
 from harness.measure.sample import STRIDE
 
@@ -31,8 +32,10 @@ def run_header(
     emulated: bool,
     config: Any,
     meta: Mapping[str, Any] | None,
+    host: HostMemory | None = None,
 ) -> Header:
-    """The header of a run that ``probe`` reads (with ``children`` when they are read):
+    """The header of a run that ``probe`` reads (with ``children`` when they are read, and the
+    ``host`` beside a device when it is read):
     versions, the probe's facts and notes, the capacity, host, process, git commit,
     ``config`` (a mapping or a dataclass: ``TypeError`` otherwise) and ``meta``."""
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -47,7 +50,11 @@ def run_header(
         "python": platform.python_version(),
         "probe": probe.name,
         "primary": probe.primary,
-        "metrics": [*probe.metrics, *(SUMS if children is not None else ())],
+        "metrics": [
+            *probe.metrics,
+            *(SUMS if children is not None else ()),
+            *(HOST + m for m in (METRICS if host is not None else ())),
+        ],
         "device": facts["device"],
         "total_memory": facts["total_memory"],
         "driver": facts["driver"],
@@ -60,7 +67,11 @@ def run_header(
         "git_commit": _git_commit(),
         "config": dict(config) if config is not None else None,
         "meta": dict(meta) if meta is not None else {},
-        "notes": list(probe.notes) + (children.notes if children else []),
+        "notes": [
+            *probe.notes,
+            *(children.notes if children else []),
+            *(f"host {note}" for note in (host.notes if host else [])),
+        ],
         "children": SCHEDULE if children is not None else None,
         "stride": {"metrics": list(probe.strided), **dataclasses.asdict(STRIDE)}
         if probe.strided

@@ -72,6 +72,7 @@ class Kind(StrEnum):
     CACHE = "cache"
     CHILD_LEAK = "child-leak"
     COPY_ON_READ = "copy-on-read"
+    OUTSIDE = "outside"
 
 
 class Severity(_Ranked):
@@ -103,6 +104,7 @@ SEVERITY = {
     Kind.CACHE: Severity.P2,
     Kind.CHILD_LEAK: Severity.P0,
     Kind.COPY_ON_READ: Severity.P2,
+    Kind.OUTSIDE: Severity.P0,
 }
 WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE, Kind.COPY_ON_READ)
 """Kinds that warn without failing a verdict, unless a finding is ``over_budget``."""
@@ -244,6 +246,10 @@ class Verdict:
     checks: tuple[Check, ...] = ()
     rules: Rules = field(default_factory=Rules)
     error: str | None = None
+    beside: tuple[PhaseStats, ...] = ()
+    """Each loop's numbers in the measures judged beside the rules' metric (Python's objects
+    and pools are in it; what no counter explains, the host beside a device, are beside it:
+    :mod:`harness.rules.measures`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))
@@ -287,6 +293,7 @@ class Verdict:
             "findings": [f.to_dict() for f in self.findings],
             "phases": [asdict(p) for p in self.phases],
             "checks": [asdict(c) for c in self.checks],
+            "beside": [asdict(p) for p in self.beside],
         }
 
     @classmethod
@@ -304,6 +311,7 @@ class Verdict:
             findings=tuple(Finding.from_dict(f) for f in _list(data, "findings")),
             phases=tuple(_build(PhaseStats, p) for p in _list(data, "phases")),
             checks=tuple(_build(Check, c) for c in _list(data, "checks")),
+            beside=tuple(_build(PhaseStats, p) for p in _list(data, "beside")),
         )
 
 

@@ -160,6 +160,14 @@ class Rules:
             "size",
         ),
     )
+    host: bool = field(
+        default=True,
+        metadata=_option(
+            "beside a device that is not the host (a GPU), also record and judge the host "
+            "process's memory by the same rules",
+            "flag",
+        ),
+    )
     custom: Mapping[str, Any] = field(
         default_factory=dict, metadata=_option("options of registered rules, by name", "mapping")
     )
@@ -190,6 +198,7 @@ class Rules:
             child_metric: str = "heap",
             max_child_growth: Size | None = None,
             max_copy_on_read: Size | None = None,
+            host: bool = True,
             custom: Mapping[str, Any] = ...,
             written: Mapping[str, str] = ...,
         ) -> None: ...
