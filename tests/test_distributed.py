@@ -494,6 +494,8 @@ def test_tft_train_under_torchrun_passes_clean_and_names_rank0_for_rank0_gather(
     report = (tmp_path / "leaky" / "tft-train-rank0-gather.md").read_text()
     assert "rank 0      rank 1" in report and "| **FAIL** (rank 0) |" in report
     assert "held by rank 0: `FaultyRank0Gather.gathered`" in report
+    named = r"\n    rank 0: held by FaultyRank0Gather\.gathered \(list, \d+ items, [\d.]+[KM]iB\)"
+    assert re.search(named, leaky_out), leaky_out
 
 
 def train_tft(recorder: Recorder, parquet: Path, names: tuple[str, ...]) -> None:
