@@ -5,7 +5,8 @@ judged as one run. This module gathers the public names from the rooms that own 
   its timeline's name (:func:`rank_timeline`, :func:`run_name`: :mod:`harness.core.naming`);
 - merging the ranks into one verdict and report (:func:`finish_distributed`,
   :func:`merge_timelines`, :func:`finish_ranks`, :func:`rank_part`: :mod:`harness.results.merge`);
-- a test body on N local ranks (:func:`run_ranks`: :mod:`harness.frontends.spawn`).
+- a test body on N local ranks (:func:`run_ranks`, and :func:`max_local_ranks`, the most this
+  machine runs: :mod:`harness.frontends.spawn`).
 
 ``python -m harness.frontends.distributed TIMELINE...`` is ``leakgate merge TIMELINE...``. Nothing
 in the harness imports this module: it is for users.
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 from harness.core.identity import RankInfo, rank_info
 from harness.core.naming import rank_timeline, run_name
-from harness.frontends.spawn import quiet_flight_recorder, run_ranks
+from harness.frontends.spawn import max_local_ranks, quiet_flight_recorder, run_ranks
 from harness.results.merge import (
     finish_distributed,
     finish_ranks,
@@ -33,6 +34,7 @@ __all__ = [
     "finish_distributed",
     "finish_ranks",
     "gate_problems",
+    "max_local_ranks",
     "merge_main",
     "merge_timelines",
     "merge_verdicts",
