@@ -172,9 +172,10 @@ if __name__ == "__main__":
 
 
 def announce_and_hang(recorder: Recorder) -> None:
-    """Say this rank's pid on stdout once it records, then hang."""
+    """Say this rank's pid on stdout once it records, in one write (the ranks share the pipe),
+    then hang."""
     loop(recorder, 6)
-    print(f"rank {torch.distributed.get_rank()} pid {os.getpid()}", flush=True)
+    os.write(1, f"rank {torch.distributed.get_rank()} pid {os.getpid()}\n".encode())
     block_forever()
 
 
@@ -198,11 +199,16 @@ def test_a_killed_run_takes_its_ranks_with_it_and_the_next_run_removes_its_folde
     script = tmp_path / "killed.py"
     script.write_text(KILLED.format(tests=str(ROOT / "tests")))
     env = {**os.environ, "TMPDIR": str(temporary), "PYTHONPATH": str(ROOT)}
-    run = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path
-    )
+    errors = tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        command = [sys.executable, str(script)]
+        run = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=tmp_path
+        )
     assert run.stdout is not None
-    pids = [int(run.stdout.readline().split()[-1]) for _ in range(2)]
+    said = [run.stdout.readline() for _ in range(2)]
+    assert all(line.startswith("rank ") for line in said), errors.read_text()[-3000:]
+    pids = [int(line.split()[-1]) for line in said]
     assert len(leftovers(temporary)) == 1
     run.send_signal(sig)
     run.wait(BOUND)
