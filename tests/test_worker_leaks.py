@@ -113,11 +113,12 @@ def test_a_clean_loader_of_tensors_passes_every_time():
     for verdict in verdicts:
         judged = [c for c in verdict.checks if c.rule == "max_child_growth"]
         assert {c.scope for c in judged} == {
-            "validation epoch 0, worker 0",
-            "validation epoch 0, worker 1",
-            "validation epoch 0, all children",
+            f"validation epoch 0, {role}{measure}"
+            for role in ("worker 0", "worker 1", "all children")
+            for measure in ("", " (outside)")
         }
-        assert all(c.status == "PASS" and c.details.startswith("live heap") for c in judged)
+        assert all(c.status == "PASS" for c in judged)
+    assert all(c.details.startswith("live heap") for c in judged if "(outside)" not in c.scope)
 
 
 def test_a_caching_dataset_fails_naming_both_workers():
@@ -254,11 +255,16 @@ def test_a_subprocess_is_judged_by_role(leak):
         assert verdict.passed, verdict.findings
 
 
-def test_anon_is_judged_when_asked():
-    """Pages mapped by the worker itself: its resident memory grows, its live heap does not."""
+def test_pages_a_worker_maps_itself_are_judged_outside_its_live_heap_and_on_anon():
+    """Pages mapped by the worker itself: its resident memory grows, its live heap does not;
+    judged on what no counter explains beside its live heap, or on its anon when asked."""
     with Recorder("cpu") as rec:
         validate(rec, loader(WorkerCache(leaky=(1,), pages=True)))
-    assert judge(rec.samples, Rules(phase="validation", max_growth="4MB")).passed
+    (beside,) = judge(rec.samples, Rules(phase="validation", max_growth="4MB")).findings
+    assert beside.evidence[0].metric == "child_outside:worker 1"
+    assert (
+        "worker 1 +" in beside.message and "of anon outside what leakgate reads" in beside.message
+    )
     verdict = judge(rec.samples, Rules(phase="validation", max_growth="4MB", child_metric="anon"))
     assert verdict.status == "FAIL"
     assert verdict.findings[0].evidence[0].metric == "child_anon:worker 1"
@@ -394,8 +400,10 @@ def test_the_report_has_a_column_per_worker(tmp_path):
         finish_run(rec, RULES, name="workers", directory=tmp_path)
     report = (tmp_path / "workers.md").read_text()
     profile = report.split("## Memory Profile")[1].split("\n## ")[0]
-    # the run's own columns first (what fills the device beside them), then each worker's
-    assert re.search(r"checkpoint +allocated +rss( / capacity)? +worker 0 +worker 1\n", profile)
+    # the run's own columns first (what fills the device beside them, where its memory lives),
+    # then each worker's
+    heads = r"checkpoint +allocated +rss( / capacity)? +malloc +Python objects +outside"
+    assert re.search(heads + r" +worker 0 +worker 1\n", profile)
     last = [line for line in profile.splitlines() if "VALIDATION_BATCH #" in line][-1]
     assert re.search(r"VALIDATION_BATCH #2\d\d: .* \d+\.\dMiB +\d+\.\dMiB$", last)  # the last read
     analysis = report.split("## Memory Analysis")[1].split("\n## ")[0]

@@ -21,7 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from harness.attribution.quiet import unobserved
 from harness.attribution.sites import allocator_blocks
 from harness.attribution.weights import size_of
-from harness.measure.host import live
+from harness.measure.host import live_python
 
 StorageKey = tuple[str, int | None, int]
 
@@ -61,10 +61,9 @@ class Snapshot:
     """The id and size of each object ``gc`` does not track (an array, a string) of
     :data:`UNTRACKED_FROM` bytes or more that those objects referred to, sorted by id: an
     array a leak made and put in an old object's attribute is told from the one there then."""
-    own: int | None = field(default=None, repr=False)
-    """What the process's live heap grew by while the snapshot was made and kept (its weak
-    references, its tables and the Python ints in them), measured around it; None where the
-    live heap cannot be read."""
+    python: int = field(default=0, repr=False)
+    """What Python's allocator's blocks grew by while the snapshot was made and kept (its weak
+    references and the Python ints in its tables), measured around it."""
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -81,12 +80,12 @@ class Snapshot:
         return ref is not None and ref() is tensor
 
     def nbytes(self) -> int:
-        """What the live heap holds for this snapshot: as measured when it was made, else its
-        arrays and tables (its ids of objects dominate)."""
-        if self.own is not None:
-            return self.own
+        """What the live heap holds for this snapshot: its arrays and its tables in ``malloc``
+        (its ids of objects dominate), and the small objects in them, as measured when it was
+        made (:attr:`python`)."""
         held = self.objects.nbytes + self.sizes.nbytes + self.untracked.nbytes
-        return int(held) + sys.getsizeof(self.lengths) + sys.getsizeof(self.storage_sizes)
+        tables = (self.tensors, self.storages, self.graphs, self.lengths, self.storage_sizes)
+        return int(held) + sum(map(sys.getsizeof, tables)) + self.python
 
     def listed(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` (int64) were among :attr:`objects`."""
@@ -117,7 +116,7 @@ def live_tensors(objects: bool = False) -> Snapshot:
     use. Cheap under a :class:`~harness.Recorder`, which freezes what existed before it. With
     ``objects``, note every object ``gc`` lists and the lengths of collections too (what a
     search by retained size counts from: tens of milliseconds, for the module globals)."""
-    before = live()
+    before = live_python()
     tensors: dict[int, weakref.ref[torch.Tensor]] = {}
     storages: dict[int, StorageWeakRef] = {}
     graphs: dict[int, int] = {}
@@ -164,9 +163,9 @@ def live_tensors(objects: bool = False) -> Snapshot:
         storage_sizes=storage_sizes,
         untracked=untracked,
     )
-    after = live()
+    after = live_python()
     if before is not None and after is not None:
-        object.__setattr__(made, "own", max(0, after - before))
+        object.__setattr__(made, "python", max(0, after - before))
     return made
 
 

@@ -67,6 +67,11 @@ class WorkerSearch:
         path = os.path.join(self.board, f"{os.getpid()}{HELD_SUFFIX}")
         write_atomic(path, json.dumps(record).encode())
 
+    def own_bytes(self) -> int:
+        """What this search keeps in the worker (its census), which the worker's published
+        heap leaves out."""
+        return self._census.nbytes() if self._census is not None else 0
+
     def __getstate__(self) -> dict[str, object]:
         """What a spawned worker is given: the settings, none of this process's state."""
         return {"board": self.board, "budget": self.budget, "warmup": self.warmup}

@@ -290,6 +290,11 @@ def trend(x: Series, y: Series, *, spans: int | None = None) -> Trend:
     return Trend(slope, intercept, s, z, p, spread(residuals), len(bx))
 
 
+NOISE_SIGMAS = 3.0
+"""How many robust spreads (:func:`spread`) of noise a change must exceed to be more than noise:
+the history's creep and a rank's outlying growth alike."""
+
+
 def spread(values: Series) -> float:
     """The robust standard deviation of ``values``: :data:`MAD_TO_SIGMA` times their median
     absolute deviation (a trend's noise, the history's noise between runs, the spread between

@@ -12,7 +12,7 @@ What can go wrong is bounded, and said in one line:
   refused (:class:`~harness.core.errors.BadArgument`);
 - a rank that raises ends its own timeline and exits; one that dies just exits. Either ends the
   run at once: the other ranks are stopped (``SIGTERM``: each ends its timeline, saying it was
-  stopped; ``SIGKILL`` after :data:`GRACE` seconds), and the ranks' timelines are merged into a
+  stopped; ``SIGKILL`` after :data:`KILL_AFTER` seconds), and the ranks' timelines are merged into a
   verdict that is ERROR and names the rank that failed first. ``timeout`` stops a run the same
   way;
 - the working folder (``leakgate-ranks-<pid>-*`` in the temporary folder) is leased while its
@@ -53,13 +53,13 @@ from harness.results.finish import Finished
 from harness.results.merge import finish_distributed, merge_timelines, rank_part
 from harness.verdict.options import Rules, check_count
 
-PREFIX = "leakgate-ranks-"
+FOLDER_PREFIX = "leakgate-ranks-"
 """The working folders' prefix, in the temporary folder."""
 RANK_MEMORY = 150 * 2**20
 """The memory a local rank holds of its own (its anonymous resident memory: torch imported, a
 gloo group joined, a recorder open; measured at 147 MiB), which bounds the ranks a machine can
 run by its available memory."""
-GRACE = 10.0
+KILL_AFTER = 10.0
 """Seconds a stopped rank has to end its timeline before it is killed."""
 STOPPED = 128 + signal.SIGTERM
 """The exit code of a rank stopped by ``SIGTERM`` (as a shell reports one)."""
@@ -169,7 +169,7 @@ def _run(given: _Spec) -> Finished:
     """Spawn the ranks in a leased working folder, watch them, and merge what they left."""
     import torch.distributed as dist
 
-    exchange, lease = leased_folder(PREFIX, tempfile.gettempdir())
+    exchange, lease = leased_folder(FOLDER_PREFIX, tempfile.gettempdir())
     store = None
     try:
         store = dist.TCPStore(
@@ -260,11 +260,11 @@ def _exit_text(code: int | None) -> str:
 
 def _stop(ranks: Sequence[BaseProcess]) -> None:
     """Stop the ranks still running: ``SIGTERM`` (each ends its own timeline), then
-    ``SIGKILL`` for those still there after :data:`GRACE` seconds."""
+    ``SIGKILL`` for those still there after :data:`KILL_AFTER` seconds."""
     running = [p for p in ranks if p.pid is not None and p.exitcode is None]
     for process in running:
         process.terminate()
-    deadline = time.monotonic() + GRACE
+    deadline = time.monotonic() + KILL_AFTER
     for process in running:
         process.join(max(0.0, deadline - time.monotonic()))
     for process in running:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.core.errors import BadArgument
-from harness.core.stats import MAD_TO_SIGMA, trend
+from harness.core.stats import MAD_TO_SIGMA, NOISE_SIGMAS, trend
 from harness.core.wording import plural
 
 CREEP_ALPHA = 0.01
@@ -40,7 +40,6 @@ CREEP_ALPHA = 0.01
 MIN_RUNS = 5
 MIN_POINTS = 3
 """Commits (or runs without one) a trend needs."""
-NOISE_SIGMAS = 3.0
 STEP = 0.05
 DEFAULT_CREEP = "10%/20"
 

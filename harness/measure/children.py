@@ -94,7 +94,6 @@ SUMS = (
     "children_anon",
     "children_uss",
     "children_pss",
-    "children_outside",
     "children_cost",
 )
 """The live descendants' sums (``children_heap`` whenever one lives, the others when read)."""
@@ -102,7 +101,15 @@ CHILDREN_COST = "children_cost"
 """What the live children add to the job (:attr:`TreeReading.cost`)."""
 JOB = "job"
 """The job's memory: the host's live heap and what its live children add (a recorder's)."""
-PER_ROLE = ("child_heap", "child_anon", "child_uss", "child_pss", "child_shared", "child_outside")
+PER_ROLE = (
+    "child_heap",
+    "child_anon",
+    "child_uss",
+    "child_pss",
+    "child_shared",
+    "child_outside",
+    "child_beyond",
+)
 """Per-role metrics, written ``<metric>:<role>`` (:func:`role_metric`)."""
 
 
@@ -123,6 +130,7 @@ class ProcessMemory(NamedTuple):
     pss: int | None = None
     shared: int | None = None
     outside: int | None = None
+    beyond: int | None = None
 
     @property
     def judged(self) -> int:
@@ -166,17 +174,10 @@ class TreeReading(NamedTuple):
             flat["children_pss"] = sum(p.pss or 0 for p in self.processes)
         if self.cost is not None:
             flat["children_cost"] = self.cost
-        fresh = [p for p in self.processes if p.fresh or latest]
-        if (
-            fresh
-            and all(p.outside is not None for p in fresh)
-            and len(fresh) == len(self.processes)
-        ):
-            flat["children_outside"] = sum(p.outside or 0 for p in fresh)
         for p in self.processes:
-            heap = p.heap if p.fresh or latest else None
-            outside = p.outside if p.fresh or latest else None
-            values = (heap, p.anon, p.uss, p.pss, p.shared, outside)
+            now = p.fresh or latest
+            heap, outside, beyond = (v if now else None for v in (p.heap, p.outside, p.beyond))
+            values = (heap, p.anon, p.uss, p.pss, p.shared, outside, beyond)
             for name, value in zip(_names(p.role), values, strict=True):
                 if value is not None:
                     flat[name] = value
@@ -387,8 +388,8 @@ class ChildrenReader:
         if self.history.get(pid) != role and len(self.history) < HISTORY:
             self.history[pid] = role
         heap = published.heap if published is not None else None
-        unexplained = published.outside if published is not None else None
-        return ProcessMemory(role, pid, anon, heap, fresh, *rolled, unexplained)
+        bounds = (published.outside, published.beyond) if published is not None else (None, None)
+        return ProcessMemory(role, pid, anon, heap, fresh, *rolled, *bounds)
 
     def _forget(self, pid: int) -> None:
         """Let go of an exited descendant (its slot, its count, its role)."""

@@ -61,10 +61,11 @@ PERIOD = 0.01
 """Seconds between two readings of a forked child that is not a DataLoader worker."""
 SIZE = 128
 MAPS_EVERY = 16  # a child's mappings outside malloc are read so often (0.5 ms each)
-_SLOT = struct.Struct("<QqqQqqqQq")
+_SLOT = struct.Struct("<QqqQqqqQqq")
 """sequence, pid, live heap, count, monotonic ns, the latest rollup (uss, shared, and the
-count it was taken at: 0 for none yet), and what no counter explains (:data:`UNREAD` where it
-cannot be read)."""
+count it was taken at: 0 for none yet), and what no counter explains, both bounds of it:
+resident anonymous memory less what the allocators hold, and less the live heap
+(:data:`UNREAD` where they cannot be read)."""
 UNREAD = -(2**63)
 _SEQUENCE = struct.Struct("<Q")
 _TRIES = 4
@@ -83,6 +84,7 @@ class HeapReading:
     shared: int = 0
     rolled: int = 0
     outside: int | None = None
+    beyond: int | None = None
 
 
 class Board:
@@ -125,11 +127,9 @@ class Board:
             sequence, owner, *fields = _SLOT.unpack_from(data)
             whole = sequence % 2 == 0 and _sequence(fd) == sequence
             if whole and owner == pid and fields[1]:
-                live, count, taken, uss, shared, rolled, outside = fields
-                unread = outside == UNREAD
-                reading = HeapReading(
-                    live, count, taken, uss, shared, rolled, None if unread else outside
-                )
+                live, count, taken, uss, shared, rolled, *bounds = fields
+                outside, beyond = (None if b == UNREAD else b for b in bounds)
+                reading = HeapReading(live, count, taken, uss, shared, rolled, outside, beyond)
                 self._last[pid], self._sequences[pid] = reading, sequence
                 break
         return self._last.get(pid)
@@ -212,6 +212,8 @@ class _Slot:
         self._fd = fd  # written with pwrite, never mapped: a slot cut short faults nothing
         self._host = HostMemory()
         self._reading: dict[str, int | None] = {}
+        self.own: Callable[[], int] | None = None
+        """What leakgate keeps in this process (a worker's search's census), left out."""
         self._sequence = 0
         self._count = 0
         self._rollup = (0, 0, 0)
@@ -226,9 +228,12 @@ class _Slot:
         (:func:`_rolls`); the heap written."""
         reading = self._reading
         self._host.read(reading)
-        heap, outside = reading["allocated"], reading["outside"]
+        heap, outside, anon = reading["allocated"], reading["outside"], reading["anon"]
         if heap is None:
             return None
+        beyond = UNREAD if anon is None else anon - heap
+        if self.own is not None:  # what the worker's own search keeps is leakgate's
+            heap -= self.own()
         if self._count % MAPS_EVERY == 0:
             self._mapped = mapped_outside() or 0
         heap += self._mapped
@@ -242,7 +247,7 @@ class _Slot:
             now = time.monotonic_ns()
             unread = UNREAD if outside is None else outside
             slot = _SLOT.pack(
-                self._sequence, self.pid, heap, self._count, now, *self._rollup, unread
+                self._sequence, self.pid, heap, self._count, now, *self._rollup, unread, beyond
             )
             self._sequence += 1
             try:
@@ -466,6 +471,7 @@ def _publishing(
     fetch: Callable[..., Any], slot: _Slot, hook: Callable[[int, int], None] | None
 ) -> Callable[..., Any]:
     hooks = [hook] if hook is not None else []
+    slot.own = getattr(hook, "own_bytes", None)
 
     @functools.wraps(fetch)
     def published(self: object, index: object) -> Any:

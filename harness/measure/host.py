@@ -38,7 +38,7 @@ PARTS = ("malloc", "python")
 """The parts of ``allocated`` every host reading has, before the pools."""
 POOL = "pool_"
 """The prefix of a library pool's metric."""
-METRICS = ("allocated", *PARTS, "rss", "anon", "outside")
+READINGS = ("allocated", *PARTS, "rss", "anon", "outside")
 """The metrics of a host reading, before the pools."""
 HOST = "host_"
 """The prefix of the host's metrics beside a device that is not the host (a GPU)."""
@@ -130,9 +130,20 @@ _READER: HostMemory | None = None
 """This process's own reader for :func:`live` (made again in a forked child)."""
 
 
-def live() -> int | None:
-    """This process's live heap now: ``allocated``, as a :class:`HostMemory` sums it."""
+def _reader() -> HostMemory:
     global _READER
     if _READER is None or _READER.pid != os.getpid():
         _READER = HostMemory()
-    return _READER.live()
+    return _READER
+
+
+def live() -> int | None:
+    """This process's live heap now: ``allocated``, as a :class:`HostMemory` sums it."""
+    return _reader().live()
+
+
+def live_python() -> int | None:
+    """The bytes in Python's allocator's blocks now (``python``), which no thread's cache of
+    freed chunks blurs, as ``malloc``'s per-thread caches blur its own count."""
+    found = _reader()._python.read()
+    return None if found is None else found.blocks

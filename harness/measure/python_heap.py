@@ -61,6 +61,8 @@ class PythonHeap:
     def __init__(self) -> None:
         self.note: str | None = None
         self._stats = _api("_PyObject_DebugMallocStats", ctypes.c_int, ctypes.c_void_p)
+        types = _api("_PyObject_DebugTypeStats", None, ctypes.c_void_p)
+        self._types = None if types is None else lambda stream: types(stream) or 1
         self._get = _api("PyMem_GetAllocator", None, ctypes.c_int, ctypes.POINTER(_Allocator))
         self._set = _api("PyMem_SetAllocator", None, ctypes.c_int, ctypes.POINTER(_Allocator))
         self._open = libc_function(
@@ -95,18 +97,33 @@ class PythonHeap:
         if text is None:
             return PythonBlocks(0, 0) if sys.getallocatedblocks() == 0 else None
         blocks, arenas = _number(text, _BLOCKS), _number(text, _ARENAS)
-        return None if blocks is None or arenas is None else PythonBlocks(blocks, arenas)
+        if blocks is None or arenas is None:
+            return None
+        return PythonBlocks(blocks - self._free_lists(), arenas)
+
+    def _free_lists(self) -> int:
+        """The bytes of the objects the interpreter keeps freed for reuse (its free lists of
+        floats, tuples, lists, dicts: up to 2,000 tuples of each size), which pymalloc counts
+        as allocated: no object holds them, and a full collection empties them."""
+        if self._types is None:
+            return 0
+        text = self._print(self._types)
+        return sum(_freed(line) for line in text.splitlines() if b" free " in line)
 
     def _walk(self) -> bytes | None:
         """What ``_PyObject_DebugMallocStats`` prints, or None where it prints nothing."""
+        return self._print(self._stats) or None
+
+    def _print(self, function: Any) -> bytes:
+        """What ``function`` prints into a stream (nothing where it says it printed nothing)."""
         buffer, size = ctypes.c_char_p(), ctypes.c_size_t()
         stream = self._open(ctypes.byref(buffer), ctypes.byref(size))
         if not stream:
-            return None
-        printed = self._stats(stream)
+            return b""
+        printed = function(stream)
         self._close(stream)
         try:
-            return ctypes.string_at(buffer, size.value) if printed else None
+            return ctypes.string_at(buffer, size.value) if printed != 0 else b""
         finally:
             self._free(buffer)
 
@@ -144,3 +161,14 @@ def _number(text: bytes, name: bytes) -> int | None:
     start, end = text.find(b"=", at) + 1, text.find(b"\n", at)
     figure = text[start : end if end > 0 else None].strip().replace(b",", b"")
     return int(figure) if start > 0 and figure.isdigit() else None
+
+
+def _freed(line: bytes) -> int:
+    """The blocks of one free list's line: ``4 free PyFloatObjects * 24 bytes each = 96``, each
+    object in its block of Python's allocator (16-byte steps)."""
+    words = line.split()
+    try:
+        count, size = int(words[0]), int(words[words.index(b"bytes") - 1])
+    except (ValueError, IndexError):
+        return 0
+    return count * ((size + 15) & ~15)

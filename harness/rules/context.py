@@ -118,6 +118,9 @@ class Group:
     end: int | None = None
     fit: Fit | None = None
     peak: Peak | None = None
+    confirms: list[tuple[str, Fit]] = field(default_factory=list)
+    """The loop fitted on each series that must confirm the measure's growth
+    (:attr:`Measure.confirms`), by name."""
 
     @property
     def phase(self) -> str | None:
@@ -243,9 +246,14 @@ class Context(CheckLog):
         group.start = int(indices[np.argmax(read)])
         group.end = int(indices[len(read) - 1 - np.argmax(read[::-1])])
         del read
-        group.fit = Fit.of(
-            x[cut:], columns.values(metric)[judged], end=end, in_order=in_order, runs=runs[cut:]
-        )
+        x, runs = x[cut:], runs[cut:]
+        group.fit = Fit.of(x, columns.values(metric)[judged], end=end, in_order=in_order, runs=runs)
+        for series in self.measure.confirms:  # the same loop, in the series that confirm it
+            first, *rest = (columns.values(m)[judged] for m in series)
+            values = first - sum(rest) if rest else first
+            fit = Fit.of(x, values, end=end, in_order=in_order, runs=runs)
+            if fit is not None:
+                group.confirms.append(("-".join(series), fit))
         del x, runs
         group.peak = self._peak(indices, group.start, metric)
         return group

@@ -21,7 +21,7 @@ import numpy as np
 import harness.core.labels as labels
 from harness.core.units import format_size
 from harness.core.wording import plural
-from harness.measure.children import JOB, parse_processes
+from harness.measure.children import CHILDREN_COST, JOB, parse_processes
 from harness.measure.sample import Sample
 from harness.rules.context import FALLBACK_METRIC, Context, where
 from harness.rules.registry import register_rule
@@ -32,6 +32,7 @@ from harness.verdict.model import CheckStatus, Finding, Kind
 
 @register_rule("max_drift", option="max_drift")
 def drift(ctx: Context, limit: int) -> list[Finding]:
+    limit = max(limit, ctx.measure.floor)
     samples, cols = ctx.samples, ctx.columns
     readings = np.flatnonzero(
         (cols.batch == NONE) & (cols.epoch != NONE) & ~(cols.oom | cols.check_failed)
@@ -54,7 +55,10 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
             metric = ctx.pair_metric(ref, by_epoch[e])
             if metric is None:
                 continue
-            amount = ctx.value(by_epoch[e], metric) - ctx.value(ref, metric)
+            grown = ctx.value(by_epoch[e], metric) - ctx.value(ref, metric)
+            amount = min([grown, *_confirmed(ctx, ref, by_epoch[e])])
+            if not _children_grew(ctx, ref, by_epoch[e], amount):
+                continue
             cached, caches = cached_between(ctx, ref, by_epoch[e], metric)
             if worst is None or amount - cached > worst[0]:
                 worst = (amount - cached, amount, by_epoch[e], metric, cached, caches)
@@ -113,6 +117,31 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
             worst_finding, message=f"{worst_finding.message} ({len(failures)} labels drift)"
         )
     return [worst_finding]
+
+
+def _confirmed(ctx: Context, ref: int, at: int) -> list[int]:
+    """What each series that must confirm the measure's growth (:attr:`~harness.rules.measures.
+    Measure.confirms`) grew by between two positions, where it was read at both."""
+    grown: list[int] = []
+    for series in ctx.measure.confirms:
+        if all(ctx.columns.present(m)[[ref, at]].all() for m in series):
+            first, *rest = series
+            grown.append(
+                ctx.value(at, first)
+                - ctx.value(ref, first)
+                - sum(ctx.value(at, m) - ctx.value(ref, m) for m in rest)
+            )
+    return grown
+
+
+def _children_grew(ctx: Context, ref: int, at: int, amount: float) -> bool:
+    """For the job's drift, whether what the children add grew by half of it or more (else the
+    main process's own drift is the finding, on the rules' metric); True for any other
+    measure."""
+    if ctx.measure.metric != JOB:
+        return True
+    before, after = (ctx.samples[i].get(CHILDREN_COST) or 0 for i in (ref, at))
+    return after - before >= amount / 2
 
 
 def processes(ctx: Context, ref: int, at: int) -> str:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.core.stats import spread
+from harness.core.stats import NOISE_SIGMAS, spread
 from harness.core.units import format_rate, format_size
 from harness.rules.context import CheckLog, scope
 from harness.rules.loop import ALPHA
@@ -45,8 +45,6 @@ from harness.verdict.options import Rules
 RULE = "rank_outlier"
 DEFAULT_GAP = 2**20
 """The gap a rank's growth must stand out by when the rules set no ``max_growth`` (1 MiB)."""
-NOISE_SIGMAS = 3.0
-"""How many robust standard deviations of the clean ranks a rank must stand out by at least."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 from harness.core.errors import BadArgument
 from harness.core.version import __version__
 from harness.measure.children import SCHEDULE, SUMS, ChildSampler
-from harness.measure.host import HOST, METRICS, HostMemory
+from harness.measure.host import HOST, READINGS, HostMemory
 from harness.measure.probes import Probe
 from harness.measure.sample import STRIDE
 
@@ -53,7 +53,7 @@ def run_header(
         "metrics": [
             *probe.metrics,
             *(SUMS if children is not None else ()),
-            *(HOST + m for m in (METRICS if host is not None else ())),
+            *(HOST + m for m in (READINGS if host is not None else ())),
         ],
         "device": facts["device"],
         "total_memory": facts["total_memory"],
