@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from harness.attribution.snapshot import NO_STORAGE, StorageKey, storage_of
+from harness.attribution.weights import allotted
 from harness.measure import heap_board
 from harness.measure.malloc import live_heap
 
@@ -79,6 +80,18 @@ class _Noted:
     nbytes: int
     line: str
     time: float
+
+
+@functools.cache
+def _entry_bytes() -> int:
+    """The small objects of one entry of :attr:`Lines.storages`, in the blocks of Python's
+    allocator that they take: its key (a tuple and the address in it), its record, the
+    record's weak reference to the storage and its numbers (the line's text is shared)."""
+    storage = torch.empty(1).untyped_storage()
+    key = ("cpu", None, storage.data_ptr())
+    noted = _Noted(StorageWeakRef(storage), storage._cdata, 1 << 40, "", time.time())
+    parts = (key, key[2], noted, vars(noted), noted.storage, noted.cdata, noted.nbytes, noted.time)
+    return sum(allotted(sys.getsizeof(part)) for part in parts)
 
 
 class _Allocations(TorchDispatchMode):
@@ -197,14 +210,14 @@ class Lines:
         """Memory malloc holds for this object's bookkeeping now, so that a recorder can leave
         it out of the reading it takes next: storages freed since are forgotten first (a
         weak reference keeps a freed storage's C++ object), and what is left is the table of
-        storages noted and tracemalloc's traces (when it started them; ``exact`` counts them
-        again first, see :meth:`recount`). The entries' own objects are Python's small
-        objects, in pymalloc's arenas, not malloc's."""
+        storages noted, each entry's own small objects (:func:`_entry_bytes`) and
+        tracemalloc's traces (when it started them; ``exact`` counts them again first, see
+        :meth:`recount`)."""
         self.prune()
         if exact:
             self.recount()
         traced = tracemalloc.get_tracemalloc_memory() + self._uncounted if self._traced else 0
-        return traced + sys.getsizeof(self.storages)
+        return traced + sys.getsizeof(self.storages) + len(self.storages) * _entry_bytes()
 
     def prune(self) -> None:
         """Forget storages that were freed."""

@@ -19,7 +19,8 @@ from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.attribution.torch_state import torch_holders
-from harness.measure.host import live
+from harness.measure.host import live_python
+from harness.measure.malloc import live_heap
 from harness.measure.sample import Sample
 from harness.verdict.options import Rules
 
@@ -80,6 +81,8 @@ class PhaseAttribution:
         self.explain = explain
         self.lines = Lines() if explain else None
         self._python: dict[str | None, Any] = {}
+        self._python_sizes: dict[int, int] = {}
+        """The Python objects each of those holds (its lists and trace keys), measured when made."""
         self._python_first: Any = None
         self._left = 0
         self.at_end = at_end
@@ -144,7 +147,8 @@ class PhaseAttribution:
             return kept
         kept += self._left
         traced = {id(t): t for t in (*self._python.values(), self._python_first) if t}
-        kept += sum(sys.getsizeof(t) for t in traced.values())
+        self._python_sizes = {k: v for k, v in self._python_sizes.items() if k in traced}
+        kept += sum(sys.getsizeof(t) + self._python_sizes.get(k, 0) for k, t in traced.items())
         return kept + self.lines.own_bytes(exact)
 
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
@@ -161,11 +165,11 @@ class PhaseAttribution:
         never frees those tracebacks while it runs."""
         lines = self.lines
         traced = lines is not None and lines.traced
-        heap, own = (live(), self.own_bytes()) if traced else (None, 0)
+        heap, own = (live_heap(), self.own_bytes()) if traced else (None, 0)
         acted = self._act(sample)
         if acted and lines is not None:
             lines.recount()
-            now = live()
+            now = live_heap()
             if heap is not None and now is not None:
                 self._left += max(0, now - heap - (self.own_bytes() - own))
         return acted
@@ -326,7 +330,11 @@ class PhaseAttribution:
     def _open_phase(self, sample: Sample) -> None:
         if self.lines is not None and self.lines.open_now:
             self.lines.trace()
+            before = live_python()
             python = self.lines.snapshot()
+            after = live_python()
+            if python is not None and before is not None and after is not None:
+                self._python_sizes[id(python)] = max(0, after - before)
             self._python[sample.phase] = python
             if self._python_first is None:
                 self._python_first = python

@@ -84,8 +84,8 @@ class Snapshot:
         (its ids of objects dominate), and the small objects in them, as measured when it was
         made (:attr:`python`)."""
         held = self.objects.nbytes + self.sizes.nbytes + self.untracked.nbytes
-        tables = (self.tensors, self.storages, self.graphs, self.lengths, self.storage_sizes)
-        return int(held) + sum(map(sys.getsizeof, tables)) + self.python
+        tables = sys.getsizeof(self.lengths) + sys.getsizeof(self.storage_sizes)
+        return int(held) + tables + self.python
 
     def listed(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` (int64) were among :attr:`objects`."""

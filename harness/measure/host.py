@@ -25,11 +25,12 @@ and a ``pread`` of ``statm``: read on the stride's readings only.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from collections.abc import Callable
 
-from harness.measure.malloc import heap
+from harness.measure.malloc import heap, libc_function
 from harness.measure.python_heap import PythonHeap
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -81,6 +82,7 @@ class HostMemory:
             self.notes.append(f"anon and outside unavailable: {STATM}: {error.strerror}")
         if self._held is None and self._statm is not None:
             self.notes.append(f"outside not read: {found.allocator}'s holding is not read")
+        self._heap = ProgramBreak()
 
     def read(self, into: dict[str, int | None], prefix: str = "") -> None:
         """Put each metric of the module's list into ``into``, named ``prefix + name`` (None
@@ -106,6 +108,7 @@ class HostMemory:
         into[prefix + "anon"] = anon
         outside = None
         if anon is not None and held is not None and python is not None:
+            held -= self._heap.absent()  # pages a trim gave back are held, not resident
             outside = anon - held - python.arenas - pools
         into[prefix + "outside"] = outside
 
@@ -124,6 +127,49 @@ class HostMemory:
         if self._statm is not None and self.pid == os.getpid():
             os.close(self._statm)
         self._statm = None
+
+
+class ProgramBreak:
+    """The pages of ``malloc``'s main heap (from the program's start of data to its break,
+    ``sbrk(0)``) that are not resident (:meth:`absent`), read with ``mincore``: a trim
+    (``malloc_trim``) gives a free chunk's pages back while ``malloc`` still holds them, and
+    they come back when the heap uses them again. 0 where it cannot be read (off Linux, or
+    without ``mincore``); the heaps of other threads' arenas are taken as resident."""
+
+    def __init__(self) -> None:
+        self._sbrk = libc_function("sbrk", ctypes.c_void_p, ctypes.c_ssize_t)
+        self._mincore = libc_function(
+            "mincore", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p
+        )
+        self._start = _start_brk()
+        self._pages = bytearray()
+
+    def absent(self) -> int:
+        """Bytes of the main heap that are not resident now."""
+        if self._start is None or self._sbrk is None or self._mincore is None:
+            return 0
+        end = self._sbrk(0) or 0
+        pages = (end - self._start) // _PAGE
+        if pages <= 0:
+            return 0
+        if len(self._pages) < pages:
+            self._pages = bytearray(pages + pages // 4)
+        vector = (ctypes.c_char * len(self._pages)).from_buffer(self._pages)
+        if self._mincore(self._start, pages * _PAGE, vector) != 0:
+            return 0
+        return self._pages.count(0, 0, pages) * _PAGE
+
+
+def _start_brk() -> int | None:
+    """Where this process's main heap starts (``start_brk``, field 47 of ``/proc/self/stat``),
+    page-aligned; None where it cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        start = int(fields[44])
+    except (OSError, IndexError, ValueError):
+        return None
+    return start - start % _PAGE if start else None
 
 
 _READER: HostMemory | None = None
