@@ -43,11 +43,11 @@ from tft.train import memory_rules, warm_up
 from tft.trainer import TrainConfig, Trainer, shard
 
 KB = 2**10
-HELPER_RULES = Rules(
-    phase=("training", "validation"), max_growth="16KiB", warmup=5, max_peak="8MiB"
-)
+HELPER_RULES = Rules(phase=("validation",), max_growth="16KiB", warmup=5, max_peak="8MiB")
 """What the helper's runs are judged by: a budget for a 20-batch validation loop per rank, and
-no teardown rule (a test's window holds its warm-up, whose one-time allocations stay)."""
+no teardown rule (a test's window holds its warm-up, whose one-time allocations stay). Training
+is not judged: torch keeps a few hundred bytes of Python objects at each of a process's first
+training steps (86 KiB over this helper's 20), as much as these faults grow in validation."""
 HELPER_TRAIN = 40
 """Training windows the helper's runs take (20 per rank), to keep them short."""
 SYNTHETIC = Rules(phase="validation", max_growth="40KiB", warmup=5, max_peak="8MiB")
@@ -467,7 +467,12 @@ def torchrun(bars: Path, folder: Path, *names: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
-def test_tft_train_under_torchrun_passes_clean_and_names_rank0_for_rank0_gather(bars, tmp_path):
+def test_tft_train_under_torchrun_passes_clean_and_names_rank0_for_rank0_gather(
+    wide_bars, tmp_path
+):
+    """On 51 validation windows: over 25 the fault grows less than the job's budget, which
+    torch's own Python objects in training set (``tft/budgets.json``)."""
+    bars = wide_bars
     runs = [torchrun(bars, tmp_path / "clean"), torchrun(bars, tmp_path / "leaky", "rank0-gather")]
     (clean_out, clean_err), (leaky_out, leaky_err) = [run.communicate(timeout=600) for run in runs]
 

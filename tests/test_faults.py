@@ -5,8 +5,8 @@ file (32 training and 36 validation windows), one epoch at batch size 1, once pe
 clean (with and without QAT), traced by a Recorder and judged by :data:`RULES`: each fault must
 fail with its expected finding, the clean trainer must pass. ``reports/README.md`` lists the
 growth each fault showed. ``max_growth`` sits between the two: a clean validation loop moves
-1.7 to 3.7 KiB over its 31 judged batches (the heap's bookkeeping, given back at its end), the
-smallest fault (``predictions-on-device``) grows 17 to 19 KiB. Training is judged against its
+1.7 to 8.1 KiB over its 31 judged batches (the heap's bookkeeping and Python's objects, given
+back at its end), the smallest fault (``predictions-on-device``) grows 17 to 19 KiB. Training is judged against its
 own budget (:data:`TRAINING`): torch keeps a few hundred bytes of Python objects for each
 training step over its first thousand (a cache that fills ever more slowly: 12.1 KiB over
 steps 100 to 200, 0.8 KiB over steps 1,400 to 1,500, each after a full collection), 13 to 22 KiB
@@ -54,7 +54,7 @@ MATRIX: dict[str, tuple[list[str], dict[str, object], tuple[str, str] | None]] =
 }
 RULES = Rules(
     phase=("validation",),
-    max_growth="8KiB",
+    max_growth="12KiB",
     warmup=5,
     max_peak="10MiB",
     teardown="256KiB",

@@ -31,7 +31,8 @@ _MEMINFO = "/proc/meminfo"
 class Probe(ABC):
     """One device's memory, sampled at checkpoints.
 
-    ``name`` (``cpu``, ``cuda:0``), ``metrics`` (every name :meth:`sample` returns),
+    ``name`` (``cpu``, ``cuda:0``), ``metrics`` (every name :meth:`sample` returns, but the
+    pools of libraries imported since, ``pool_<library>``),
     ``primary`` (the metric a leak is judged on), ``capacity`` (the device's bytes, ``None``
     when unknown), ``capacity_metric`` (what an emulated capacity counts, with ``peak``
     between readings), ``host`` (whether it reads this process's own heap, where the
