@@ -301,10 +301,6 @@ class Recorder:
         if collect:
             gc.collect()
             self.probe.release()
-        elif edge == labels.START:
-            # A loop starts without the garbage made before it: its cycles, collected by
-            # Python at some batch of the loop, would read as memory the loop gave back.
-            gc.collect()
         probe, host = self.probe, self._host if stride else None
         own = 0
         if (probe.host and full) or host is not None:

@@ -90,7 +90,7 @@ class HostMemory:
         """Put each metric of the module's list into ``into``, named ``prefix + name`` (None
         where it cannot be read); ``rss`` too, from the same read of ``statm``."""
         malloc = self._malloc() if self._malloc is not None else None
-        held = self._held() if self._held is not None else None
+        held = self._held() if self._held is not None and malloc is not None else None
         python = self._python.read()
         into[prefix + "malloc"] = malloc
         into[prefix + "python"] = None if python is None else python.blocks

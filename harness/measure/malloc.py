@@ -62,19 +62,21 @@ _PROBE = 64 << 10
 
 
 def _glibc() -> tuple[Callable[[], int], Callable[[], int]] | None:
-    """glibc's live heap (``uordblks + hblkhd``) and what it holds from the system (``arena +
-    hblkhd``: its arenas, used or free, and its mapped chunks)."""
+    """glibc's live heap (``uordblks + hblkhd``) and what it held from the system at that same
+    reading (``arena + hblkhd``: its arenas, used or free, and its mapped chunks): one
+    ``mallinfo2``, which walks every free list, for both."""
     mallinfo2 = libc_function("mallinfo2", MallInfo2)
     if mallinfo2 is None:
         return None
+    last = [0]
 
     def read() -> int:
         info = mallinfo2()
+        last[0] = int(info.arena + info.hblkhd)
         return int(info.uordblks + info.hblkhd)
 
     def held() -> int:
-        info = mallinfo2()
-        return int(info.arena + info.hblkhd)
+        return last[0]
 
     return read, held
 
@@ -139,7 +141,7 @@ def _tcmalloc() -> Callable[[], int | None] | None:
 @dataclass(frozen=True)
 class Heap:
     """Who serves ``malloc`` here, how its live heap is read (None: it cannot be), and what it
-    holds from the system (glibc's only; None elsewhere)."""
+    held from the system at the last such reading (glibc's only; None elsewhere)."""
 
     allocator: str
     read: Callable[[], int | None] | None
