@@ -163,9 +163,10 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks side by side in one run, written to ``reports/bench.md``: checkpoint cost,
     harness overhead, pytest-memray, pytorch-forecasting, time to verdict and sensitivity; then
-    the holder searches', the exiting children's and the distributed ranks' own sections
-    (``benchmarks/bench_search.py``, ``benchmarks/bench_forks.py``, ``benchmarks/bench_ranks.py``:
-    20 runs of each 2-rank shape, the false-alarm rate) are added to it.
+    the holder searches', the exiting children's, the distributed ranks' and the host's reads' own
+    sections (``benchmarks/bench_search.py``, ``benchmarks/bench_forks.py``,
+    ``benchmarks/bench_ranks.py``: 20 runs of each 2-rank shape, the false-alarm rate;
+    ``benchmarks/bench_host.py``: each place memory lives, its read's cost) are added to it.
 
     The peers are installed here only, pinned to the torch already installed. Arguments after
     ``--`` go to ``benchmarks/run.py`` (``--reps N``, ``--sensitivity-runs N``, ``-- -k ...``).
@@ -178,6 +179,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_search.py", "--write")
     session.run("python", "benchmarks/bench_forks.py", "--write")
     session.run("python", "benchmarks/bench_ranks.py", "--write")
+    session.run("python", "benchmarks/bench_host.py", "--write")
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -302,7 +302,7 @@ class Recorder:
             gc.collect()
             self.probe.release()
         probe, host = self.probe, self._host if stride else None
-        own = 0
+        own = own_python = 0
         if (probe.host and full) or host is not None:
             # Less the recorder's own sample store, which grows with every checkpoint, and the
             # dearer search's bookkeeping (asked first: it forgets what was freed since):
@@ -310,6 +310,7 @@ class Recorder:
             own = store.nbytes()
             if self.attribution is not None:
                 own += self.attribution.own_bytes(exact=edge is not None)
+                own_python = self.attribution.own_python()
         metrics = probe.sample() if full else probe.sample_between()
         prefix = ""
         if host is not None:
@@ -320,6 +321,11 @@ class Recorder:
                 value = metrics.get(prefix + name)
                 if value is not None:
                     metrics[prefix + name] = value - own
+            parts = {"malloc": own_python - own, "python": -own_python}  # each part its own
+            for name, less in parts.items():
+                value = metrics.get(prefix + name)
+                if value is not None:
+                    metrics[prefix + name] = value + less
         if full:  # else the peak window goes on to the next full reading
             probe.reset_peak()
         processes = self._processes  # between two readings, the last one's live processes

@@ -7,10 +7,10 @@ fail with its expected finding, the clean trainer must pass. ``reports/README.md
 growth each fault showed. ``max_growth`` sits between the two: a clean validation loop moves
 1.7 to 8.1 KiB over its 31 judged batches (the heap's bookkeeping and Python's objects, given
 back at its end), the smallest fault (``predictions-on-device``) grows 17 to 19 KiB. Training
-is judged against its own budget (:data:`TRAINING`): torch keeps a few hundred bytes of Python objects for each
-training step over its first thousand (a cache that fills ever more slowly: 12.1 KiB over
-steps 100 to 200, 0.8 KiB over steps 1,400 to 1,500, each after a full collection), 13 to 22 KiB
-over the 27 judged batches here, while its faults grow by MiBs.
+is judged against its own budget (:data:`TRAINING`): torch keeps a few hundred bytes of Python
+objects for each training step over its first thousand (a cache that fills ever more slowly:
+12.1 KiB over steps 100 to 200, 0.8 KiB over steps 1,400 to 1,500, each after a full
+collection), 13 to 22 KiB over the 27 judged batches here, while its faults grow by MiBs.
 """
 
 from __future__ import annotations

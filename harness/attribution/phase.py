@@ -139,10 +139,7 @@ class PhaseAttribution:
         the snapshots it holds): a recorder leaves it out of its readings, so explaining a run
         never changes its verdict. ``exact`` counts the traces again (a phase's edges, the
         readings a drift compares)."""
-        held = [*self._starts.values(), self._first]
-        held += [s for o in self._open.values() for s in (o.snapshot, o.base_snapshot, o.census)]
-        held += [e.reference[0] for e in self._epochs.values() if e.reference is not None]
-        kept = sum(s.nbytes() for s in {id(s): s for s in held if s is not None}.values())
+        kept = sum(s.nbytes() for s in self._held())
         if self.lines is None:
             return kept
         kept += self._left
@@ -150,6 +147,18 @@ class PhaseAttribution:
         self._python_sizes = {k: v for k, v in self._python_sizes.items() if k in traced}
         kept += sum(sys.getsizeof(t) + self._python_sizes.get(k, 0) for k, t in traced.items())
         return kept + self.lines.own_bytes(exact)
+
+    def own_python(self) -> int:
+        """The part of :meth:`own_bytes` in Python's allocator: the small objects its snapshots
+        keep (their weak references, the ints in their tables)."""
+        return sum(s.python for s in self._held())
+
+    def _held(self) -> list[Snapshot]:
+        """The snapshots this attribution holds now, each once."""
+        held = [*self._starts.values(), self._first]
+        held += [s for o in self._open.values() for s in (o.snapshot, o.base_snapshot, o.census)]
+        held += [e.reference[0] for e in self._epochs.values() if e.reference is not None]
+        return list({id(s): s for s in held if s is not None}.values())
 
     def snapshot_for(self, phase: str | None) -> Snapshot | None:
         """What was alive when ``phase`` last ended its warm-up, else when it started, else

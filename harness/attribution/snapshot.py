@@ -81,11 +81,18 @@ class Snapshot:
 
     def nbytes(self) -> int:
         """What the live heap holds for this snapshot: its arrays and its tables in ``malloc``
-        (its ids of objects dominate), and the small objects in them, as measured when it was
-        made (:attr:`python`)."""
+        (its ids of objects dominate; a table of a few hundred tensors is tens of KiB), and the
+        small objects in them, as measured when it was made (:attr:`python`)."""
         held = self.objects.nbytes + self.sizes.nbytes + self.untracked.nbytes
-        tables = sys.getsizeof(self.lengths) + sys.getsizeof(self.storage_sizes)
-        return int(held) + tables + self.python
+        tables = (
+            self.tensors,
+            self.blocks,
+            self.storages,
+            self.graphs,
+            self.lengths,
+            self.storage_sizes,
+        )
+        return int(held) + sum(map(sys.getsizeof, tables)) + self.python
 
     def listed(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` (int64) were among :attr:`objects`."""

@@ -43,11 +43,12 @@ READINGS = ("allocated", *PARTS, "rss", "anon", "outside")
 """The metrics of a host reading, before the pools."""
 HOST = "host_"
 """The prefix of the host's metrics beside a device that is not the host (a GPU)."""
-OWN_COUNTED = ("allocated", "malloc", "rss", "peak")
-"""The metrics that count leakgate's own bookkeeping (it lives in ``malloc``), which a recorder
-takes out of them. ``outside`` counts none of it: what ``malloc`` holds is taken out of it;
-``anon`` stays as read, so that what leakgate frees but ``malloc`` keeps resident (explain's
-tables, when it stops tracing) never reads as growth of the series that confirm ``outside``."""
+OWN_COUNTED = ("allocated", "rss", "peak")
+"""The metrics that count all of leakgate's own bookkeeping, which a recorder takes out of them
+(and out of ``malloc`` and ``python``, each its own part). ``outside`` counts none of it: what
+``malloc`` holds is taken out of it; ``anon`` stays as read, so that what leakgate frees but
+``malloc`` keeps resident (explain's tables, when it stops tracing) never reads as growth of the
+series that confirm ``outside``."""
 
 
 def _pyarrow() -> int | None:
