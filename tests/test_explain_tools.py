@@ -1,6 +1,6 @@
 """``--memreport-explain`` beside a user's own tools: it leaves each as it found it (a profile
-function set stays the test's, a profiler records on), and its own memory is never growth (a
-clean loop under the user's tracemalloc or a FlopCounterMode passes)."""
+function set before or inside the test stays the test's, a profiler records on), and its own
+memory is never growth (a clean loop under the user's tracemalloc or a FlopCounterMode passes)."""
 
 import harness.recorder  # noqa: F401
 
@@ -54,6 +54,17 @@ def test_a_profile_function_set_stays_the_users(profiled, memtrace):
     loop(memtrace, check=check)
 
 
+def test_a_profile_function_set_inside_stays_the_users(memtrace):
+    def check():
+        assert sys.getprofile() is mine
+
+    sys.setprofile(mine)
+    try:
+        loop(memtrace, check=check)
+    finally:
+        sys.setprofile(None)
+
+
 def test_under_the_users_tracemalloc(memtrace):
     tracemalloc.start()
     try:
@@ -71,7 +82,10 @@ def test_under_a_flop_counter(memtrace):
 def test_explain_leaves_each_tool_as_it_found_it_and_passes_clean_loops(pytester):
     pytester.makepyfile(test_tools=CASES)
     result = pytester.runpytest("-p", "no:randomly", "--memreport-explain")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines(
-        ["*explain noted no native lines*a profile function is set (sys.setprofile)*"]
+        [
+            "*explain noted no native lines*a profile function is set (sys.setprofile)*"
+            "*the test set a profile function (sys.setprofile): memray stopped*"
+        ]
     )

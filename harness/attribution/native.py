@@ -16,12 +16,14 @@ memray allows one ``Tracker`` per process, so a region steps aside, naming nothi
 memray is tracking already (:attr:`Native.skipped` says so) or where the code it would wrap
 runs a tracker of its own (:func:`runs_tracker`: told before the region starts, so that code's
 tracker still starts). memray follows Python frames with a profile function of its own, in
-place of any other while it runs: a region steps aside too where one is set already
-(``sys.setprofile``, ``threading.setprofile``), and one set inside the region does not see it.
+place of any other while it runs (it puts its own back over one set later): a region steps
+aside where one is set already (``sys.setprofile``, ``threading.setprofile``), and ends its
+tracking where the code inside it sets one, so that the code's function stays in place.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import shutil
@@ -94,6 +96,7 @@ class Native:
         self.capture = ""
         self._folder: str | None = None
         self._tracker: Any = None
+        self._setters: dict[Any, Callable[[Any], None]] = {}
 
     def __enter__(self) -> Native:
         if not available():
@@ -116,19 +119,43 @@ class Native:
             self._tracker = None
             self.skipped = f"memray could not track: {error}"
             self._remove()
+            return self
+        for module in (sys, threading):
+            self._setters[module] = module.setprofile
+            module.setprofile = functools.partial(_set_profile, self, module.setprofile)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._put_back()
         if self._tracker is None:
             return
         try:
             gc.collect()  # what only a cycle kept was not leaked
-            tracker, self._tracker = self._tracker, None
-            own_memray(self, False)
-            tracker.__exit__(None, None, None)
+            self._stop()
             self.found = self._read()
         finally:
             self._remove()
+
+    def _stop(self) -> None:
+        tracker, self._tracker = self._tracker, None
+        own_memray(self, False)
+        tracker.__exit__(None, None, None)
+
+    def _put_back(self) -> None:
+        """``setprofile`` put back where it is still this region's."""
+        for module, setter in self._setters.items():
+            current = module.setprofile
+            if isinstance(current, functools.partial) and current.args[0] is self:
+                module.setprofile = setter
+        self._setters.clear()
+
+    def profile_set(self) -> None:
+        """The code inside set a profile function: memray stops here, naming nothing."""
+        self._put_back()
+        if self._tracker is not None:
+            self._stop()
+            self._remove()
+            self.skipped = "the test set a profile function (sys.setprofile): memray stopped"
 
     def _read(self) -> list[NativeLine]:
         import memray
@@ -150,6 +177,13 @@ class Native:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+def _set_profile(region: Native, setter: Callable[[Any], None], function: Any) -> None:
+    """``sys.setprofile`` (or ``threading``'s) while ``region`` tracks: memray stops first, so
+    that ``function`` stays in place."""
+    region.profile_set()
+    setter(function)
 
 
 def runs_tracker(function: Any, module: Any) -> str | None:
