@@ -120,7 +120,8 @@ class Native:
             self.skipped = f"memray could not track: {error}"
             self._remove()
             return self
-        for module in (sys, threading):
+        modules: tuple[Any, ...] = (sys, threading)
+        for module in modules:
             self._setters[module] = module.setprofile
             module.setprofile = functools.partial(_set_profile, self, module.setprofile)
         return self
