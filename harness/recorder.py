@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import harness.core.labels as labels
-from harness.core.errors import BadArgument, UnwritableReport
+from harness.core.errors import BadArgument, UnwritableReport, refused_as_argument
 from harness.core.identity import rank_info
-from harness.core.naming import rank_timeline
+from harness.core.naming import check_path, rank_timeline
 from harness.core.units import parse_size
 from harness.measure.children import CHILDREN_COST, JOB, ChildSampler
 from harness.measure.host import HOST, OWN_COUNTED, HostMemory
@@ -97,6 +97,17 @@ class Recorder:
             raise BadArgument(
                 f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}"
             )
+        if rules is not None:
+            from harness.verdict.options import Rules
+
+            if not isinstance(rules, Rules):
+                raise BadArgument(f"rules: expected a Rules or None, got {rules!r}")
+        if meta is not None and not (
+            isinstance(meta, Mapping) and all(isinstance(key, str) for key in meta)
+        ):
+            raise BadArgument(f"meta: expected a mapping with text keys or None, got {meta!r}")
+        if timeline is not None:
+            check_path(timeline, "timeline")
         if children is None:
             children = rules.children if rules is not None else True
         if not isinstance(children, bool):
@@ -117,7 +128,8 @@ class Recorder:
             attribute = PhaseAttribution.for_rules(every_end)
         self.attribution: PhaseAttribution | None = attribute or None
         self.rank = rank_info()
-        self.probe = make_probe(probe)
+        with refused_as_argument():  # an unknown probe, a device that is not there
+            self.probe = make_probe(probe)
         # the host beside a device that is not the host (a GPU): read on the stride's readings
         self._host = HostMemory() if host and not self.probe.host else None
         self._timeline = None

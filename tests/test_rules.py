@@ -468,11 +468,15 @@ def test_rules_parse_sizes_and_accept_mappings():
         ({"phase": []}, "phase"),
         ({"phase": ["validation", ""]}, "phase"),
         ({"phase": 3}, "phase"),
+        ({"allow_unjudged": "yes"}, "allow_unjudged"),
+        ({"custom": {"mine": object()}}, "custom"),
     ],
 )
 def test_bad_rules_raise_clear_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    """Wrong types and wrong values alike are one error: a BadArgument (still a ValueError)."""
+    with pytest.raises(BadArgument, match=match) as refused:
         Rules(**kwargs)
+    assert isinstance(refused.value, ValueError)
 
 
 def test_bad_rules_carry_the_field_as_an_attribute():
@@ -489,7 +493,7 @@ def test_bad_rules_carry_the_field_as_an_attribute():
 
 
 def test_unknown_rules_are_named():
-    with pytest.raises(ValueError, match="max_grwoth"):
+    with pytest.raises(BadArgument, match="max_grwoth"):
         judge([], {"max_grwoth": "5MB"})
 
 

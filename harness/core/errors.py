@@ -5,9 +5,11 @@ attributes (the file, the line, the field) and builds its one-line text from the
 front ends map the classes to exit codes in one place (``harness.frontends.cli``).
 
 - :class:`LeakgateError`: the root of every error leakgate raises on purpose.
-- :class:`BadInput`: a file, an argument or a field that cannot be used (also a ``ValueError``,
+- :class:`BadInput`: a file, a field or other data that cannot be used (also a ``ValueError``,
   so code that caught the built-in still does).
-  :class:`BadArgument` is bad input given as an argument (also a ``TypeError``).
+- :class:`BadArgument`: every argument a public function refuses, of the wrong type or the
+  wrong value alike (a ``BadInput``, so a ``ValueError``, and a ``TypeError``); a reader that
+  hands data from a file to such a function says the file instead (a plain ``BadInput``).
 - :class:`UnwritableReport`: a report, verdict or timeline that could not be written (also an
   ``OSError``); what was written before is left as it was.
 - :class:`~harness.results.finish.MemoryCheckFailed` (beside the finished run it carries): a run
@@ -18,6 +20,8 @@ front ends map the classes to exit codes in one place (``harness.frontends.cli``
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -62,8 +66,21 @@ def _rebuild(
 
 
 class BadArgument(BadInput, TypeError):
-    """An argument a caller gave that a function cannot take (a count that is not a whole
-    number, a phase that is not a name): bad input, and API misuse (also a ``TypeError``)."""
+    """An argument a caller gave that a function cannot take, whether of the wrong type (a
+    count that is not an int) or the wrong value (a negative one): API misuse, raised at the
+    call (also a ``TypeError``, and a ``ValueError`` as bad input is)."""
+
+
+@contextmanager
+def refused_as_argument() -> Iterator[None]:
+    """Bad input raised inside the block (by a check shared with readers of files, applied to a
+    caller's argument) raised as a :class:`BadArgument`, its facts kept."""
+    try:
+        yield
+    except BadArgument:
+        raise
+    except BadInput as exc:
+        raise BadArgument(exc.problem, path=exc.path, line=exc.line, field=exc.field) from None
 
 
 class UnwritableReport(LeakgateError, OSError):

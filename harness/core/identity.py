@@ -72,23 +72,23 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
 def check_world_size(value: Any) -> int:
     """``value`` when it is a whole number of ranks, 1 to :data:`MAX_WORLD_SIZE`.
 
-    Raises ``TypeError`` for anything but an ``int`` (a bool included), ``ValueError`` for one
-    out of range; both say ``world size``."""
+    Raises :class:`~harness.core.errors.BadArgument` for anything but an ``int`` (a bool
+    included) and for one out of range; both say ``world size``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadArgument(f"world size: expected a whole number, got {_shown(value)}")
     if not 1 <= value <= MAX_WORLD_SIZE:
-        raise BadInput(f"world size {_shown(value)} is not from 1 to {MAX_WORLD_SIZE}")
+        raise BadArgument(f"world size {_shown(value)} is not from 1 to {MAX_WORLD_SIZE}")
     return value
 
 
 def check_rank(value: Any, world_size: int) -> int:
     """``value`` when it is a rank of a world of ``world_size`` (a checked one): 0 to
-    ``world_size - 1``. Raises ``TypeError`` for anything but an ``int``, ``ValueError`` for
-    one out of range."""
+    ``world_size - 1``. Raises :class:`~harness.core.errors.BadArgument` for anything but an
+    ``int`` and for one out of range."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadArgument(f"rank: expected a whole number, got {_shown(value)}")
     if not 0 <= value < world_size:
-        raise BadInput(f"rank {_shown(value)} is not in a world of size {world_size}")
+        raise BadArgument(f"rank {_shown(value)} is not in a world of size {world_size}")
     return value
 
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import BadArgument, BadInput
+from harness.core.errors import BadArgument
 
 MAX_NAME = 200
 """The longest name :func:`check_file_name` takes: room for a suffix and a temporary file's
@@ -33,8 +33,7 @@ def check_file_name(name: Any, what: str = "name") -> str:
     separator, not ``.`` or ``..``), not hidden (no leading dot), no control characters, at
     most :data:`MAX_NAME` bytes. :func:`safe_name`'s names all are.
 
-    Raises ``TypeError`` for anything but a string, ``ValueError`` starting with ``what``
-    otherwise."""
+    Raises :class:`~harness.core.errors.BadArgument` starting with ``what`` otherwise."""
     if not isinstance(name, str):
         raise BadArgument(f"{what}: expected a string, got {type(name).__name__}")
     if (
@@ -46,7 +45,7 @@ def check_file_name(name: Any, what: str = "name") -> str:
         or len(os.fsencode(name)) > MAX_NAME
     ):
         shown = repr(name) if len(name) <= 40 else repr(name[:30] + "...")
-        raise BadInput(
+        raise BadArgument(
             f"{what} {shown} is not a plain file name (one folder entry, no leading dot, "
             f"printable, at most {MAX_NAME} bytes)"
         )
@@ -58,21 +57,23 @@ def check_path(given: str | os.PathLike[str], what: str, *, folder: bool = False
     :data:`MAX_COMPONENT` bytes, at most :data:`MAX_PATH` bytes as an absolute path, less room
     for one file name (:data:`MAX_NAME`) inside it when it is a ``folder`` to write into.
 
-    Raises :class:`~harness.core.errors.BadInput` whose ``field`` is ``what``, showing the path's
-    start only."""
-    text = os.fspath(given)
+    Raises :class:`~harness.core.errors.BadArgument` whose ``field`` is ``what``, showing the
+    path's start only."""
+    text = os.fspath(given) if isinstance(given, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise BadArgument(f"expected a path, got {type(given).__name__}", field=what)
     shown = text if len(text) <= 60 else text[:40] + "..."
     if not text or "\0" in text:
-        raise BadInput("expected a path", path=shown or "''", field=what)
+        raise BadArgument("expected a path", path=shown or "''", field=what)
     longest = max((len(os.fsencode(part)) for part in Path(text).parts), default=0)
     if longest > MAX_COMPONENT:
         problem = f"an entry of {longest} bytes; at most {MAX_COMPONENT} fit in a folder"
-        raise BadInput(problem, path=shown, field=what)
+        raise BadArgument(problem, path=shown, field=what)
     room = MAX_PATH - 1 - (MAX_NAME + 1 if folder else 0)
     size = len(os.fsencode(os.path.abspath(text)))
     if size > room:
         problem = f"{size} bytes as an absolute path; at most {room} fit"
-        raise BadInput(problem, path=shown, field=what)
+        raise BadArgument(problem, path=shown, field=what)
     return Path(text)
 
 

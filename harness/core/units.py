@@ -11,7 +11,7 @@ import math
 import re
 from fractions import Fraction
 
-from harness.core.errors import BadInput
+from harness.core.errors import BadArgument
 
 MAX_BYTES = 2**60
 """The largest size accepted (1 EiB): anything above is a typo, not a memory budget."""
@@ -37,32 +37,33 @@ _BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB
 def parse_size(value: int | str, *, what: str = "size") -> int:
     """Return ``value`` in bytes, rounded to the nearest byte (halves up).
 
-    Raises :class:`~harness.core.errors.BadInput` (a ``ValueError``) whose ``field`` is ``what``
-    for negatives, booleans, floats, unparsable strings and sizes above :data:`MAX_BYTES`.
+    Raises :class:`~harness.core.errors.BadArgument` (a ``ValueError`` and a ``TypeError``)
+    whose ``field`` is ``what`` for negatives, booleans, floats, unparsable strings and sizes
+    above :data:`MAX_BYTES`.
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         problem = f"expected bytes as an int or a string like '50MB', got {value!r}"
-        raise BadInput(problem, field=what)
+        raise BadArgument(problem, field=what)
     if isinstance(value, int):
         if value < 0:
-            raise BadInput(f"must not be negative, got {value}", field=what)
+            raise BadArgument(f"must not be negative, got {value}", field=what)
         shown = value if value.bit_length() <= 128 else f"a {value.bit_length()}-bit number"
         return _bounded(value, shown, what)
     shown = value if len(value) <= 40 else value[:37] + "..."
     if len(value) > _MAX_CHARS:
-        raise BadInput(f"{shown!r} is too long to be a size", field=what)
+        raise BadArgument(f"{shown!r} is too long to be a size", field=what)
     match = _SIZE.fullmatch(value.strip())
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         examples = "examples: 4096, '50MB', '512KiB', '4 GiB'"
-        raise BadInput(f"cannot read {shown!r} as a size ({examples})", field=what)
+        raise BadArgument(f"cannot read {shown!r} as a size ({examples})", field=what)
     exact = Fraction(match.group(1)) * _UNITS[unit]
     return _bounded(math.floor(exact + Fraction(1, 2)), shown, what)
 
 
 def _bounded(nbytes: int, shown: object, what: str) -> int:
     if nbytes > MAX_BYTES:
-        raise BadInput(f"{shown!r} is more than {format_size(MAX_BYTES)}", field=what)
+        raise BadArgument(f"{shown!r} is more than {format_size(MAX_BYTES)}", field=what)
     return nbytes
 
 

@@ -1,6 +1,7 @@
 """What a timeline must satisfy: :class:`Rules`, and the metadata of its fields that every
 front end reads (marker keywords, ``memleak_*`` ini options, ``leakgate report`` flags, the
-report's rules row), so a new option is one field here.
+report's rules row): a new option is one field here, and one parameter of the ``__init__``
+written out for type checkers, which repeats every field in the form a caller gives it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from harness.core.errors import BadArgument, BadInput
+from harness.core.errors import BadArgument, BadInput, refused_as_argument
 from harness.core.json_values import check_tree
 from harness.core.markdown import code, table
 from harness.core.units import parse_size
@@ -42,6 +43,8 @@ class Rules:
     and are stored as ints (``written`` keeps them as given, for messages); ``None`` switches a
     rule off. ``phase`` takes a name or several (stored as a tuple); ``None`` judges every phase
     that has per-batch samples. ``custom`` holds the options of registered rules, by name.
+    Every value refused, of the wrong type or the wrong value, raises
+    :class:`~harness.core.errors.BadArgument` naming the field.
     """
 
     phase: tuple[str, ...] | None = field(
@@ -205,6 +208,11 @@ class Rules:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", check_phases(self.phase, where="Rules.phase"))
+        if not isinstance(self.written, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.written.items()
+        ):
+            problem = f"expected a mapping of option names to text, got {self.written!r}"
+            raise BadArgument(problem, field="Rules.written")
         written = dict(self.written)
         for name in size_fields():
             value = getattr(self, name)
@@ -220,23 +228,23 @@ class Rules:
         if self.project_to is not None:
             check_count(self.project_to, where="Rules.project_to", least=1)
         for name in flag_fields():
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise BadInput(f"expected True or False, got {value!r}", field=f"Rules.{name}")
+            check_flag(getattr(self, name), where=f"Rules.{name}")
         if not isinstance(self.metric, str) or not self.metric:
-            raise BadInput(f"expected a metric name, got {self.metric!r}", field="Rules.metric")
+            problem = f"expected a metric name, got {self.metric!r}"
+            raise BadArgument(problem, field="Rules.metric")
         if self.child_metric in _OUTSIDE:
             object.__setattr__(self, "child_metric", "anon")
         if self.child_metric not in CHILD_METRICS:
-            raise BadInput(
+            raise BadArgument(
                 f"expected one of {', '.join(CHILD_METRICS)}, got {self.child_metric!r}",
                 field="Rules.child_metric",
             )
         if not isinstance(self.custom, Mapping) or not all(isinstance(k, str) for k in self.custom):
             problem = f"expected a mapping of rule names, got {self.custom!r}"
-            raise BadInput(problem, field="Rules.custom")
+            raise BadArgument(problem, field="Rules.custom")
         # Written to the timeline and the verdict: only what reads back as it was written.
-        check_tree(self.custom, written=True, where="Rules.custom")
+        with refused_as_argument():
+            check_tree(self.custom, written=True, where="Rules.custom")
         object.__setattr__(self, "custom", dict(self.custom))
 
     def selects(self, phase: str | None) -> bool:
@@ -274,12 +282,13 @@ class Rules:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Rules:
-        """Build from a mapping (a marker's keywords, a JSON object); unknown keys are errors."""
+        """Build from a mapping (a marker's keywords, a JSON object); unknown keys are errors
+        (:class:`~harness.core.errors.BadArgument`, as a refused field is)."""
         if not isinstance(data, Mapping):
-            raise BadInput(f"expected a mapping, got {type(data).__name__}", field="rules")
+            raise BadArgument(f"expected a mapping, got {type(data).__name__}", field="rules")
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise BadInput(
+            raise BadArgument(
                 f"unknown rule{'s' * (len(unknown) != 1)} {sorted(map(str, unknown))}; known "
                 "rules: " + ", ".join(option_names())
             )
@@ -288,14 +297,14 @@ class Rules:
 
 def check_phases(value: object, *, where: str) -> tuple[str, ...] | None:
     """A phase name or names (a string, or a sequence of them as a list or tuple) as a tuple;
-    ``None`` stays ``None``. Raises :class:`~harness.core.errors.BadInput` naming ``where``."""
+    ``None`` stays ``None``. Raises :class:`~harness.core.errors.BadArgument` naming ``where``."""
     if value is None:
         return None
     phases = (value,) if isinstance(value, str) else value
     if not isinstance(phases, Sequence) or not phases:
-        raise BadInput(f"expected a phase name or names, got {phases!r}", field=where)
+        raise BadArgument(f"expected a phase name or names, got {phases!r}", field=where)
     if not all(isinstance(p, str) and p for p in phases):
-        raise BadInput(f"phase names must be non-empty strings: {phases!r}", field=where)
+        raise BadArgument(f"phase names must be non-empty strings: {phases!r}", field=where)
     return tuple(phases)
 
 
@@ -305,6 +314,14 @@ def check_count(value: object, *, where: str, least: int = 0) -> int:
     front end."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise BadArgument(f"expected a whole number >= {least}, got {value!r}", field=where)
+    return value
+
+
+def check_flag(value: object, *, where: str) -> bool:
+    """``value`` when it is True or False; else :class:`~harness.core.errors.BadArgument`
+    naming ``where`` (a truthy 1 or ``"yes"`` is refused, not read as one)."""
+    if not isinstance(value, bool):
+        raise BadArgument(f"expected True or False, got {value!r}", field=where)
     return value
 
 
