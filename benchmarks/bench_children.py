@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from harness.measure import heap_board
 from harness.measure.children import ChildrenReader
+from harness.measure.patches import PATCHES
 from harness.measure.procfs import descendants
 from harness.recorder import Recorder
 
@@ -35,7 +36,7 @@ def started_workers(count: int) -> Iterator[object] | None:
     """An iterator whose ``count`` forked workers stay alive while it does (``None`` for 0)."""
     if count == 0:
         return None
-    heap_board.install()  # as a recorder made before the loader does: the workers publish
+    PATCHES.hold(heap_board.WORKERS)  # as a recorder made before the loader: workers publish
     batches = iter(
         DataLoader(
             range(1 << 20),

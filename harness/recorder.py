@@ -21,6 +21,7 @@ from harness.core.naming import check_path, rank_timeline
 from harness.core.units import parse_size
 from harness.measure.children import CHILDREN_COST, JOB, ChildSampler
 from harness.measure.host import HOST, OWN_COUNTED, HostMemory
+from harness.measure.patches import FREEZE, PATCHES, Hold
 from harness.measure.probes import Probe, make_probe
 from harness.measure.sample import STRIDE, Sample
 from harness.timeline.header import run_header
@@ -62,8 +63,15 @@ class Recorder:
     CPU a checkpoint over it (:mod:`harness.measure.capacity`) is recorded with a note, then raises
     :class:`DeviceOutOfMemory` (a ``torch.OutOfMemoryError``).
 
-    On construction the recorder runs ``gc.freeze()``, so that ``collect=True`` costs what the
-    run allocated, not torch's own objects; :meth:`close` unfreezes what it froze.
+    The first recorder open in a process runs ``gc.freeze()`` when nothing is frozen yet, so
+    that ``collect=True`` costs what the run allocated, not torch's own objects, and the
+    attribution takes what existed then as old; the last to close runs ``gc.unfreeze()``
+    (unless the process ran ``gc.freeze()`` since: all that is frozen is then its own). Where
+    the process had frozen objects itself, leakgate freezes nothing and never unfreezes: the
+    process's freeze stands for the recorder's start (what was made after it counts as new).
+    What a recorder puts in torch (:mod:`harness.measure.patches`: the DataLoader worker loop
+    and pid hooks) is put back when the last recorder holding it closes, or when its
+    constructor raises.
 
     ``attribute=True`` (or a configured :class:`~harness.attribution.phase.PhaseAttribution`) names
     what holds new memory: live tensors are noted at each phase's START, attributed at its END
@@ -116,7 +124,6 @@ class Recorder:
             host = rules.host if rules is not None else True
         if not isinstance(host, bool):
             raise BadArgument(f"host: expected a bool or None, got {host!r}")
-        self._children = ChildSampler() if children else None
         if attribute is True:
             from harness.verdict.options import Rules
 
@@ -134,7 +141,10 @@ class Recorder:
         self._host = HostMemory() if host and not self.probe.host else None
         self._timeline = None
         self.timeline_error: UnwritableReport | None = None
-        try:
+        self._children: ChildSampler | None = None
+        self._hold: Hold | None = None  # the gc.freeze() (see the class's docstring)
+        try:  # what this holds is let go of when a step after it raises
+            self._children = ChildSampler() if children else None
             self._checked_capacity: CheckedCapacity | None = None  # not the device's own
             if limit is not None and not self.probe.limit(limit):
                 from harness.measure.capacity import CheckedCapacity
@@ -160,9 +170,7 @@ class Recorder:
             if timeline is not None:
                 self._timeline = TimelineWriter(timeline, self.header)
         except BaseException:
-            self.probe.close()
-            if self._host is not None:
-                self._host.close()
+            self._release()
             raise
         self._wait = None if self._timeline is None else self._timeline.wait
         self._store = SampleStore()
@@ -186,16 +194,19 @@ class Recorder:
             bool(strided) and set(strided) == set(self.probe.metrics)
         ) and self._checked_capacity is None
         self._unread_metrics = dict.fromkeys(self.probe.metrics)
-        self._unfreeze = gc.get_freeze_count() == 0
-        gc.freeze()
-        if self.attribution is not None:
-            self.attribution.start()
-        board = self._children.reader.board if self._children is not None else None
         self._watched: str | None = None  # the board whose workers name their own holders
-        if self.attribution is not None and board is not None:
-            from harness.attribution.worker_holders import watch_workers
+        try:
+            self._hold = PATCHES.hold(FREEZE)
+            if self.attribution is not None:
+                self.attribution.start()
+            board = self._children.reader.board if self._children is not None else None
+            if self.attribution is not None and board is not None:
+                from harness.attribution.worker_holders import watch_workers
 
-            self._watched = board.path if watch_workers(board.path, rules) else None
+                self._watched = board.path if watch_workers(board.path, rules) else None
+        except BaseException:
+            self._release()
+            raise
 
     def checkpoint(
         self,
@@ -536,8 +547,8 @@ class Recorder:
             self.probe.close()
             if self._host is not None:
                 self._host.close()
-            if self._unfreeze:
-                gc.unfreeze()
+            if self._hold is not None:
+                self._hold.release()
 
     def __enter__(self) -> Recorder:
         return self

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from harness.measure import heap_board, malloc, worker_roles
+from harness.measure import malloc
+from harness.measure.patches import PATCHES
 
 # The line above: pytester's in-process runs drop the modules a run imported, and a torch
 # optimizer's construction imports torch._dynamo, which registers an operator library that a
@@ -18,14 +19,14 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def torch_hooks_put_back():
-    """Each test leaves torch's DataLoader hooks as it found them: what a test installed and
-    never undid (a bare ``ChildrenReader``, ``heap_board.install()``) is undone after it."""
-    users, watchers = heap_board._users, worker_roles._watchers
+    """Each test leaves torch's DataLoader hooks as it found them: what a test held and never
+    let go of (a bare ``ChildrenReader``, a hold of ``heap_board.WORKERS``) is let go of after
+    it, the newest first."""
+    held = set(PATCHES.holds())
     yield
-    while heap_board._users > users:
-        heap_board.uninstall()
-    while worker_roles._watchers > watchers:
-        worker_roles.unwatch_dataloaders()
+    for hold in reversed(PATCHES.holds()):
+        if hold not in held:
+            hold.release()
 
 
 @pytest.fixture

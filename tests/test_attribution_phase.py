@@ -3,6 +3,7 @@ says how much of its growth the named holders hold, and a phase is attributed wh
 still holds what it kept (growth past a budget, an out-of-memory note, no START needed)."""
 
 import functools
+import gc
 
 import pytest
 import torch
@@ -60,6 +61,7 @@ def leak_in_validation(rec: Recorder, cache: Cache) -> None:
 
 
 def test_a_cache_filled_before_the_recorder_started_is_not_named_for_a_later_leak(table):
+    gc.unfreeze()  # the recorder's own freeze marks its start (a freeze of the process's stands)
     table.rows(50_000)  # an earlier test's
     cache = Cache()
     with Recorder("cpu", attribute=PhaseAttribution(at_end=False)) as rec:

@@ -69,9 +69,11 @@ FORKED = """
 import os, sys, time, tracemalloc
 from harness.attribution.lines import Lines
 from harness.measure import heap_board
+from harness.measure.patches import PATCHES
 
 heap_board.PERIOD = 3600.0  # no reading on the child's timer: only its first, then the asked
-board, why = heap_board.install()
+PATCHES.hold(heap_board.WORKERS)
+board = heap_board.board()
 early = os.fork()  # the board's child hook is registered at the first fork, before explain's
 if early == 0:
     os._exit(0)

@@ -15,6 +15,7 @@ import pytest
 
 from harness.measure import heap_board, malloc
 from harness.measure.heap_board import Board
+from harness.measure.patches import PATCHES
 from harness.recorder import Recorder
 from harness.rules.judging import judge
 from harness.verdict.options import Rules
@@ -50,7 +51,7 @@ def test_a_forked_child_is_judged_on_the_heap_it_publishes(leak):
     rules = Rules(phase="validation", max_growth="4MB", warmup=5)
     ours, theirs = FORK.Pipe()
     with Recorder("cpu", rules=rules) as rec:
-        board, _ = heap_board.install()  # the one this process's children publish into
+        board = heap_board.board()  # the one this process's children publish into
         child = FORK.Process(target=serve, args=(theirs, leak))
         child.start()
         try:
@@ -105,9 +106,10 @@ def test_a_child_reads_its_own_rollup_at_8_32_128_and_on():
 LIVE = """
 import os, sys
 from harness.measure import heap_board
-board, why = heap_board.install()
-assert why is None, why
-print(board.path, flush=True)
+from harness.measure.patches import PATCHES
+hold = PATCHES.hold(heap_board.WORKERS)
+assert not hold.notes, hold.notes
+print(heap_board.board().path, flush=True)
 if sys.argv[1] == "kill":
     os.kill(os.getpid(), 9)
 """
@@ -133,15 +135,15 @@ def test_what_cannot_publish_is_said(monkeypatch):
     monkeypatch.setattr(heap_board, "_board", None)
     unread = malloc.Heap("unknown", None, "no mallinfo2 (it needs glibc >= 2.33)")
     monkeypatch.setattr(heap_board, "heap", lambda: unread)
-    assert heap_board.install() == (
-        None,
-        "children read from outside: no mallinfo2 (it needs glibc >= 2.33)",
-    )
+    with PATCHES.hold(heap_board.WORKERS) as hold:
+        assert heap_board.board() is None
+        assert hold.notes == ["children read from outside: no mallinfo2 (it needs glibc >= 2.33)"]
     monkeypatch.undo()
     monkeypatch.delattr(worker, "_worker_loop")
-    board, why = heap_board.install()
-    assert board is not None
-    assert why == "spawned DataLoader workers read from outside: this torch has no _worker_loop"
+    with PATCHES.hold(heap_board.WORKERS) as hold:
+        assert heap_board.board() is not None
+        why = "spawned DataLoader workers read from outside: this torch has no _worker_loop"
+        assert hold.notes == [why]
 
 
 def test_the_worker_entry_point_is_pickled_by_reference():
@@ -149,6 +151,6 @@ def test_the_worker_entry_point_is_pickled_by_reference():
 
     from torch.utils.data._utils import worker
 
-    heap_board.install()
+    PATCHES.hold(heap_board.WORKERS)
     loop = pickle.loads(pickle.dumps(worker._worker_loop))
     assert loop.func is heap_board._worker_loop and loop.args == worker._worker_loop.args

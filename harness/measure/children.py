@@ -81,6 +81,7 @@ from typing import NamedTuple
 import harness.measure.heap_board as heap_board
 import harness.measure.procfs as procfs
 import harness.measure.worker_roles as worker_roles
+from harness.measure.patches import PATCHES
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -229,10 +230,11 @@ class ChildrenReader:
         if not self.available:
             self.notes.append("children not measured: no /proc/<pid>/smaps_rollup here")
             return
-        self._own, self._closed = self.pid == os.getpid(), False
-        why_not = worker_roles.watch_dataloaders()
-        self.board, unread = heap_board.install() if self._own else (None, None)
-        self.notes += [note for note in (why_not, unread) if note]
+        self._own = self.pid == os.getpid()
+        board = (heap_board.WORKERS,) if self._own else ()
+        self._hold = PATCHES.hold(worker_roles.PID_HOOKS, *board)
+        self.board = heap_board.board() if self._own else None
+        self.notes += self._hold.notes
         self._seen: dict[str, None] = {}
         self._roles: dict[int, str] = {}
         self._live: dict[int, bool] = {}
@@ -249,12 +251,9 @@ class ChildrenReader:
         self._marks: tuple[int, int, bool] | None = None
 
     def close(self) -> None:
-        """Undo what reading children installed (torch's worker hooks, the heap board's), once."""
-        if self.available and not self._closed:
-            self._closed = True
-            worker_roles.unwatch_dataloaders()
-            if self._own:
-                heap_board.uninstall()
+        """Let go of what reading children holds (torch's worker hooks, the heap board's)."""
+        if self.available:
+            self._hold.release()
 
     def _helper(self, pid: int, direct: bool) -> bool:
         """Whether ``pid`` is one of multiprocessing's own servers (its resource tracker or

@@ -7,7 +7,7 @@ after a free: a clean DataLoader worker's grows by MiBs, its live heap (as the m
 code reads its own live heap, with the anonymous memory it mapped outside malloc
 (:func:`harness.measure.procfs.mapped_outside`, every :data:`MAPS_EVERY`-th reading), and writes it
 into its *slot*: a 64-byte file named by its pid in a *board*, a private folder (in
-``/dev/shm`` where there is one) that the recording process makes once (:func:`install`). A
+``/dev/shm`` where there is one) that the recording process makes once (:data:`WORKERS`). A
 child reserves its slot's blocks before its first write (a full ``/dev/shm`` then leaves it read
 from outside) and writes it with ``pwrite``; the parent reads it with ``pread``: never mapped, a
 slot cut short or a full file system faults neither process. A slot that is not a regular file
@@ -15,9 +15,10 @@ slot cut short or a full file system faults neither process. A slot that is not 
 
 **Who publishes, and when.**
 
-- DataLoader workers, under every start method: :func:`install` puts a picklable wrapper (it
-  carries the board's path, for a spawned worker) at ``torch.utils.data._utils.worker.
-  _worker_loop`` until :func:`uninstall`. In the worker, each fetch of a batch first publishes:
+- DataLoader workers, under every start method: :data:`WORKERS`, while held through
+  :data:`~harness.measure.patches.PATCHES`, puts a picklable wrapper (it carries the board's
+  path, for a spawned worker) at ``torch.utils.data._utils.worker._worker_loop``, and torch's
+  back after its last holder. In the worker, each fetch of a batch first publishes:
   a reading covers the batches its ``count`` says were begun before it, never the one in flight.
   A torch without ``_worker_loop`` or its fetchers: workers are read as other children.
 - Any other child forked by Python: an at-fork hook opens its slot and a daemon thread
@@ -42,146 +43,21 @@ import atexit
 import contextlib
 import functools
 import os
-import shutil
-import stat
-import struct
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from harness.measure.board_folder import leased_folder
+from harness.measure.board_slots import NOFOLLOW, SEQUENCE, SIZE, SLOT, UNREAD, Board
 from harness.measure.host import HostMemory
 from harness.measure.malloc import heap
+from harness.measure.patches import PATCHES, Hold, Patch
 from harness.measure.procfs import mapped_outside, read_rollup
 
 PERIOD = 0.01
 """Seconds between two readings of a forked child that is not a DataLoader worker."""
-SIZE = 128
 MAPS_EVERY = 16  # a child's mappings outside malloc are read so often (0.5 ms each)
-_SLOT = struct.Struct("<QqqQqqqQqq")
-"""sequence, pid, live heap, count, monotonic ns, the latest rollup (uss, shared, and the
-count it was taken at: 0 for none yet), and what no counter explains, both bounds of it:
-resident anonymous memory less what the allocators hold, and less the live heap
-(:data:`UNREAD` where they cannot be read)."""
-UNREAD = -(2**63)
-_SEQUENCE = struct.Struct("<Q")
-_TRIES = 4
-
-
-@dataclass(frozen=True)
-class HeapReading:
-    """A child's latest published reading: its live heap in bytes, ``count`` readings taken
-    so far, at ``taken`` (``time.monotonic_ns``); and its latest ``smaps_rollup`` (``uss``
-    and ``shared`` pages, read by the child itself at reading ``rolled``: 0 for none yet)."""
-
-    heap: int
-    count: int
-    taken: int
-    uss: int = 0
-    shared: int = 0
-    rolled: int = 0
-    outside: int | None = None
-    beyond: int | None = None
-
-
-class Board:
-    """The folder this process's children publish into, and the parent's view of their slots
-    (``read``: a child's latest reading)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.owner = os.getpid()
-        self._lease: int | None = None  # a lock held while the board lives (board_folder)
-        self._slots: dict[int, int] = {}  # a child's slot, as a descriptor read with pread
-        self._last: dict[int, HeapReading] = {}
-        self._sequences: dict[int, int] = {}
-
-    @classmethod
-    def make(cls) -> Board:
-        """A new, private board; ``OSError`` when none can be made."""
-        path, lease = leased_folder()
-        board = cls(path)
-        board._lease = lease
-        return board
-
-    def read(self, pid: int) -> HeapReading | None:
-        """``pid``'s latest complete reading: None while it has no slot or has not published
-        yet. A reading being written as it is read gives the one before it. Slots are read
-        with ``pread``, never mapped: a slot cut short (truncated, or a full file system) reads
-        short, where a mapping would fault."""
-        fd = self._slots.get(pid)
-        if fd is None:
-            fd = self._slot_of(pid)
-            if fd is None:
-                return None
-        last = self._last.get(pid)
-        if last is not None and _sequence(fd) == self._sequences[pid]:
-            return last  # nothing new since: no second read, no new object
-        for _ in range(_TRIES):
-            data = os.pread(fd, SIZE, 0)
-            if len(data) < _SLOT.size:
-                break
-            sequence, owner, *fields = _SLOT.unpack_from(data)
-            whole = sequence % 2 == 0 and _sequence(fd) == sequence
-            if whole and owner == pid and fields[1]:
-                live, count, taken, uss, shared, rolled, *bounds = fields
-                outside, beyond = (None if b == UNREAD else b for b in bounds)
-                reading = HeapReading(live, count, taken, uss, shared, rolled, outside, beyond)
-                self._last[pid], self._sequences[pid] = reading, sequence
-                break
-        return self._last.get(pid)
-
-    def _slot_of(self, pid: int) -> int | None:
-        """``pid``'s slot opened, when it is a regular file of this board (a FIFO or a device
-        put there is never waited on nor read)."""
-        flags = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(os.path.join(self.path, str(pid)), flags)
-        except OSError:
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                return None
-        except OSError:
-            os.close(fd)
-            return None
-        self._slots[pid] = fd
-        return fd
-
-    def forget(self, pid: int) -> None:
-        """Drop an exited child's slot."""
-        fd = self._slots.pop(pid, None)
-        self._last.pop(pid, None)
-        self._sequences.pop(pid, None)
-        if fd is not None:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(self.path, str(pid)))
-
-    def close(self) -> None:
-        """Remove the board (only in the process that made it)."""
-        for fd in self._slots.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._slots.clear()
-        if os.getpid() == self.owner:
-            shutil.rmtree(self.path, ignore_errors=True)
-            if self._lease is not None:
-                os.close(self._lease)
-                self._lease = None
-
-
-def _sequence(fd: int) -> int | None:
-    """A slot's sequence number now (None when it is cut short)."""
-    data = os.pread(fd, _SEQUENCE.size, 0)
-    return _SEQUENCE.unpack(data)[0] if len(data) == _SEQUENCE.size else None
-
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _rolls(count: int) -> bool:
@@ -198,7 +74,7 @@ class _Slot:
     def __init__(self, board: str) -> None:
         self.pid = os.getpid()
         path = os.path.join(board, str(self.pid))
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, 0o600)
         try:
             # the slot's blocks reserved now (ENOSPC on a full /dev/shm, said by the caller's
@@ -246,13 +122,13 @@ class _Slot:
             self._sequence += 1  # odd while the slot is written, its first 8 bytes first
             now = time.monotonic_ns()
             unread = UNREAD if outside is None else outside
-            slot = _SLOT.pack(
+            slot = SLOT.pack(
                 self._sequence, self.pid, heap, self._count, now, *self._rollup, unread, beyond
             )
             self._sequence += 1
             try:
                 os.pwrite(self._fd, slot, 0)
-                os.pwrite(self._fd, _SEQUENCE.pack(self._sequence), 0)
+                os.pwrite(self._fd, SEQUENCE.pack(self._sequence), 0)
             except OSError:  # the slot is gone (the board removed): its last reading stays
                 return None
         return heap
@@ -278,78 +154,93 @@ class _Slot:
 
 
 _board: Board | None = None
-"""The board this process's children publish into (made by :func:`install`)."""
+"""The board this process's children publish into (made when :data:`WORKERS` is first put)."""
 _target: str | None = None
 """The board this process publishes into: its nearest recording ancestor's."""
 _slot: _Slot | None = None
-_original_loop: Callable[..., Any] | None = None
-_hooked = False
-_users = 0
-"""Installs not yet undone: children publish while there is one."""
 _forks = 0
-"""Children this process forked through Python since it made its board."""
+"""Children this process forked through Python while :data:`WORKERS` was held."""
 _generation = 0
 """Which registration of :func:`_forked` acts in a child: the latest (:func:`_before_fork`)."""
 _after_memray = False
-_hook: Callable[[int, int], None] | None = None
-"""What a DataLoader worker calls after each reading it publishes, with its heap and count
-(:func:`watch_batches`)."""
 _releases: list[Callable[[], None]] = []
 """What a forked child lets go of before its first reading (:func:`release_in_child`)."""
 
 
-def install() -> tuple[Board | None, str | None]:
-    """Make this process's children publish their live heap until each call has its
-    :func:`uninstall`: the board to read them from, and why some or all of them cannot publish
-    (None when all can)."""
-    global _board, _hooked, _users
-    _users += 1
-    found = heap()
-    if found.read is None:
-        return None, f"children read from outside: {found.note}"
-    if _board is None or _board.owner != os.getpid():
+class _WorkerLoop(Patch):
+    """Children that publish their live heap: this process's board (made once, kept until it
+    exits), torch's DataLoader worker loop started through :func:`_worker_loop` (put back when
+    the last holder lets go, unless a tool wrapped ours since: its wrapper stays, and ours then
+    calls torch's), and the at-fork hooks, registered once and acting only while held."""
+
+    def __init__(self) -> None:
+        self.original: Callable[..., Any] | None = None
+        """torch's loop as it was when ours went in (a forked worker inherits it)."""
+        self.hooks: dict[Hold, Callable[[int, int], None] | None] = {}
+        """Each holder's :func:`watch_batches` hook, the latest registered last."""
+        self._registered = False
+
+    def put(self) -> str | None:
+        global _board
+        found = heap()
+        if found.read is None:
+            return f"children read from outside: {found.note}"
+        if _board is None or _board.owner != os.getpid():
+            try:
+                _board = Board.make()
+            except OSError as error:
+                return f"children read from outside: no board for their heap ({error.strerror})"
+            atexit.register(_board.close)
+        if not self._registered:
+            os.register_at_fork(before=_before_fork, after_in_parent=_parent_forked)
+            self._registered = True
+        return self.wrap()
+
+    def take_back(self) -> None:
+        worker = sys.modules.get("torch.utils.data._utils.worker")
+        if worker is not None and _ours(getattr(worker, "_worker_loop", None)):
+            setattr(worker, "_worker_loop", self.original)  # noqa: B010
+
+    @property
+    def hook(self) -> Callable[[int, int], None] | None:
+        """The hook a worker started now calls: the latest registered by a holder still here."""
+        return next(reversed(self.hooks.values()), None)
+
+    def unhook(self, hold: Hold) -> None:
+        """Drop ``hold``'s hook: the one registered before it acts again."""
+        if hold in self.hooks:
+            del self.hooks[hold]
+            self.wrap()
+
+    def wrap(self) -> str | None:
+        """Start DataLoader workers through :func:`_worker_loop` with the board and the hook,
+        when this process's board is in place; why not, when torch lacks it."""
+        if _board is None or _board.owner != os.getpid():
+            return None
         try:
-            _board = Board.make()
-        except OSError as error:
-            return None, f"children read from outside: no board for their heap ({error.strerror})"
-        atexit.register(_board.close)
-    if not _hooked:
-        os.register_at_fork(before=_before_fork, after_in_parent=_parent_forked)
-        _hooked = True
-    return _board, _wrap_workers(_board.path)
-
-
-def uninstall() -> None:
-    """Undo one :func:`install`; after the last, torch's worker loop is put back (unless a tool
-    wrapped ours since: its wrapper stays, and ours then calls torch's), no worker started
-    from now on calls a :func:`watch_batches` hook, and children forked from now on publish
-    nothing. The board stays until this process exits."""
-    global _users, _hook
-    _users = max(0, _users - 1)
-    if _users:
-        return
-    _hook = None
-    worker = sys.modules.get("torch.utils.data._utils.worker")
-    if worker is not None and _ours(getattr(worker, "_worker_loop", None)):
-        setattr(worker, "_worker_loop", _original_loop)  # noqa: B010
-
-
-def _wrap_workers(board: str) -> str | None:
-    """Start DataLoader workers through :func:`_worker_loop`; why not, when torch lacks it."""
-    global _original_loop
-    try:
-        from torch.utils.data._utils import fetch, worker
-    except ImportError:
-        return "DataLoader workers read from outside: torch is not importable"
-    loop = getattr(worker, "_worker_loop", None)
-    if loop is None or not hasattr(fetch, "_BaseDatasetFetcher"):
-        return "spawned DataLoader workers read from outside: this torch has no _worker_loop"
-    if _around_ours(loop):  # a tool wrapped ours since: its wrapper stays, and calls ours
+            from torch.utils.data._utils import fetch, worker
+        except ImportError:
+            return "DataLoader workers read from outside: torch is not importable"
+        loop = getattr(worker, "_worker_loop", None)
+        if loop is None or not hasattr(fetch, "_BaseDatasetFetcher"):
+            return "spawned DataLoader workers read from outside: this torch has no _worker_loop"
+        if _around_ours(loop):  # a tool wrapped ours since: its wrapper stays, and calls ours
+            return None
+        if not _ours(loop):
+            self.original = loop
+        worker._worker_loop = functools.partial(_worker_loop, _board.path, self.hook)
         return None
-    if not _ours(loop):
-        _original_loop = loop
-    worker._worker_loop = functools.partial(_worker_loop, board, _hook)
-    return None
+
+
+WORKERS = _WorkerLoop()
+"""What makes this process's children publish their live heap: held through
+:data:`~harness.measure.patches.PATCHES` (a children reader of this process holds it)."""
+
+
+def board() -> Board | None:
+    """The board this process's children publish into (made when :data:`WORKERS` was put),
+    None where it has none."""
+    return _board if _board is not None and _board.owner == os.getpid() else None
 
 
 def _around_ours(loop: Any) -> bool:
@@ -375,11 +266,18 @@ def _content(cell: Any) -> Any:
 
 def watch_batches(hook: Callable[[int, int], None] | None) -> None:
     """Have each DataLoader worker started from now on call ``hook(heap, count)`` after each
-    reading it publishes (None: no hook; a spawned worker gets a pickled copy)."""
-    global _hook
-    _hook = hook
-    if _users and _board is not None and _board.owner == os.getpid():
-        _wrap_workers(_board.path)
+    reading it publishes (a spawned worker gets a pickled copy), for as long as the newest
+    holder of :data:`WORKERS` in this process holds it (a recorder's own, made in its
+    constructor before it asks): when that holder lets go, the hook registered before acts
+    again. None: no hook for that holder. With no holder, nothing."""
+    hold = PATCHES.newest(WORKERS)
+    if hold is None:
+        return
+    if hold not in WORKERS.hooks:
+        hold.on_release(functools.partial(WORKERS.unhook, hold))
+    WORKERS.hooks.pop(hold, None)
+    WORKERS.hooks[hold] = hook
+    WORKERS.wrap()
 
 
 def release_in_child(release: Callable[[], None]) -> None:
@@ -391,10 +289,13 @@ def release_in_child(release: Callable[[], None]) -> None:
 
 
 def _before_fork() -> None:
-    """Before a fork: register :func:`_forked` for the child, once, and again once memray is
-    imported (its handler ends its tracking in a child: a thread started before it would be
-    tracked into the parent's capture). The latest registration is the one that acts."""
+    """Before a fork while :data:`WORKERS` is held: register :func:`_forked` for the child,
+    once, and again once memray is imported (its handler ends its tracking in a child: a thread
+    started before it would be tracked into the parent's capture). The latest registration is
+    the one that acts."""
     global _generation, _after_memray
+    if not PATCHES.held(WORKERS):
+        return
     memray = "memray" in sys.modules
     if _generation and (_after_memray or not memray):
         return
@@ -405,11 +306,13 @@ def _before_fork() -> None:
 
 def _parent_forked() -> None:
     global _forks
-    _forks += 1
+    if PATCHES.held(WORKERS):
+        _forks += 1
 
 
 def forks() -> int:
-    """How many children this process has forked through Python since it made its board."""
+    """How many children this process has forked through Python while :data:`WORKERS` was
+    held."""
     return _forks
 
 
@@ -421,7 +324,7 @@ def _forked(generation: int) -> None:
     """In a child forked by Python: publish into the parent's board (or the board the parent
     publishes into) on a timer; a DataLoader worker switches to its batches."""
     global _board, _target, _slot
-    if generation != _generation or not _users:
+    if generation != _generation or not PATCHES.held(WORKERS):
         return
     if _board is not None:
         _target, _board = _board.path, None
@@ -450,21 +353,47 @@ def _worker_loop(
     """A DataLoader worker's entry point: publish before each batch (then call ``hook``), then
     torch's loop."""
     global _target, _slot
-    from torch.utils.data._utils import fetch, worker
+    from torch.utils.data._utils import worker
 
     _target = board
     if _slot is not None:
         _slot.stop()
     else:
         _slot = _open(board)
-    if _slot is not None:
-        for kind in fetch._BaseDatasetFetcher.__subclasses__():
-            kind.fetch = _publishing(kind.fetch, _slot, hook)  # type: ignore[method-assign]
+    fetchers = [] if _slot is None else [_Fetchers(_slot, hook)]
     # torch's loop as it was when ours went in (a fork inherits it; a spawned worker imports
     # torch afresh): never the attribute as it is now, which a tool may have wrapped around ours
-    original = _original_loop if _original_loop is not None else worker._worker_loop
+    original = WORKERS.original if WORKERS.original is not None else worker._worker_loop
     assert not _ours(original)
-    return original(*args, **kwargs)
+    with PATCHES.hold(*fetchers):
+        return original(*args, **kwargs)
+
+
+class _Fetchers(Patch):
+    """In a DataLoader worker, for its loop: each of torch's fetchers publishes into ``slot``
+    before each batch (then calls ``hook``); put back when the loop returns."""
+
+    def __init__(self, slot: _Slot, hook: Callable[[int, int], None] | None) -> None:
+        self._slot, self._hook = slot, hook
+        self._wrapped: list[tuple[type, Any, Any]] = []
+
+    def put(self) -> None:
+        from torch.utils.data._utils import fetch
+
+        for kind in fetch._BaseDatasetFetcher.__subclasses__():
+            own = kind.__dict__.get("fetch")
+            wrapped = _publishing(kind.fetch, self._slot, self._hook)
+            kind.fetch = wrapped  # type: ignore[method-assign]
+            self._wrapped.append((kind, own, wrapped))
+
+    def take_back(self) -> None:
+        for kind, own, wrapped in self._wrapped:
+            if kind.__dict__.get("fetch") is wrapped:
+                if own is None:
+                    delattr(kind, "fetch")
+                else:
+                    setattr(kind, "fetch", own)  # noqa: B010
+        self._wrapped.clear()
 
 
 def _publishing(

@@ -1,8 +1,9 @@
 """DataLoader workers' roles: ``worker <id>`` for each worker of an iterator, learned where
 torch hands an iterator's worker pids, in id order, to its signal handling
 (``_set_worker_pids``, called from the multi-process iterator's ``__init__``, which tells the
-hook its loader's dataset): :func:`watch_dataloaders` wraps both once, at no cost per
-checkpoint, and the last :func:`unwatch_dataloaders` puts them back.
+hook its loader's dataset): :data:`PID_HOOKS` wraps both while held (through
+:data:`~harness.measure.patches.PATCHES`), at no cost per checkpoint, and they are put back
+when its last holder lets go.
 
 torch gives every worker the same process name (``pt_data_worker``, set once the worker runs;
 ``python`` before, under spawn) and keeps the id inside the worker, so the id is learned here.
@@ -21,6 +22,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from harness.measure.patches import Patch
 
 _WORKER = re.compile(r"(?:loader (\d+) )?worker (\d+)")
 
@@ -53,7 +56,6 @@ class WorkerRoles:
         self.roles: dict[int, str] = {}
         self._loaders: dict[int, tuple[int, tuple[int, ...], int | None]] = {}
         """Each registered iterator's number, worker pids and ``id`` of its dataset."""
-        self.watching = False
         self.generation = 0
         """Moves each time an iterator's workers are named."""
 
@@ -117,64 +119,61 @@ def _making(init: Any) -> Any:
     return make
 
 
-_watchers = 0
-"""Watches not yet undone: torch's hooks are wrapped while there is one."""
-_originals: tuple[Any, ...] | None = None
-"""torch's two hooks and its iterator's ``__init__``, and the wrappers put in their place."""
+class _PidHooks(Patch):
+    """torch's ``_set_worker_pids`` and ``_remove_worker_pids`` hooks and its multi-process
+    iterator's ``__init__``, wrapped to name workers into :data:`ROLES`; put back where ours
+    are still in place (another tool's wrapper around ours stays, and calls ours)."""
 
+    def __init__(self) -> None:
+        self._originals: tuple[Any, ...] | None = None
+        """torch's two hooks and its iterator's ``__init__``, and the wrappers put in their
+        place."""
 
-def watch_dataloaders() -> str | None:
-    """Learn DataLoader workers' ids until each call has its :func:`unwatch_dataloaders`; why
-    not, when torch lacks the hook."""
-    global _watchers, _originals
-    _watchers += 1
-    if ROLES.watching:
+    def put(self) -> str | None:
+        try:
+            from torch.utils.data._utils import signal_handling
+        except ImportError:
+            return "DataLoader workers named by command: torch is not importable"
+        set_pids = getattr(signal_handling, "_set_worker_pids", None)
+        remove_pids = getattr(signal_handling, "_remove_worker_pids", None)
+        if set_pids is None or remove_pids is None:
+            return "DataLoader workers named by command: this torch has no _set_worker_pids"
+
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as iterator
+
+        def set_worker_pids(key: int, child_pids: tuple[int, ...]) -> None:
+            ROLES.add(key, child_pids, getattr(_made, "dataset", None))
+            set_pids(key, child_pids)
+
+        def remove_worker_pids(loader_id: int) -> None:
+            ROLES.remove(loader_id)
+            remove_pids(loader_id)
+
+        init = iterator.__dict__["__init__"]
+        signal_handling._set_worker_pids = set_worker_pids
+        signal_handling._remove_worker_pids = remove_worker_pids
+        made = _making(init)
+        iterator.__init__ = made  # type: ignore[method-assign]
+        self._originals = (set_pids, remove_pids, set_worker_pids, remove_worker_pids, init, made)
         return None
-    try:
+
+    def take_back(self) -> None:
+        originals, self._originals = self._originals, None
+        if originals is None:
+            return
         from torch.utils.data._utils import signal_handling
-    except ImportError:
-        return "DataLoader workers named by command: torch is not importable"
-    set_pids = getattr(signal_handling, "_set_worker_pids", None)
-    remove_pids = getattr(signal_handling, "_remove_worker_pids", None)
-    if set_pids is None or remove_pids is None:
-        return "DataLoader workers named by command: this torch has no _set_worker_pids"
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as iterator
 
-    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as iterator
-
-    def set_worker_pids(key: int, child_pids: tuple[int, ...]) -> None:
-        ROLES.add(key, child_pids, getattr(_made, "dataset", None))
-        set_pids(key, child_pids)
-
-    def remove_worker_pids(loader_id: int) -> None:
-        ROLES.remove(loader_id)
-        remove_pids(loader_id)
-
-    init = iterator.__dict__["__init__"]
-    signal_handling._set_worker_pids = set_worker_pids
-    signal_handling._remove_worker_pids = remove_worker_pids
-    made = _making(init)
-    iterator.__init__ = made  # type: ignore[method-assign]
-    _originals = (set_pids, remove_pids, set_worker_pids, remove_worker_pids, init, made)
-    ROLES.watching = True
-    return None
+        set_pids, remove_pids, ours_set, ours_remove, init, ours_init = originals
+        if signal_handling._set_worker_pids is ours_set:
+            signal_handling._set_worker_pids = set_pids
+        if signal_handling._remove_worker_pids is ours_remove:
+            signal_handling._remove_worker_pids = remove_pids
+        if iterator.__dict__.get("__init__") is ours_init:
+            iterator.__init__ = init  # type: ignore[method-assign]
+        ROLES.clear()
 
 
-def unwatch_dataloaders() -> None:
-    """Undo one :func:`watch_dataloaders`; after the last, torch's hooks are put back where
-    ours are still in place (another tool's wrapper around ours stays, and calls ours)."""
-    global _watchers
-    _watchers = max(0, _watchers - 1)
-    if _watchers or _originals is None:
-        return
-    from torch.utils.data._utils import signal_handling
-    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as iterator
-
-    set_pids, remove_pids, ours_set, ours_remove, init, ours_init = _originals
-    if signal_handling._set_worker_pids is ours_set:
-        signal_handling._set_worker_pids = set_pids
-    if signal_handling._remove_worker_pids is ours_remove:
-        signal_handling._remove_worker_pids = remove_pids
-    if iterator.__dict__.get("__init__") is ours_init:
-        iterator.__init__ = init  # type: ignore[method-assign]
-    ROLES.watching = False
-    ROLES.clear()
+PID_HOOKS = _PidHooks()
+"""What names DataLoader workers: held through :data:`~harness.measure.patches.PATCHES` (a
+children reader holds it while it reads)."""
