@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from harness.attribution.snapshot import Snapshot as Snapshot
     from harness.attribution.snapshot import live_tensors as live_tensors
     from harness.core.errors import (
+        BadArgument as BadArgument,
+    )
+    from harness.core.errors import (
         BadInput as BadInput,
     )
     from harness.core.errors import (
@@ -88,6 +91,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "LeakgateError": "harness.core.errors",
     "BadInput": "harness.core.errors",
+    "BadArgument": "harness.core.errors",
     "UnwritableReport": "harness.core.errors",
     "MemoryCheckFailed": "harness.results.finish",
     "parse_size": "harness.core.units",

@@ -219,7 +219,13 @@ class Recorder:
         note: str | None = None,
         event: str | None = None,
     ) -> Sample:
-        """Sample the probe now and record it; ``peak`` covers the time since the last one.
+        """Record a checkpoint and return its sample: the probe read now, ``peak`` covering the
+        time since the last reading. Where every metric of the probe is read on the stride only
+        (the CPU's, where it reads malloc), a loop's batch between two of the stride's readings
+        (:data:`~harness.measure.sample.STRIDE`) takes a short path that reads nothing: its
+        metrics are unread (``None``) and its processes the last reading's. A checkpoint that is
+        not a batch's, a label's first, one with a note or an event, ``collect=True`` and any
+        under an emulated capacity are always read.
 
         ``collect=True`` first runs a full ``gc.collect()`` and the probe's release (CUDA:
         synchronize and ``empty_cache``; CPU: ``malloc_trim(0)``). Phase and epoch default to

@@ -13,8 +13,9 @@ from harness.attribution.holders import Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS
 from harness.attribution.phase import PhaseAttribution
 from harness.attribution.snapshot import Snapshot
+from harness.verdict.model import Kind
 
-EXPLAINED = ("leak", "drift", "teardown", "oom", "child-leak")
+EXPLAINED = (Kind.LEAK, Kind.DRIFT, Kind.TEARDOWN, Kind.OOM, Kind.CHILD_LEAK)
 _SEARCH_LIMIT = 5
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
@@ -111,21 +112,21 @@ def shares(
         if kind not in EXPLAINED:
             continue
         phase, epoch = getattr(finding, "phase", None), getattr(finding, "epoch", None)
-        if kind == "child-leak":  # named inside the workers, on their own heaps
+        if kind == Kind.CHILD_LEAK:  # named inside the workers, on their own heaps
             held, place = _held(workers)
             inside = tuple(_worth_naming(named(h for h in workers if _place(h) == place)))
             result.append(Share(str(kind), phase, epoch, place[2], held, inside))
             continue
         chosen = [h for h in found if h.phase == phase]
-        if kind == "drift":  # named at a later epoch's start and end, against the first judged
+        if kind == Kind.DRIFT:  # named at a later epoch's start and end, against the first judged
             chosen = [h for h in chosen if h.label and labels.edge_of(h.label) is not None]
         if epoch is not None and any(h.epoch == epoch for h in chosen):
             chosen = [h for h in chosen if h.epoch == epoch]
-        if kind == "drift":  # of those, the ones named at the drift's own label, where some are
+        if kind == Kind.DRIFT:  # of those, the ones named at the drift's own label, where some are
             evidence = getattr(finding, "evidence", ())
             label = evidence[-1].label if evidence else None
             chosen = [h for h in chosen if h.label == label] or chosen
-        if kind == "teardown" or not chosen:
+        if kind == Kind.TEARDOWN or not chosen:
             before = attribution.snapshot_for(phase) if attribution is not None else None
             chosen += _search(before, searched, attribution)
         held, place = _held(chosen)

@@ -7,9 +7,9 @@ front ends map the classes to exit codes in one place (``harness.frontends.cli``
 - :class:`LeakgateError`: the root of every error leakgate raises on purpose.
 - :class:`BadInput`: a file, a field or other data that cannot be used (also a ``ValueError``,
   so code that caught the built-in still does).
-- :class:`BadArgument`: every argument a public function refuses, of the wrong type or the
-  wrong value alike (a ``BadInput``, so a ``ValueError``, and a ``TypeError``); a reader that
-  hands data from a file to such a function says the file instead (a plain ``BadInput``).
+- :class:`BadArgument`: an argument a function refuses, of the wrong type or the wrong value
+  alike (a ``BadInput``, so a ``ValueError``, and a ``TypeError``); a reader that hands data
+  from a file to such a function says the file instead (a plain ``BadInput``).
 - :class:`UnwritableReport`: a report, verdict or timeline that could not be written (also an
   ``OSError``); what was written before is left as it was.
 - :class:`~harness.results.finish.MemoryCheckFailed` (beside the finished run it carries): a run

@@ -44,7 +44,7 @@ from harness.recorder import Recorder
 from harness.results.cuda_snapshot import dump_snapshot, record_history
 from harness.rules.judging import judge
 from harness.timeline.jsonl import read_timeline
-from harness.verdict.model import Status
+from harness.verdict.model import Kind, Status
 from harness.verdict.options import Rules
 
 KNOWN = 64 * 2**20  # the known allocation: 64 MiB
@@ -124,7 +124,8 @@ def leak_and_twin(device: str, *, sites: bool) -> str:
     leak, twin = judge(leaking.samples, RULES), judge(clean.samples, RULES)
     kinds = {(f.kind, f.phase) for f in leak.findings}
     require(
-        leak.status == Status.FAIL and ("leak", "validation") in kinds, f"leak judged {leak.status}"
+        leak.status == Status.FAIL and (Kind.LEAK, "validation") in kinds,
+        f"leak judged {leak.status}",
     )
     require(
         twin.status == Status.PASS,
@@ -174,7 +175,7 @@ def incident_replay(device: str, *, at_capacity: bool) -> str:
     require(bool(kinds), "no validation finding")
     if capacity is not None:
         at = format_size(int(capacity))
-        require("oom" in kinds, f"no OOM at {at}: validation findings {kinds}")
+        require(Kind.OOM in kinds, f"no OOM at {at}: validation findings {kinds}")
         return f"clean PASS; faults exit 1, FAIL at {at}: validation {', '.join(kinds)}"
     return f"exit 1, FAIL: validation {', '.join(kinds)}"
 

@@ -43,15 +43,15 @@ from types import FrameType
 from typing import Any
 
 import harness.core.labels as labels
-from harness.core.errors import BadArgument, Raised
+from harness.core.errors import BadArgument, Raised, refused_as_argument
 from harness.core.identity import check_world_size
-from harness.core.naming import check_file_name, safe_name
+from harness.core.naming import check_file_name, check_path, safe_name
 from harness.core.units import format_size
 from harness.measure.board_folder import leased_folder
 from harness.measure.malloc import libc_function
 from harness.results.finish import Finished
 from harness.results.merge import finish_distributed, merge_timelines, rank_part
-from harness.verdict.options import Rules, check_count
+from harness.verdict.options import Rules, check_count, check_flag
 
 FOLDER_PREFIX = "leakgate-ranks-"
 """The working folders' prefix, in the temporary folder."""
@@ -116,11 +116,10 @@ def run_ranks(
     with ``--memreport``, its folder, where ``leakgate gate`` sees them; else the working
     folder, removed after). ``name`` defaults to the running pytest test's.
 
-    Refused before anything starts (:class:`~harness.core.errors.BadArgument`, one line): a
-    ``name`` that is not a plain file name, an ``nproc`` that is not a world size or is more than
-    this machine can run (:func:`max_local_ranks`), a body that is not a module-level function,
-    ``args`` that cannot be pickled, an unknown probe, ``threads`` under 1, a ``timeout`` that is
-    not a positive number of seconds.
+    Refused before anything starts (:class:`~harness.core.errors.BadArgument`, one line): every
+    argument of the wrong type or value, an ``nproc`` more than this machine can run
+    (:func:`max_local_ranks`), a body that is not a module-level function, ``args`` that cannot
+    be pickled.
 
     Returns the merged :class:`~harness.results.finish.Finished`. A rank that raised or exited
     early, or a run past ``timeout`` seconds, stops the other ranks at once and makes it ERROR,
@@ -138,9 +137,17 @@ def run_ranks(
     name = _test_name() if name is None else check_file_name(name)
     if rules is not None and not isinstance(rules, Rules):
         rules = Rules.from_dict(rules)
-    probe_type(probe)
+    if directory is not None:
+        check_path(directory, "directory", folder=True)
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise BadArgument(f"args: expected a sequence of arguments, got {type(args).__name__}")
+    with refused_as_argument():
+        probe_type(probe)
     threads = check_count(threads, where="threads", least=1)
+    check_flag(attribute, where="attribute")
     timeout = _seconds(timeout, "timeout")
+    if title is not None and not isinstance(title, str):
+        raise BadArgument(f"title: expected text or None, got {type(title).__name__}")
     _check_body(body)
     folder = directory if directory is not None else _memreport()
     folder = str(folder) if folder is not None else None
@@ -153,7 +160,7 @@ def run_ranks(
         directory=folder,
         probe=probe,
         threads=threads,
-        attribute=bool(attribute),
+        attribute=attribute,
         timeout=timeout,
         title=title,
         parent=os.getpid(),
@@ -414,13 +421,8 @@ def max_local_ranks() -> int:
 def _local_bound() -> tuple[int, str]:
     """:func:`max_local_ranks` and why, in words."""
     available = _available_memory()
-    bounds = [
-        (
-            max(1, available // RANK_MEMORY),
-            f"{format_size(available)} of memory available at about "
-            f"{format_size(RANK_MEMORY)} a rank",
-        )
-    ]
+    said = f"{format_size(available)} of memory available at about {format_size(RANK_MEMORY)}"
+    bounds = [(max(1, available // RANK_MEMORY), f"{said} a rank")]
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if files != resource.RLIM_INFINITY:
         bounds.append((max(1, files - 64), f"{files} open files allowed"))

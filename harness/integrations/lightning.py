@@ -47,7 +47,6 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,12 +63,13 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import harness.core.labels as labels
 from harness.attribution.phase import PhaseAttribution
-from harness.core.errors import BadInput, as_unwritable
-from harness.core.naming import check_file_name
+from harness.core.errors import BadArgument, as_unwritable
+from harness.core.naming import check_file_name, check_path
+from harness.core.units import parse_size
 from harness.measure.probes import probe_for
 from harness.recorder import DeviceOutOfMemory, Recorder
 from harness.results.finish import Finished, MemoryCheckFailed, finish_run
-from harness.verdict.options import Rules
+from harness.verdict.options import Rules, check_flag
 
 __all__ = ["DEFAULT_RULES", "PHASES", "LeakGateCallback", "MemoryCheckFailed"]
 
@@ -109,7 +109,8 @@ class LeakGateCallback(Callback):
     ``RuntimeWarning``); a timeline that cannot be created stops the run at its setup with
     that error. ``name`` must be a plain file name
     (:func:`harness.core.naming.check_file_name`). ``attribute``, ``capacity``: as for ``Recorder``,
-    for the recorder the callback makes (``attribute`` is on too when the rules' is).
+    for the recorder the callback makes (``attribute`` is on too when the rules' is). Every
+    argument refused raises :class:`~harness.core.errors.BadArgument` here, before any run.
 
     After a judged run, :attr:`finished` holds it; :attr:`recorder` is the last recorder used.
     """
@@ -127,29 +128,35 @@ class LeakGateCallback(Callback):
         attribute: bool = False,
         capacity: int | str | None = None,
     ) -> None:
+        if recorder is not None and not isinstance(recorder, Recorder):
+            raise BadArgument(f"recorder: expected a Recorder or None, got {recorder!r}")
         if rules is not None and not isinstance(rules, Rules):
             rules = Rules.from_dict(rules)
         if recorder is not None and (timeline is not None or attribute or capacity is not None):
-            raise BadInput(
+            raise BadArgument(
                 "timeline, attribute and capacity configure the recorder the callback makes; "
                 "set them on the recorder given instead",
                 field="recorder",
             )
         self.judges = recorder is None or rules is not None
-        if raise_on_fail and not self.judges:
-            raise BadInput(
+        if check_flag(raise_on_fail, where="raise_on_fail") and not self.judges:
+            raise BadArgument(
                 "needs a verdict: give rules, or let the callback make its recorder",
                 field="raise_on_fail",
             )
         check_file_name(name)
+        if title is not None and not isinstance(title, str):
+            raise BadArgument(f"title: expected text or None, got {type(title).__name__}")
         self.rules = rules
-        self.directory = Path(directory) if directory is not None else None
-        self.timeline = Path(timeline) if timeline is not None else None
+        self.directory = (
+            None if directory is None else check_path(directory, "directory", folder=True)
+        )
+        self.timeline = None if timeline is None else check_path(timeline, "timeline")
         self.name = name
         self.title = title
         self.raise_on_fail = raise_on_fail
-        self.attribute = attribute
-        self.capacity = capacity
+        self.attribute = check_flag(attribute, where="attribute")
+        self.capacity = None if capacity is None else parse_size(capacity, what="capacity")
         self.finished: Finished | None = None
         self._given = recorder
         self._recorder = recorder

@@ -18,32 +18,32 @@ from harness.report.analysis import scope_label
 from harness.report.run import Run, as_int, checkpoint_name, describe
 from harness.verdict.model import CONFIGURATION, Finding, Kind, Outcome, Status, Verdict
 
-HOLDER_KINDS = ("leak", "peak", "teardown", "oom")
+HOLDER_KINDS = (Kind.LEAK, Kind.PEAK, Kind.TEARDOWN, Kind.OOM)
 MESSAGE_CHARS = 600
 """Characters kept of a finding's message."""
 ROOT_CAUSE_ORDER = (
-    "leak",
-    "child-leak",
-    "peak",
-    "teardown",
-    "check",
-    "drift",
-    "oom",
-    "copy-on-read",
-    "fragmentation",
+    Kind.LEAK,
+    Kind.CHILD_LEAK,
+    Kind.PEAK,
+    Kind.TEARDOWN,
+    Kind.CHECK,
+    Kind.DRIFT,
+    Kind.OOM,
+    Kind.COPY_ON_READ,
+    Kind.FRAGMENTATION,
 )
 """The order of issues of one severity: causes before symptoms (a leak or a peak explains an
 OOM)."""
 KIND_TITLE = {
-    "leak": "Leak",
-    "peak": "Peak",
-    "drift": "Drift",
-    "teardown": "Memory kept after teardown",
-    "oom": "Out of memory",
-    "check": "Trainer check failed",
-    "fragmentation": "Fragmentation",
-    "child-leak": "Leak in a child process",
-    "copy-on-read": "Copy-on-read in workers",
+    Kind.LEAK: "Leak",
+    Kind.PEAK: "Peak",
+    Kind.DRIFT: "Drift",
+    Kind.TEARDOWN: "Memory kept after teardown",
+    Kind.OOM: "Out of memory",
+    Kind.CHECK: "Trainer check failed",
+    Kind.FRAGMENTATION: "Fragmentation",
+    Kind.CHILD_LEAK: "Leak in a child process",
+    Kind.COPY_ON_READ: "Copy-on-read in workers",
 }
 
 
@@ -192,7 +192,7 @@ def ranked(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=issue_order)
 
 
-def order(kind: str) -> int:
+def order(kind: Kind) -> int:
     return ROOT_CAUSE_ORDER.index(kind) if kind in ROOT_CAUSE_ORDER else len(ROOT_CAUSE_ORDER)
 
 

@@ -147,7 +147,7 @@ def oom_positions(run: Run) -> set[int]:
     """Positions of the samples where the run ran out of memory: its OOM events, and the OOM
     findings' evidence (when it points at this timeline)."""
     positions = set(np.flatnonzero(run.columns.oom).tolist())
-    for finding in run.verdict.of_kind("oom"):
+    for finding in run.verdict.of_kind(Kind.OOM):
         for e in finding.evidence:
             if 0 <= e.index < len(run.samples) and run.samples[e.index].label == e.label:
                 positions.add(e.index)

@@ -22,6 +22,7 @@ import torch
 
 from harness.attribution.sites import sites_recorded
 from harness.core.fsio import write_atomic
+from harness.verdict.model import Kind
 
 if TYPE_CHECKING:
     from harness.verdict.model import Verdict
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 MAX_ENTRIES = 20_000
 VIEWER = "https://pytorch.org/memory_viz"
 SUFFIX = ".snapshot.pickle"
-SNAPSHOT_KINDS = ("leak", "oom", "teardown")
+SNAPSHOT_KINDS = (Kind.LEAK, Kind.OOM, Kind.TEARDOWN)
 
 
 def can_record() -> bool:

@@ -27,7 +27,7 @@ from harness.rules.judging import judge
 from harness.rules.sample_columns import Columns
 from harness.timeline.jsonl import Timeline
 from harness.timeline.store import NONE
-from harness.verdict.model import Verdict
+from harness.verdict.model import Kind, Verdict
 from harness.verdict.options import Rules
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ def summary_line(verdict: Verdict) -> str:
     text = f"{verdict.status}: {plural(len(verdict.findings), 'finding')}"
     worst = verdict.worst()
     if worst is not None and worst.bytes is not None:
-        text += f", worst {worst.kind} {format_size(worst.bytes, signed=worst.kind != 'oom')}"
+        text += f", worst {worst.kind} {format_size(worst.bytes, signed=worst.kind != Kind.OOM)}"
     return text
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 import harness.core.labels as labels
-from harness.core.errors import Raised
+from harness.core.errors import BadArgument, Raised
 from harness.core.wording import plural
 from harness.measure.sample import Sample
 from harness.rules import (  # noqa: F401  (registers the rules)
@@ -35,6 +35,7 @@ from harness.rules.context import Context, Group
 from harness.rules.measures import beside
 from harness.rules.mistakes import nothing_recorded, recorded_nothing, unmatched_phase
 from harness.rules.registry import Rule, register_rule, registered
+from harness.timeline.store import SampleStore
 from harness.verdict.model import (
     CONFIGURATION,
     RAISED,
@@ -61,12 +62,14 @@ def judge(
     """Judge ``samples`` (in timeline order) against ``rules`` (a :class:`Rules` or a mapping
     of its fields). ``error`` is what the run raised, if anything: an out-of-memory error
     becomes an ``oom`` finding, anything else makes the status ERROR (the timeline is still
-    judged)."""
+    judged). Refuses what is none of these with :class:`~harness.core.errors.BadArgument`."""
     if rules is None:
         rules = Rules()
     elif not isinstance(rules, Rules):
         rules = Rules.from_dict(rules)
-    ctx = Context(samples if isinstance(samples, Sequence) else list(samples), rules)
+    if error is not None and not isinstance(error, (BaseException, labels.Raised, str)):
+        raise BadArgument(f"error: expected an exception, a Raised or text, got {error!r}")
+    ctx = Context(_samples(samples), rules)
     findings: list[Finding] = []
     phases: list[PhaseStats] = []
     seen = ", ".join(repr(p) for p in ctx.phases_seen()) or "none"
@@ -102,6 +105,21 @@ def judge(
     checks = (*ctx.checks, *(c for other in others for c in other.checks))
     beside = tuple(stats for other in others for stats in other.phases)
     return Verdict(status, tuple(findings), tuple(phases), checks, rules, message, beside)
+
+
+def _samples(given: object) -> Sequence[Sample]:
+    """``given`` as the samples a context reads: a store as it is, else a list of samples."""
+    if isinstance(given, SampleStore):
+        return given
+    if isinstance(given, (str, bytes, Mapping)) or not isinstance(given, Iterable):
+        shown = type(given).__name__
+        raise BadArgument(f"samples: expected samples in timeline order, got {shown}")
+    samples = list(given)
+    stray = next((s for s in samples if not isinstance(s, Sample)), None)
+    if stray is not None:
+        problem = f"expected samples in timeline order, got a {type(stray).__name__} among them"
+        raise BadArgument(problem, field="samples")
+    return samples
 
 
 def _not_leaking_alike(findings: list[Finding], beside: list[Finding]) -> list[Finding]:
@@ -174,11 +192,11 @@ def _apply(ctx: Context, rule: Rule, scope: str, broken: list[str], *args: Any) 
     try:
         found = rule.function(*args)
         if isinstance(found, (str, bytes, Mapping)) or not isinstance(found, Iterable):
-            raise TypeError(f"returned {type(found).__name__}, not a list of findings")
+            raise BadArgument(f"returned {type(found).__name__}, not a list of findings")
         found = list(found)
         for item in found:
             if not isinstance(item, Finding):
-                raise TypeError(f"returned a {type(item).__name__} among its findings")
+                raise BadArgument(f"returned a {type(item).__name__} among its findings")
             check_finding(item)
     except (Exception, SystemExit) as exc:
         why = f"rule {rule.name!r} could not judge: {Raised.of(exc)}"

@@ -20,6 +20,7 @@ from typing import Any, overload
 import numpy as np
 
 import harness.measure.sample as schema
+from harness.core.errors import BadArgument
 from harness.measure.sample import METRICS, Field, Sample, line_order
 
 _NONE = -(2**63)
@@ -114,7 +115,7 @@ class SampleStore(Sequence[Sample]):
         if count <= self._room:
             return
         if self._frozen:
-            raise TypeError("a frozen SampleStore takes no more samples")
+            raise BadArgument("a frozen SampleStore takes no more samples")
         for column in self._all:
             if len(column) < count:
                 column.extend(_column(column.typecode, max(len(column) // 16, count - len(column))))
