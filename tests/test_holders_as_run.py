@@ -372,7 +372,7 @@ NAMED = {
     "records_kept_by_a_memory_handler": r"MemoryHandler\.buffer \(list, \d+ items",
     "a_handler_added_per_batch": r"Logger\.handlers \(list, \d+ items",
     "a_tracker_keeping_each_samples_metrics": r"History\.values \(defaultdict, 4 items",
-    "a_mutable_default_list": r"test_cases\.remember<function>\[0\] \(list, 60 items",
+    "a_mutable_default_list": r"test_cases\.remember\.__defaults__\[0\] \(list, 60 items",
 }
 HELD = re.compile(r"held: ([\d.]+) of ([\d.]+) [KMG]iB")
 

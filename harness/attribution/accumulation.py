@@ -11,6 +11,7 @@ from typing import Any
 
 from harness.attribution.holder import Holder
 from harness.attribution.walk import SIZED, Walk, describe_item, kind_name, length
+from harness.core.units import format_size
 
 SPREAD = 0.8
 """A node whose largest child in the dominator tree retains less than this part of what the
@@ -30,6 +31,11 @@ class HeapNode:
     weight: int = 0
     tensors: int = 0
     graph: int = 0
+    garbage: bool = False
+    """Whether ``obj`` is in a reference cycle nothing else keeps, which ``gc`` frees."""
+    linked: str = ""
+    """What else C++ keeps for ``obj`` where it keeps a Python object from C++
+    (:data:`~harness.attribution.names.C_LINKS`): no search weighs it."""
 
 
 class HeapGraph:
@@ -54,27 +60,84 @@ class HeapGraph:
 
 class Naming:
     """The holders of a dominator tree (``children`` of each node of ``graph``) whose objects
-    ``walk`` reached."""
+    ``walk`` reached; ``gc_on``: whether ``gc`` collects (it frees garbage when it does)."""
 
-    def __init__(self, graph: HeapGraph, children: list[list[int]], walk: Walk) -> None:
+    def __init__(
+        self, graph: HeapGraph, children: list[list[int]], walk: Walk, gc_on: bool = True
+    ) -> None:
         self.graph = graph
         self.children = children
         self.walk = walk
+        self.gc_on = gc_on
 
-    def holders(self, kept: list[int], limit: int) -> list[Holder]:
-        """At most ``limit`` holders, each at its accumulation point, none inside another."""
+    def holders(self, kept: list[int], limit: int, growth: int | None = None) -> list[Holder]:
+        """At most ``limit`` holders, each at its accumulation point, none inside another.
+        With ``growth`` (what the heap grew by), where they hold under half of it, what holds
+        objects that keep more in C++ is named for the rest (:meth:`_in_c`)."""
         self._fold(kept)
         children = self.children
         total = kept[0]
+        tops = sorted(children[0], key=lambda n: -kept[n])
         found: list[Holder | None] = []
-        for top in sorted(children[0], key=lambda n: -kept[n]):
+        for top in tops:
             if kept[top] < SUSPECT * total or len(found) >= limit:
                 break
             point = self._descend(top, kept, children)
             found.append(self._holder(point, kept, children))
         if len(found) < limit:
             found += self._alike(children[0], kept, total)[: limit - len(found)]
-        return [replace(h, growth=total) for h in found if h is not None and h.bytes > 0]
+        named = [replace(h, growth=total) for h in found if h is not None and h.bytes > 0]
+        if growth is not None:
+            named = self._in_c(named, kept, growth)[:limit]
+        return named
+
+    def _in_c(self, named: list[Holder], kept: list[int], growth: int) -> list[Holder]:
+        """Where ``named`` hold under half of ``growth``, the top of the tree retaining the most
+        among those over objects that keep more in C++ (a module torch.jit compiled), named at
+        its accumulation point with the growth the others leave: what C++ keeps for its items,
+        which no search weighs, however little their Python part retains. First, in place of
+        its own entry."""
+        if 2 * sum(h.bytes for h in named) >= growth:
+            return named
+        linked = self._linked_tops()
+        if not linked:
+            return named
+        top = max(linked, key=lambda n: kept[n])
+        holder = self._holder(self._descend(top, kept, self.children), kept, self.children)
+        if holder is None:
+            return named
+        others = [h for h in named if h.path != holder.path]
+        rest = growth - sum(h.bytes for h in others) - holder.bytes
+        if rest <= 0:
+            return named
+        note = (
+            f"C++ keeps more for its items ({linked[top]}): the {format_size(rest)} of growth "
+            "no Python object holds counted here"
+        )
+        total = kept[0]
+        holder = replace(
+            holder,
+            bytes=holder.bytes + rest,
+            note="; ".join(filter(None, (holder.note, note))),
+            growth=total,
+        )
+        return [holder, *others]
+
+    def _linked_tops(self) -> dict[int, str]:
+        """The tops of the dominator tree over objects that keep more in C++, each with what
+        C++ keeps for them."""
+        above: dict[int, int] = {}
+        for node, below in enumerate(self.children):
+            for child in below:
+                above[child] = node
+        tops: dict[int, str] = {}
+        for node, entry in enumerate(self.graph.nodes):
+            if entry.linked:
+                while above.get(node, 0):
+                    node = above[node]
+                if node and node in above:
+                    tops.setdefault(node, entry.linked)
+        return tops
 
     def _fold(self, kept: list[int]) -> None:
         """Put each top of the dominator tree that a container also holds among others of its
@@ -113,13 +176,14 @@ class Naming:
         """Objects of one type that only C code or a reference cycle keeps, each a slice too
         small to name, that together retain a large share (a cycle made every batch while
         ``gc`` is off): one holder for all of them."""
-        by_type: dict[type, list[int]] = {}
+        by_type: dict[tuple[type, bool], list[int]] = {}
         for top in tops:
-            obj = self.graph.nodes[top].obj
+            node = self.graph.nodes[top]
+            obj = node.obj
             if obj is not None and kept[top] < SUSPECT * total and not self.walk.rooted(obj):
-                by_type.setdefault(type(obj), []).append(top)
+                by_type.setdefault((type(obj), node.garbage), []).append(top)
         found = []
-        for kind, group in by_type.items():
+        for (kind, _), group in by_type.items():
             weight = sum(kept[n] for n in group)
             if weight >= SUSPECT * total and len(group) > 1:
                 tensors = sum(self._below(n)[0] for n in group)
@@ -130,10 +194,18 @@ class Naming:
                         len(group),
                         tensors,
                         weight,
-                        note="kept only by a reference cycle, or by C code",
+                        note=self._dead_end(group[0]),
                     )
                 )
         return sorted(found, key=lambda h: -h.bytes)
+
+    def _dead_end(self, node: int) -> str:
+        """What keeps ``node``'s object, which no named root reaches."""
+        if self.graph.nodes[node].garbage:
+            if self.gc_on:
+                return "garbage: a reference cycle gc has not freed yet"
+            return "garbage: a reference cycle, never freed while gc is disabled"
+        return "kept only by C code (no named root reaches it)"
 
     # -- naming ------------------------------------------------------------------------------
 
@@ -177,7 +249,7 @@ class Naming:
             items = len(children[node]) or 1  # a leaf: the object itself, as a tensor is
         note = _items(self.graph, children[node], kept)
         if not self.walk.rooted(obj):
-            note = "; ".join(filter(None, (note, "kept only by a reference cycle, or by C code")))
+            note = "; ".join(filter(None, (note, self._dead_end(node))))
         return Holder(
             path,
             kind_name(obj),

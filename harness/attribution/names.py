@@ -5,6 +5,7 @@ down to an object, and a module's name by its place in its model. :class:`Names`
 
 from __future__ import annotations
 
+import _thread
 import collections
 import inspect
 import itertools
@@ -17,9 +18,28 @@ import torch
 
 _MODULE_STORES = ("_parameters", "_buffers", "_modules")
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
+_DEFAULTS = ("__defaults__", "__kwdefaults__")
 _SNAPSHOT_LOCALS = sys.version_info < (3, 13)
 _TOP_DEPTH = 8
 _CLIMB = 10_000
+
+
+def _kept_in_c() -> dict[type, tuple[str, str]]:
+    """Objects that keep a Python object from C++, where ``gc`` does not see the reference:
+    the attribute that reads it (a reference the walk follows as any other) and what else C++
+    keeps for them. torch.jit keeps each module it compiles (each trace too) in
+    ``concrete_type_store.methods_compiled``, whose items keep the module's Python class."""
+    links = {}
+    concrete = getattr(torch._C, "ConcreteModuleType", None)
+    if isinstance(concrete, type):
+        links[concrete] = ("py_class", "a compiled module's graphs and code")
+    return links
+
+
+C_LINKS = _kept_in_c()
+"""Types whose objects keep a Python object from C++: the attribute that reads it, and what
+else C++ keeps for them."""
+
 
 SKIP = object()
 UNROOTED = object()
@@ -31,6 +51,7 @@ class Names:
 
     parent: dict[int, Any]
     library: dict[int, str]
+    linked: dict[int, Any]
     module_dicts: dict[int, str]
     frame_locals: dict[int, dict[str, Any]]
     slots: dict[int, dict[int, Any]]
@@ -124,6 +145,8 @@ class Names:
     def _edge(self, parent: Any, child: Any) -> tuple[str, bool]:
         if id(child) in self.library and self.parent.get(id(child)) is parent:
             return "<traced inputs>", False
+        if id(parent) in self.linked:
+            return f".{C_LINKS[type(parent)][0]}", False
         module = self.module_dicts.get(id(parent))
         if module is not None:
             return f"{module}.{self.slot(parent, child)}", True
@@ -137,6 +160,12 @@ class Names:
                 return f"{parent.__qualname__}:{self.slot(self.locals(frame), child)}", True
         if isinstance(parent, types.CellType):
             return self._cell(parent)
+        if isinstance(parent, types.FunctionType):
+            for name in _DEFAULTS:
+                if getattr(parent, name) is child:
+                    return f".{name}", False
+        if issubclass(type(parent), _thread._local):
+            return "", False  # its table of each thread's attributes, read as its own
         if isinstance(parent, dict):
             return self._entry(parent, child)
         if isinstance(parent, (list, tuple, collections.deque)):
@@ -191,6 +220,10 @@ class Names:
         owner = self.parent.get(id(mapping))
         if owner is None or owner is SKIP or owner is UNROOTED:
             return f"[{_key_text(key)}]", False
+        if issubclass(type(owner), _thread._local):  # a thread's attributes, by their weak key
+            return "", False
+        if issubclass(type(self.parent.get(id(owner))), _thread._local):
+            return f".{key}", False  # an attribute of a thread-local, named through it
         if isinstance(owner, type):
             if owner.__dict__.get(key) is child:
                 return f"{owner.__name__}.{key}", True

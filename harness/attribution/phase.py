@@ -254,7 +254,7 @@ class PhaseAttribution:
         ):
             self.searches += 1
             self._walk_everything()
-            better = retained_holders(opened.census, self.max_objects)
+            better = retained_holders(opened.census, self.max_objects, growth=growth)
             if sum(h.bytes for h in better) > held:
                 del self.holders[len(self.holders) - len(found) :]
                 found = self._tag(sample, growth, better)
@@ -399,7 +399,7 @@ class PhaseAttribution:
         self.searches += 1
         epochs.retained = True
         self._walk_everything()
-        better = retained_holders(epochs.reference[0], self.max_objects)
+        better = retained_holders(epochs.reference[0], self.max_objects, growth=drift)
         if 2 * sum(h.bytes for h in better) >= sum(h.bytes for h in found):
             del self.holders[len(self.holders) - len(found) :]
             self._tag(sample, drift, better)

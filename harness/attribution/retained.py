@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import gc
 import itertools
+import sys
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -40,6 +42,7 @@ from harness.attribution.snapshot import (
     untracked,
 )
 from harness.attribution.walk import (
+    C_LINKS,
     SKIP,
     UNROOTED,
     Walk,
@@ -63,12 +66,15 @@ _CHUNK = 4096
 
 @unobserved
 def retained_holders(
-    before: Snapshot | None, max_objects: int, limit: int = _HOLDERS
+    before: Snapshot | None, max_objects: int, limit: int = _HOLDERS, growth: int | None = None
 ) -> list[Holder]:
     """The objects that retain most of what was created since ``before`` (since the last
     ``gc.freeze()`` without it), each at its accumulation point and named by its path from a
-    root, with the new bytes it retains; at most ``limit``, none inside another."""
-    return _searched(before, max_objects, lambda search, kept: search.holders(kept, limit))
+    root, with the new bytes it retains; at most ``limit``, none inside another. With
+    ``growth`` (what the heap grew by since ``before``), what C++ keeps for objects that hold
+    more there (a module torch.jit compiled) is counted as the growth they leave unexplained
+    (:meth:`~harness.attribution.accumulation.Naming.holders`)."""
+    return _searched(before, max_objects, lambda search, kept: search.holders(kept, limit, growth))
 
 
 @unobserved
@@ -94,17 +100,46 @@ def _searched(
     collecting = gc.isenabled()
     gc.disable()
     young = gc.get_objects()
+    garbage = _garbage(young)
     walk = Walk(max_objects, watch={id(o) for o in young}, ours=True)
     try:
         new = _new(young, before)
         walk.parent[id(new)] = walk.parent[id(young)] = walk.parent[id(asked)] = SKIP
         walk.run()
-        search = _Search(walk, new, before)
+        search = _Search(walk, new, before, garbage, collecting)
         return read(search, search.retained(young))
     finally:
         walk.clear()
         if collecting:
             gc.enable()
+
+
+def _garbage(young: list[Any]) -> set[int]:
+    """The ids of the objects among ``young`` (every one ``gc`` lists, collection off) that
+    nothing but references among them keeps: reference cycles ``gc`` frees at its next
+    collection of their generation, which hold nothing. Found as ``gc`` finds them: an object
+    whose count of references exceeds those from the others is kept from outside (by C code,
+    a frozen object, a running frame), and so is what it reaches."""
+    counts = list(map(sys.getrefcount, young))  # each with the list's and the call's
+    index = {id(o): at for at, o in enumerate(young)}
+    inside = [2] * len(young)
+    for obj in young:
+        for ref in gc.get_referents(obj):
+            at = index.get(id(ref))
+            if at is not None:
+                inside[at] += 1
+    del obj
+    stack = [at for at, count in enumerate(counts) if count > inside[at]]
+    kept = bytearray(len(young))
+    for at in stack:
+        kept[at] = 1
+    while stack:
+        for ref in gc.get_referents(young[stack.pop()]):
+            at = index.get(id(ref))
+            if at is not None and not kept[at]:
+                kept[at] = 1
+                stack.append(at)
+    return {id(young[at]) for at in range(len(young)) if not kept[at]}
 
 
 def _new(young: list[Any], before: Snapshot | None) -> dict[int, Any]:
@@ -122,26 +157,47 @@ def _new(young: list[Any], before: Snapshot | None) -> dict[int, Any]:
 
 
 class _Search:
-    def __init__(self, walk: Walk, new: dict[int, Any], before: Snapshot | None) -> None:
+    def __init__(
+        self,
+        walk: Walk,
+        new: dict[int, Any],
+        before: Snapshot | None,
+        garbage: set[int],
+        gc_on: bool = True,
+    ) -> None:
         self.walk = walk
         self.new = new
         self.before = before
+        self.garbage = garbage
+        self.gc_on = gc_on
         self.graph = HeapGraph()
         self.old_storages = before.alive_storages() if before is not None else set()
         self.weighed: set[int] = set()
         self.functions: list[Any] = []
         self.children: list[list[int]] = []
         self.loose: dict[int, Any] = {}
+        self.bound: set[int] = set()
+        """Weak references kept by what they refer to (:meth:`_bound_to`)."""
 
     def retained(self, young: list[Any]) -> list[int]:
         """The graph built and weighed; each node's retained weight (the dominator tree in
         :attr:`children`)."""
         graph = self.graph
+        bound: list[tuple[Any, Any]] = []
         for obj in self.new.values():
             if kind_of(type(obj)) == "tensor" and self.walk.parent.get(id(obj)) is UNROOTED:
                 self.loose[id(obj)] = obj  # only C++ keeps it: a graph that saved it, maybe
+            elif (referent := self._bound_to(obj)) is not None:
+                bound.append((obj, referent))
             else:
                 self._place(obj)
+        for ref, referent in bound:
+            above = self._place(referent)
+            if above is None or id(ref) in graph.index:
+                self._place(ref)
+            else:
+                graph.edge(above, graph.node(id(ref), ref))
+                self.bound.add(id(ref))
         self._untracked(young)
         self._joins()
         for key, obj in list(self.new.items()):
@@ -161,9 +217,17 @@ class _Search:
                 self.children[dominator].append(node)
         return kept
 
-    def holders(self, kept: list[int], limit: int) -> list[Holder]:
+    def holders(self, kept: list[int], limit: int, growth: int | None = None) -> list[Holder]:
         """At most ``limit`` holders, each at its accumulation point, none inside another."""
-        return Naming(self.graph, self.children, self.walk).holders(kept, limit)
+        nodes, index = self.graph.nodes, self.graph.index
+        for key, obj in self.walk.linked.items():
+            if key in index:
+                nodes[index[key]].linked = C_LINKS[type(obj)][1]
+        for key in self.garbage:
+            if key in index:
+                nodes[index[key]].garbage = True
+        naming = Naming(self.graph, self.children, self.walk, self.gc_on)
+        return naming.holders(kept, limit, growth)
 
     # -- the graph ---------------------------------------------------------------------------
 
@@ -178,8 +242,8 @@ class _Search:
             if up is SKIP:
                 return None
             chain.append(obj)
-            if up is UNROOTED:
-                break
+            if up is UNROOTED or (id(up) in self.garbage and id(obj) not in self.garbage):
+                break  # what garbage reaches first but something else keeps: C code, maybe
             obj = up
         above = graph.index.get(id(obj), 0)  # 0: a root, or the top of a chain C code keeps
         for obj in reversed(chain):
@@ -187,6 +251,15 @@ class _Search:
             graph.edge(above, node)
             above = node
         return above
+
+    def _bound_to(self, obj: Any) -> Any:
+        """The new object ``obj`` is a weak reference to, where a callback removes ``obj``
+        from what keeps it once that object dies (a ``WeakSet``'s, ``logging``'s list of
+        handlers): ``obj`` is that object's, not its registry's. Else None."""
+        if not issubclass(type(obj), weakref.ref) or obj.__callback__ is None:
+            return None
+        referent = obj()
+        return referent if referent is not None and id(referent) in self.new else None
 
     def _root(self, obj: Any) -> bool:
         up = self.walk.parent.get(id(obj), SKIP)
@@ -199,6 +272,10 @@ class _Search:
         while pending:
             left = []
             for referrer, obj in pending:
+                if id(obj) in self.bound or (
+                    id(referrer) in self.garbage and id(obj) not in self.garbage
+                ):
+                    continue  # garbage holds nothing that something else keeps
                 if id(obj) not in self.graph.index:
                     left.append((referrer, obj))
                     continue
@@ -230,7 +307,9 @@ class _Search:
         globals_ = module_collections()
         for holder, table in globals_:
             self.walk.parent.setdefault(id(holder), table)  # untracked: no walk reached it
-        for holder in (*young, *(c for c, _ in globals_)):
+        garbage = [o for o in young if id(o) in self.garbage]  # last: what else holds, keeps
+        live = [o for o in young if id(o) not in self.garbage]
+        for holder in (*live, *(c for c, _ in globals_), *garbage):
             if type(holder) in ORDERED:
                 start = old.get(id(holder), 0 if id(holder) in self.new else len(holder))
                 if len(holder) > start:

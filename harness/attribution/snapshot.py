@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from harness.attribution.names import namespace
 from harness.attribution.quiet import unobserved
 from harness.attribution.sites import allocator_blocks
 from harness.attribution.weights import size_of
@@ -225,15 +226,39 @@ def lengths(young: list[object]) -> dict[int, int]:
     return {id(c): len(c) for c in held if type(c) in ORDERED}  # type: ignore[arg-type]
 
 
-def module_collections() -> list[tuple[object, dict[str, object]]]:
+def module_collections() -> list[tuple[object, object]]:
     """The lists, dicts and deques that module globals name, each with those globals (an
-    empty dict, or one of arrays and numbers, is one ``gc`` does not track)."""
-    found: list[tuple[object, dict[str, object]]] = []
+    empty dict, or one of arrays and numbers, is one ``gc`` does not track), and those that
+    the attributes of the objects module globals name hold, each with that object: a
+    library's registry (torch.fx's ``_loader.eval_cache``, a dict of the source of every
+    module it traced) is made before the recorder freezes the heap, which ``gc`` then no
+    longer lists."""
+    found: list[tuple[object, object]] = []
     for module in list(sys.modules.values()):
         table = getattr(module, "__dict__", None) if type(module) is types.ModuleType else None
-        if type(table) is dict:
-            found += [(v, table) for v in list(table.values()) if type(v) in ORDERED]
+        if type(table) is not dict:
+            continue
+        for value in list(table.values()):
+            kind = type(value)
+            if kind in ORDERED:
+                found.append((value, table))
+            elif gc.is_tracked(value) and not issubclass(kind, _NOT_REGISTRIES):
+                found += [(v, value) for v in _attributes(value) if type(v) in ORDERED]
     return found
+
+
+def _attributes(obj: object) -> list[object]:
+    """What ``obj`` refers to, the values of its ``__dict__`` in place of the dict."""
+    referents = gc.get_referents(obj)
+    for at, item in enumerate(referents):
+        if type(item) is dict and namespace(obj) is item:
+            return [*referents[:at], *item.values(), *referents[at + 1 :]]
+    return referents
+
+
+_NOT_REGISTRIES = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, dict)
+"""What module globals name whose referents are no registry's state: classes, modules,
+functions (and dicts, collections of their own)."""
 
 
 ORDERED = (list, dict, collections.deque, collections.defaultdict, collections.OrderedDict)

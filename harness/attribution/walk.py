@@ -1,8 +1,10 @@
 """The walk: one breadth-first pass over the object graph from the named roots (every module's
-globals, the locals of every running frame), then over what only C code references, recording
-for each object the one it was first reached from; :meth:`Walk.up` climbs those links from a
-tensor to its nearest named reference and :meth:`Walk.edge` says how one object refers to the
-next (``Cache.items``, ``module.NAME``, ``function:variable``, ``[3]``)."""
+globals, its functions' mutable defaults first, the locals of every running frame of every
+thread), following the references C++ keeps that Python can read as any other, then over what
+only C code references, recording for each object the one it was first reached from;
+:meth:`Walk.up` climbs those links from a tensor to its nearest named reference and
+:meth:`Walk.edge` says how one object refers to the next (``Cache.items``, ``module.NAME``,
+``function:variable``, ``[3]``)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 from harness.attribution.names import (
     _GENERATORS,
+    C_LINKS,
     SKIP,
     UNROOTED,
     Names,
@@ -88,6 +91,7 @@ class Walk(Names):
         self.slots: dict[int, dict[int, Any]] = {}
         self.kinds: dict[type, str | None] = {}
         self.library: dict[int, str] = {}
+        self.linked: dict[int, Any] = {}
         self.module_parents: dict[int, tuple[torch.nn.Module, str]] = {}
         self.top_names: dict[int, str] = {}
         self._parents_known = False
@@ -192,8 +196,39 @@ class Walk(Names):
             self.module_dicts[id(table)] = name
             namespaces.append(table)
         for table in namespaces:
+            self._seed_defaults(table, frontier)
+        for table in namespaces:
             for value in tuple(table.values()):
                 self._seed(value, table, frontier)
+
+    def _seed_defaults(self, table: dict[str, Any], frontier: list[Any]) -> None:
+        """Start at the mutable default values of the functions a module's globals name (and
+        of their classes' methods), through the function: such a default is named as the
+        function's (``module.remember.__defaults__[0]``), a name a user edits, not as a local
+        of a caller that holds the same list."""
+        for value in tuple(table.values()):
+            if type(value) is types.FunctionType:
+                self._seed_function(value, table, frontier)
+            elif issubclass(type(value), type) and id(value) not in self.parent:
+                space = _type_dict(value)
+                methods = [f for f in space.values() if _mutable_defaults(f)]
+                if methods:
+                    self._seed(value, table, frontier)
+                    self._seed(space, value, frontier)
+                    for method in methods:
+                        self._seed_function(method, space, frontier)
+
+    def _seed_function(self, function: Any, root: Any, frontier: list[Any]) -> None:
+        """``function`` (which ``root`` refers to) and its defaults, where one is mutable."""
+        found = _mutable_defaults(function)
+        if not found:
+            return
+        self._seed(function, root, frontier)
+        if self.parent.get(id(function)) is root:
+            for defaults in found:
+                self._seed(defaults, function, frontier)
+                for value in _values(defaults):
+                    self._seed(value, defaults, frontier)
 
     def _seed(self, value: Any, root: Any, frontier: list[Any]) -> None:
         """Start the walk at ``value``, which ``root`` (a namespace, a frame) refers to."""
@@ -246,6 +281,25 @@ class Walk(Names):
                 self.tensors[id(tensor)] = tensor
                 self.library[id(tensor)] = TRACED_INPUTS
 
+    def _link(self, holder: Any, parent: Any, following: list[Any]) -> None:
+        """Follow the reference ``holder`` (an object of :data:`C_LINKS`, which ``gc`` does not
+        track) keeps in C++, as though ``gc`` saw it: ``holder`` gets ``parent``, and what it
+        keeps gets ``holder``."""
+        try:
+            kept = getattr(holder, C_LINKS[type(holder)][0])
+        except Exception:
+            return
+        self.parent[id(holder)] = parent
+        self.linked[id(holder)] = holder
+        if id(kept) in self.parent:
+            if self.watch is not None and id(kept) in self.watch:
+                self.referrers.append(holder)
+                self.joined.append(kept)
+        elif gc.is_tracked(kept):
+            self._see(kept, holder)
+            if self.parent[id(kept)] is not SKIP:
+                following.append(kept)
+
     def own_bytes(self) -> int:
         """What this walk holds for itself now, in bytes (about :attr:`max_bytes` at most)."""
         return sys.getsizeof(self.parent) + len(self.parent) * _ENTRY
@@ -282,6 +336,8 @@ class Walk(Names):
                     if not tracked(ref):
                         if visit is not None:
                             visit(ref, obj)
+                        if type(ref) in C_LINKS:
+                            self._link(ref, obj, following)
                         continue
                     if visit is not None and not visit(ref, obj):
                         parent[id(ref)] = SKIP
@@ -336,6 +392,26 @@ def _seed_rank(obj: Any) -> int:
     if issubclass(kind, torch.Tensor):
         return 2
     return 1 if kind.__module__ == "builtins" else 0
+
+
+def _mutable_defaults(function: Any) -> list[Any]:
+    """A function's ``__defaults__`` and ``__kwdefaults__`` that hold a value ``gc`` tracks (a
+    list, a dict, an object: what a call may change and the next one sees); none for what is
+    not a function."""
+    if type(function) is not types.FunctionType:
+        return []
+    found = (function.__defaults__, function.__kwdefaults__)
+    return [d for d in found if d and any(map(gc.is_tracked, _values(d)))]
+
+
+def _values(defaults: tuple[Any, ...] | dict[str, Any]) -> tuple[Any, ...]:
+    """A function's default values: its ``__defaults__``, or its ``__kwdefaults__``' values."""
+    return tuple(defaults.values()) if isinstance(defaults, dict) else defaults
+
+
+def _type_dict(kind: type) -> dict[str, Any]:
+    """The dict behind a class's ``__dict__`` (whose mapping proxy is made anew each time)."""
+    return next((r for r in gc.get_referents(kind) if type(r) is dict), {})
 
 
 def _tensors_in(values: list[Any]) -> Iterator[torch.Tensor]:
