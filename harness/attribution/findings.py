@@ -13,6 +13,7 @@ from harness.attribution.holders import Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS
 from harness.attribution.phase import PhaseAttribution
 from harness.attribution.snapshot import Snapshot
+from harness.attribution.torch_state import PROFILER
 from harness.verdict.model import Kind
 
 EXPLAINED = (Kind.LEAK, Kind.DRIFT, Kind.TEARDOWN, Kind.OOM, Kind.CHILD_LEAK)
@@ -144,6 +145,16 @@ def shares(
             )
         )
     return result
+
+
+def held_by_profiler(share: Share, budget: int | None) -> bool:
+    """Whether ``share``, a leak's, is a torch profiler's: the profiler is named for it (it
+    holds what Python holders leave, over half) and the Python objects named beside it hold
+    under ``budget`` (nothing, without one), so what Python keeps is judged as before."""
+    if share.kind != Kind.LEAK or all(h.path != PROFILER for h in share.holders):
+        return False
+    python = sum(h.bytes for h in share.holders if not h.path.startswith("<"))
+    return python == 0 or (budget is not None and python < budget)
 
 
 def explain(holders: Sequence[Holder] | PhaseAttribution, findings: Iterable[Any]) -> list[Holder]:

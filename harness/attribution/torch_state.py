@@ -13,13 +13,18 @@ PROFILER = "<torch profiler>"
 AUTOCAST = "<torch autocast cache>"
 
 
+def profiler_recording() -> bool:
+    """Whether a torch profiler records now (its events are kept until it stops)."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
 def torch_holders(unexplained: int) -> list[Holder]:
     """A holder for each C++ keeper that is on now, the first with ``unexplained`` bytes (the
     growth Python holders leave); none when nothing is left unexplained."""
     if unexplained <= 0:
         return []
     on = []
-    if torch._C._autograd._profiler_enabled():
+    if profiler_recording():
         on.append((PROFILER, "events in C++", "recording: its events live in C++ until it stops"))
     if torch.is_autocast_cache_enabled() and any(
         torch.is_autocast_enabled(device) for device in ("cpu", "cuda")

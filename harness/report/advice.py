@@ -161,6 +161,11 @@ CAUSES: tuple[Row, ...] = (
         "(`mmap`, a pool without a counter, a native extension's buffers) kept with every "
         "{phase} batch.",
     ),
+    Row(
+        Kind.PROFILER,
+        "A torch profiler recorded the {phase} loop: its events ({size}) live in C++ until it "
+        "stops, and it stopped before the run ended, so they are its own and not a leak.",
+    ),
     Row(None, "See the evidence above."),
 )
 
@@ -213,6 +218,11 @@ FIXES: tuple[Row, ...] = (
         "Find what maps or pools memory each batch outside Python and malloc (run the loop "
         "under `memray run --native`, or compare `/proc/<pid>/smaps` at two batches) and "
         "release it each batch, or bound it.",
+    ),
+    Row(
+        Kind.PROFILER,
+        "Nothing to fix; profile fewer batches (a `schedule`) to keep its events smaller. A "
+        "profiler left recording when the run ends is judged a leak.",
     ),
     Row(None, "Act on the evidence above."),
 )

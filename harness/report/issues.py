@@ -31,6 +31,7 @@ ROOT_CAUSE_ORDER = (
     Kind.OOM,
     Kind.COPY_ON_READ,
     Kind.FRAGMENTATION,
+    Kind.PROFILER,
 )
 """The order of issues of one severity: causes before symptoms (a leak or a peak explains an
 OOM)."""
@@ -44,6 +45,7 @@ KIND_TITLE = {
     Kind.FRAGMENTATION: "Fragmentation",
     Kind.CHILD_LEAK: "Leak in a child process",
     Kind.COPY_ON_READ: "Copy-on-read in workers",
+    Kind.PROFILER: "Held by a torch profiler stopped before the end",
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,11 +23,12 @@ from harness.core.units import format_size
 from harness.core.wording import plural
 from harness.report.run import Run
 from harness.results.artifacts import write_run
-from harness.rules.judging import judge
+from harness.rules.context import scope
+from harness.rules.judging import decide, judge
 from harness.rules.sample_columns import Columns
 from harness.timeline.jsonl import Timeline
 from harness.timeline.store import NONE
-from harness.verdict.model import Kind, Verdict
+from harness.verdict.model import CheckStatus, Finding, Kind, Status, Verdict
 from harness.verdict.options import Rules
 
 if TYPE_CHECKING:
@@ -160,7 +161,10 @@ def finish_run(
         verdict = judge(samples, rules, error=error)
         if not isinstance(record, Timeline):
             explained = _shares(record, verdict)
+            verdict, explained = _profiled(verdict, explained)
             holders = _named(explained)
+        else:
+            verdict = as_profilers(verdict, _profiled_phases(kept))
     finally:
         if not isinstance(record, Timeline):
             record.end(
@@ -262,6 +266,82 @@ def _shares(recorder: Recorder, verdict: Verdict) -> list[Share]:
     return shares(
         recorder.attribution or recorder.holders, verdict.findings, recorder.worker_holders()
     )
+
+
+def _profiled(verdict: Verdict, found: Sequence[Share]) -> tuple[Verdict, list[Share]]:
+    """``verdict`` and its shares with each leak that a torch profiler holds
+    (:func:`~harness.attribution.findings.held_by_profiler`) made the profiler's own finding,
+    when no profiler records as the run ends (one still recording leaks, as any holder does)."""
+    if not found:
+        return verdict, []
+    from harness.attribution.findings import held_by_profiler
+    from harness.attribution.torch_state import profiler_recording
+
+    if profiler_recording():
+        return verdict, list(found)
+    phases = {s.phase for s in found if held_by_profiler(s, verdict.rules.max_growth)}
+    return as_profilers(verdict, phases), [
+        replace(s, kind=Kind.PROFILER.value) if s.kind == Kind.LEAK and s.phase in phases else s
+        for s in found
+    ]
+
+
+def _profiled_phases(kept: Mapping[str, Any]) -> set[str | None]:
+    """The phases whose leaks a run's end record says a stopped profiler held."""
+    shares = kept.get("shares")
+    return {
+        s["phase"]
+        for s in (shares if isinstance(shares, list) else ())
+        if isinstance(s, Mapping)
+        and s.get("kind") == Kind.PROFILER
+        and isinstance(s.get("phase"), (str, type(None)))
+    }
+
+
+def as_profilers(verdict: Verdict, phases: Collection[str | None]) -> Verdict:
+    """``verdict`` with the leaks of ``phases`` turned into ``profiler`` findings (a warning:
+    the growth is a stopped profiler's recorded events), their failed checks and loops into
+    warnings, and its status decided again (a FAIL left with no blocking finding passes, or is
+    the ERROR its unjudged rules made)."""
+    turned = {f.rule for f in verdict.findings if f.kind == Kind.LEAK and f.phase in phases}
+    if not turned:
+        return verdict
+    findings = tuple(
+        _profiler(f) if f.kind == Kind.LEAK and f.phase in phases else f for f in verdict.findings
+    )
+    scopes = {scope(p.phase, p.epoch) for p in verdict.phases if p.phase in phases}
+    checks = tuple(
+        replace(c, status=CheckStatus.WARN, details=f"{c.details}; held by a stopped profiler")
+        if c.status == CheckStatus.FAIL and c.rule in turned and c.scope.split(" (")[0] in scopes
+        else c
+        for c in verdict.checks
+    )
+    failing = {c.scope for c in checks if c.status == CheckStatus.FAIL}
+    loops = tuple(
+        replace(p, status=CheckStatus.WARN)
+        if p.status == CheckStatus.FAIL and scope(p.phase, p.epoch) in scopes - failing
+        else p
+        for p in verdict.phases
+    )
+    status, error = verdict.status, verdict.error
+    if status == Status.FAIL:
+        unjudged = [c.details for c in checks if c.status == CheckStatus.ERROR and c.scope == "run"]
+        status, error = decide(findings, unjudged=unjudged[0] if unjudged else None)
+    return replace(
+        verdict, status=status, error=error, findings=findings, checks=checks, phases=loops
+    )
+
+
+def _profiler(leak: Finding) -> Finding:
+    """A leak's finding as a stopped profiler's."""
+    from harness.attribution.torch_state import PROFILER
+
+    said = leak.message.removeprefix(f"{Kind.LEAK} ")
+    message = (
+        f"{Kind.PROFILER} {said}; held by {PROFILER}, stopped before the run ended: its "
+        "recorded events, not a leak"
+    )
+    return replace(leak, kind=Kind.PROFILER, message=message, outcome=None)
 
 
 def _named(explained: Sequence[Share]) -> list[Holder]:

@@ -73,6 +73,7 @@ class Kind(StrEnum):
     CHILD_LEAK = "child-leak"
     COPY_ON_READ = "copy-on-read"
     OUTSIDE = "outside"
+    PROFILER = "profiler"
 
 
 class Severity(_Ranked):
@@ -105,8 +106,9 @@ SEVERITY = {
     Kind.CHILD_LEAK: Severity.P0,
     Kind.COPY_ON_READ: Severity.P2,
     Kind.OUTSIDE: Severity.P0,
+    Kind.PROFILER: Severity.P2,
 }
-WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE, Kind.COPY_ON_READ)
+WARNINGS = (Kind.FRAGMENTATION, Kind.CACHE, Kind.COPY_ON_READ, Kind.PROFILER)
 """Kinds that warn without failing a verdict, unless a finding is ``over_budget``."""
 OVER_BUDGET = Severity.P1
 """The severity of a warning's finding that is over its budget (and so blocks)."""
