@@ -50,20 +50,23 @@ def test_a_profiler_left_running_fails_as_a_leak_and_never_records_a_search(pyte
         """
 from torch.profiler import ProfilerActivity, profile
 
-@pytest.mark.memleak(phase="validation", max_growth="64KB", warmup=5)
-def test_profiled(memtrace):
-    model = torch.nn.Linear(64, 64)
+@pytest.fixture
+def prof():
     prof = profile(
         activities=[ProfilerActivity.CPU],
         record_shapes=True,
         profile_memory=True,
         with_stack=True,
     )
+    yield prof
+    prof.stop()  # after the test: still recording as it ends, so its events are a leak
+
+
+@pytest.mark.memleak(phase="validation", max_growth="64KB", warmup=5)
+def test_profiled(memtrace, prof):
+    model = torch.nn.Linear(64, 64)
     prof.start()  # and never stopped while the loop runs: its events pile up
-    try:
-        loop(memtrace, 24, lambda: model(torch.randn(8, 64)))
-    finally:
-        prof.stop()
+    loop(memtrace, 24, lambda: model(torch.randn(8, 64)))
 """,
     )
     out = result.stdout.str()
