@@ -20,18 +20,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 
-class Patch:
+class Patch(ABC):
     """One change to torch or the process: :meth:`put` makes it (and says why, when it cannot
     be made in full), :meth:`take_back` undoes it where it still stands."""
 
-    def put(self) -> str | None:
-        raise NotImplementedError
+    @abstractmethod
+    def put(self) -> str | None: ...
 
-    def take_back(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def take_back(self) -> None: ...
 
 
 class Hold:
