@@ -9,6 +9,7 @@ import harness.recorder  # noqa: F401
 
 CASES = """
 import sys
+import threading
 import tracemalloc
 
 import pytest
@@ -65,6 +66,15 @@ def test_a_profile_function_set_inside_stays_the_users(memtrace):
         sys.setprofile(None)
 
 
+def test_a_thread_started_inside(memtrace):
+    def check():
+        worker = threading.Thread(target=lambda: None)  # its start sets memray's profile
+        worker.start()
+        worker.join()
+
+    loop(memtrace, batches=40, check=check)
+
+
 def test_under_the_users_tracemalloc(memtrace):
     tracemalloc.start()
     try:
@@ -82,10 +92,12 @@ def test_under_a_flop_counter(memtrace):
 def test_explain_leaves_each_tool_as_it_found_it_and_passes_clean_loops(pytester):
     pytester.makepyfile(test_tools=CASES)
     result = pytester.runpytest("-p", "no:randomly", "--memreport-explain")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(
         [
             "*explain noted no native lines*a profile function is set (sys.setprofile)*"
             "*the test set a profile function (sys.setprofile): memray stopped*"
         ]
     )
+    (noted,) = [line for line in result.outlines if "explain noted no native lines" in line]
+    assert "test_a_thread_started_inside" not in noted  # a thread's start is no user profile

@@ -182,8 +182,10 @@ class Native:
 
 def _set_profile(region: Native, setter: Callable[[Any], None], function: Any) -> None:
     """``sys.setprofile`` (or ``threading``'s) while ``region`` tracks: memray stops first, so
-    that ``function`` stays in place."""
-    region.profile_set()
+    that ``function`` stays in place. Memray's own function passes through: every thread that
+    starts sets the one ``threading`` keeps, memray's while it tracks."""
+    if not _memrays(function):
+        region.profile_set()
     setter(function)
 
 
