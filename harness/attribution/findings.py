@@ -12,6 +12,7 @@ import harness.core.labels as labels
 from harness.attribution.holders import Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS
 from harness.attribution.phase import PhaseAttribution
+from harness.attribution.pick import pick
 from harness.attribution.snapshot import Snapshot
 from harness.attribution.torch_state import PROFILER
 from harness.verdict.model import Kind
@@ -129,7 +130,8 @@ def shares(
             chosen = [h for h in chosen if h.label == label] or chosen
         if kind == Kind.TEARDOWN or not chosen:
             before = attribution.snapshot_for(phase) if attribution is not None else None
-            chosen += _search(before, searched, attribution)
+            found = _search(before, searched, attribution)
+            chosen += pick(found, getattr(finding, "bytes", None))
         held, place = _held(chosen)
         there = [h for h in chosen if _place(h) == place]
         result.append(

@@ -7,18 +7,19 @@ locals that hold them are still alive."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import harness.core.labels as labels
 from harness.attribution.holders import MAX_OBJECTS, Holder, attribute
 from harness.attribution.lines import PYTHON_OBJECTS, Lines
+from harness.attribution.pick import RETAINED_FROM, pick
 from harness.attribution.quiet import memory_tracer
 from harness.attribution.retained import retained_holders
 from harness.attribution.sites import in_use as sites_in_use
 from harness.attribution.sites import record_sites
 from harness.attribution.snapshot import Snapshot, live_tensors
-from harness.attribution.torch_state import torch_holders
 from harness.measure.host import live_python
 from harness.measure.malloc import live_heap
 from harness.measure.sample import Sample
@@ -98,6 +99,8 @@ class PhaseAttribution:
         self._stop_sites = False
         self.searches = 0
         """Searches run so far (at most :data:`SEARCHES`)."""
+        self.weighed = 0
+        """Of those, searches by retained size."""
         self._aside: set[str] = set()
 
     @classmethod
@@ -239,53 +242,45 @@ class PhaseAttribution:
         return named
 
     def _name(self, sample: Sample, opened: _Open, growth: int | None) -> None:
-        """Name what holds the phase's growth since its base. When the tensors' holders hold
-        under half of a growth of :data:`RETAINED_FROM` or more, weigh every object made since
-        the phase's census instead (:func:`~harness.attribution.retained.retained_holders`):
-        what retains the most, at its accumulation point, replaces them where it holds more."""
-        found = self.attribute(sample, opened.base_snapshot, growth, cpp=False)
-        held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
-        if (
-            growth is not None
-            and growth >= RETAINED_FROM
-            and 2 * held < growth
-            and opened.census is not None  # none when grown from under CENSUS_FROM at once
-            and not self._stepped_aside()
-        ):
-            self.searches += 1
-            self._walk_everything()
-            better = retained_holders(opened.census, self.max_objects, growth=growth)
-            if sum(h.bytes for h in better) > held:
-                del self.holders[len(self.holders) - len(found) :]
-                found = self._tag(sample, growth, better)
-        self._tag(sample, growth, self._cpp(found, growth))
+        """Name what holds the phase's growth since its base, by :func:`~harness.attribution.
+        pick.pick`'s rule, with the phase's census for the search by retained size."""
+        self.attribute(sample, opened.base_snapshot, growth, opened.census)
 
     def attribute(
-        self, sample: Sample, before: Snapshot | None, growth: int | None = None, cpp: bool = True
+        self,
+        sample: Sample,
+        before: Snapshot | None,
+        growth: int | None = None,
+        census: Snapshot | None = None,
     ) -> list[Holder]:
-        """Attribute now against ``before``; the holders, tagged with ``sample``'s place and
-        the phase's ``growth`` so far, are added to :attr:`holders` and returned. Where
-        Python holders hold under half of the growth, what torch keeps in C++ while a feature
-        is on (a recording profiler) is named for the rest, unless ``cpp`` is false."""
+        """Name what holds ``growth`` now, new since ``before`` (and, by retained size, since
+        ``census`` where :func:`~harness.attribution.pick.pick` asks for it); the holders,
+        tagged with ``sample``'s place and the ``growth`` so far, are added to :attr:`holders`
+        and returned."""
         found = self.search(before, self._python.get(sample.phase))
-        return self._tag(sample, growth, found + (self._cpp(found, growth) if cpp else []))
-
-    def _tag(self, sample: Sample, growth: int | None, found: list[Holder]) -> list[Holder]:
-        """``found`` tagged with ``sample``'s place and the ``growth`` then, added to
-        :attr:`holders`."""
+        chosen = pick(found, growth, self._by_retained(census, growth))
         tagged = [
             replace(h, phase=sample.phase, epoch=sample.epoch, label=sample.label, growth=growth)
-            for h in found
+            for h in chosen
         ]
         self.holders += tagged
         return tagged
 
-    @staticmethod
-    def _cpp(found: list[Holder], growth: int | None) -> list[Holder]:
-        """What torch keeps in C++ while a feature is on, for the growth that Python holders in
-        ``found`` leave, where they hold under half of it."""
-        held = sum(h.bytes for h in found if not h.path.startswith(_UNNAMED))
-        return torch_holders(growth - held) if growth is not None and 2 * held < growth else []
+    def _by_retained(
+        self, census: Snapshot | None, growth: int | None
+    ) -> Callable[[], list[Holder]] | None:
+        """The search by retained size since ``census``, for :func:`~harness.attribution.pick.
+        pick` to run where its rule asks; none without a census or where searches step aside."""
+        if census is None or self._stepped_aside():
+            return None
+
+        def search() -> list[Holder]:
+            self.searches += 1
+            self.weighed += 1
+            self._walk_everything()
+            return retained_holders(census, self.max_objects, growth=growth)
+
+        return search
 
     def search(self, before: Snapshot | None, python: Any = None) -> list[Holder]:
         """Who holds what is new since ``before``, with this attribution's settings; with
@@ -389,20 +384,15 @@ class PhaseAttribution:
 
     def _name_drift(self, sample: Sample, epochs: _Epochs, drift: int) -> None:
         """Name a drift's holders now: the tensors new since its reference, and, once two
-        later epochs exist, what retains everything new since then, at its accumulation point:
-        the list that keeps every epoch's optimizer, not one epoch's optimizer among them."""
+        later epochs exist, what retains everything new since then (once), at its accumulation
+        point: the list that keeps every epoch's optimizer, not one epoch's optimizer among
+        them."""
         assert epochs.reference is not None
         epochs.attributions += 1
-        found = self.attribute(sample, epochs.reference[0], drift)
-        if not self._due(epochs) or drift < RETAINED_FROM or self._stepped_aside():
-            return
-        self.searches += 1
-        epochs.retained = True
-        self._walk_everything()
-        better = retained_holders(epochs.reference[0], self.max_objects, growth=drift)
-        if 2 * sum(h.bytes for h in better) >= sum(h.bytes for h in found):
-            del self.holders[len(self.holders) - len(found) :]
-            self._tag(sample, drift, better)
+        census = epochs.reference[0] if self._due(epochs) else None
+        weighed = self.weighed
+        self.attribute(sample, epochs.reference[0], drift, census)
+        epochs.retained = self.weighed > weighed
 
     def _walk_everything(self) -> None:
         """Before a walk of every object: the dearer search's tracing stops for good."""
@@ -417,11 +407,6 @@ class PhaseAttribution:
         return None
 
 
-_UNNAMED = ("<", PYTHON_OBJECTS)
-RETAINED_FROM = 2**19
-"""Growth below which no object is weighed: a walk of every object costs a second or two and
-leaves the interpreter's small-object arenas larger (tens of MiB of resident memory on a
-training process), a price worth paying for a leak of half a MiB or more, not for noise."""
 CENSUS_FROM = RETAINED_FROM // 8
 """Growth past a phase's base at which every object alive is noted for a later search by
 retained size (:data:`RETAINED_FROM`): the census walks every module's globals (tens of

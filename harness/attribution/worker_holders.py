@@ -8,9 +8,10 @@ after each reading it publishes. Counted by those readings (one a batch the work
 ``warmup`` of them, the first reading is its base; once the heap has grown
 :data:`~harness.attribution.phase.CENSUS_FROM` past it, every object alive is noted (the
 census); where it passes ``budget``, and again each time that growth doubles (at most
-:data:`WORKER_SEARCHES` times a worker), what retains most of what is new since the census is
-found by retained size (:func:`~harness.attribution.retained.retained_holders`) and written,
-whole, over ``<board>/<pid>.held``. :func:`held_in` reads those files back in the main process.
+:data:`WORKER_SEARCHES` times a worker), its holders are picked as the main process picks them
+(:func:`~harness.attribution.pick.pick`: the new tensors' holders, else what retains most of what
+is new since the census) and written, whole, over ``<board>/<pid>.held``. :func:`held_in`
+reads those files back in the main process.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field, replace
 
 import harness.measure.heap_board as heap_board
 from harness.attribution.holder import Holder
-from harness.attribution.holders import MAX_OBJECTS
+from harness.attribution.holders import MAX_OBJECTS, attribute
 from harness.attribution.phase import CENSUS_FROM
+from harness.attribution.pick import pick
 from harness.attribution.retained import retained_holders
 from harness.attribution.snapshot import Snapshot, live_tensors
 from harness.core.errors import LeakgateError
@@ -62,7 +64,13 @@ class WorkerSearch:
         if grown <= max(self.budget, 2 * self._named_at) or self._searches >= WORKER_SEARCHES:
             return
         self._named_at, self._searches = grown, self._searches + 1
-        found = retained_holders(self._census, MAX_OBJECTS)
+        census = self._census
+        found = pick(
+            attribute(census, limit=None),
+            grown,
+            lambda: retained_holders(census, MAX_OBJECTS),
+            cpp=False,
+        )
         record = {"growth": grown, "count": count, "holders": [h.to_dict() for h in found]}
         path = os.path.join(self.board, f"{os.getpid()}{HELD_SUFFIX}")
         write_atomic(path, json.dumps(record).encode())
