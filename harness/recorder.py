@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import os
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -18,12 +15,12 @@ import harness.core.labels as labels
 from harness.core.errors import BadArgument, UnwritableReport, refused_as_argument
 from harness.core.identity import rank_info
 from harness.core.naming import check_path, rank_timeline
-from harness.core.units import parse_size
-from harness.measure.children import CHILDREN_COST, JOB, ChildSampler
-from harness.measure.host import HOST, OWN_COUNTED, HostMemory
+from harness.measure.children import ChildSampler
+from harness.measure.host import HostMemory
+from harness.measure.job import JobReader, limit_of
 from harness.measure.patches import FREEZE, PATCHES, Hold
 from harness.measure.probes import Probe, make_probe
-from harness.measure.sample import STRIDE, Sample
+from harness.measure.sample import Sample
 from harness.timeline.header import run_header
 from harness.timeline.store import SampleStore, make_sample
 from harness.timeline.writer import TimelineWriter
@@ -31,7 +28,6 @@ from harness.timeline.writer import TimelineWriter
 if TYPE_CHECKING:  # the judging and explaining layers load only when a run asks for them
     from harness.attribution.holders import Holder
     from harness.attribution.phase import PhaseAttribution
-    from harness.measure.capacity import CheckedCapacity
     from harness.verdict.options import Rules
 
 
@@ -41,6 +37,20 @@ class DeviceOutOfMemory(torch.OutOfMemoryError):
     def __init__(self, message: str, sample: Sample) -> None:
         super().__init__(message)
         self.sample = sample
+
+
+class Asked(NamedTuple):
+    """A checkpoint to record as its caller asked for it: label, place, collect, note, event, and
+    whether the probe is read in ``full`` (else what it reads between the stride's readings)."""
+
+    label: str
+    phase: str | None = None
+    epoch: int | None = None
+    batch: int | None = None
+    collect: bool = False
+    note: str | None = None
+    event: str | None = None
+    full: bool = True
 
 
 class Recorder:
@@ -82,7 +92,9 @@ class Recorder:
     descendants, DataLoader workers by role (:mod:`harness.measure.children`), whatever the probe.
 
     A timeline write that fails mid-run (a full disk) does not stop the run: no later line is
-    written, and the error is kept as :attr:`timeline_error` for the finishing step.
+    written, and the error is kept as :attr:`timeline_error` for the finishing step. Nor does an
+    attribution that raises: it warns (:class:`~harness.core.errors.AttributionFailed`), and the
+    checkpoint's note says so.
     """
 
     def __init__(
@@ -98,115 +110,82 @@ class Recorder:
         children: bool | None = None,
         host: bool | None = None,
     ) -> None:
-        limit = None if capacity is None else parse_size(capacity, what="capacity")
-        if attribute is not False:
-            from harness.attribution.phase import PhaseAttribution
-        if not (type(attribute) is bool or isinstance(attribute, PhaseAttribution)):
-            raise BadArgument(
-                f"attribute: expected a bool or a PhaseAttribution, got {attribute!r}"
-            )
-        if rules is not None:
-            from harness.verdict.options import Rules
+        limit = limit_of(capacity)
+        children, host = _checked(timeline, meta, rules, children, host)
+        self.attribution: PhaseAttribution | None = None
+        if attribute is not False:  # checked, and True made into one for the rules
+            from harness.attribution.recording import attribution_for
 
-            if not isinstance(rules, Rules):
-                raise BadArgument(f"rules: expected a Rules or None, got {rules!r}")
-        if meta is not None and not (
-            isinstance(meta, Mapping) and all(isinstance(key, str) for key in meta)
-        ):
-            raise BadArgument(f"meta: expected a mapping with text keys or None, got {meta!r}")
-        if timeline is not None:
-            check_path(timeline, "timeline")
-        if children is None:
-            children = rules.children if rules is not None else True
-        if not isinstance(children, bool):
-            raise BadArgument(f"children: expected a bool or None, got {children!r}")
-        if host is None:
-            host = rules.host if rules is not None else True
-        if not isinstance(host, bool):
-            raise BadArgument(f"host: expected a bool or None, got {host!r}")
-        if attribute is True:
-            from harness.verdict.options import Rules
-
-            every_end = (
-                Rules(attribute=True)
-                if rules is None
-                else dataclasses.replace(rules, attribute=True)
-            )
-            attribute = PhaseAttribution.for_rules(every_end)
-        self.attribution: PhaseAttribution | None = attribute or None
+            self.attribution = attribution_for(attribute, rules)
         self.rank = rank_info()
         with refused_as_argument():  # an unknown probe, a device that is not there
             self.probe = make_probe(probe)
-        # the host beside a device that is not the host (a GPU): read on the stride's readings
-        self._host = HostMemory() if host and not self.probe.host else None
-        self._timeline = None
-        self.timeline_error: UnwritableReport | None = None
+        self._host: HostMemory | None = None
         self._children: ChildSampler | None = None
+        self._timeline: TimelineWriter | None = None
         self._hold: Hold | None = None  # the gc.freeze() (see the class's docstring)
         try:  # what this holds is let go of when a step after it raises
-            self._children = ChildSampler() if children else None
-            self._checked_capacity: CheckedCapacity | None = None  # not the device's own
-            if limit is not None and not self.probe.limit(limit):
-                from harness.measure.capacity import CheckedCapacity
-
-                probe = self.probe
-                self._checked_capacity = CheckedCapacity(limit, probe.capacity_metric, probe.name)
-            self.capacity = limit if limit is not None else self.probe.capacity
-            self.header = run_header(
-                self.probe,
-                self._children,
-                self.capacity,
-                limit is not None,
-                config,
-                meta,
-                self._host,
-            )
-            if rules is not None:
-                self.header["rules"] = rules.to_dict()
-            if self.rank is not None:
-                self.header.update(self.rank.to_header())
-            if timeline is not None and self.rank is not None:
-                timeline = rank_timeline(timeline, self.rank.rank)
-            if timeline is not None:
-                self._timeline = TimelineWriter(timeline, self.header)
+            self._open(limit, children, host, timeline, config, meta, rules)
+            self._keep_books()
+            self._start(rules)
         except BaseException:
             self._release()
             raise
+
+    def _open(
+        self,
+        limit: int | None,
+        children: bool,
+        host: bool,
+        timeline: str | os.PathLike[str] | None,
+        config: Any,
+        meta: Mapping[str, Any] | None,
+        rules: Rules | None,
+    ) -> None:
+        """What is read (the host beside a device that is not the host, a GPU; the children),
+        the capacity, the header and the timeline it opens with."""
+        self._host = HostMemory() if host and not self.probe.host else None
+        self._children = ChildSampler() if children else None
+        self._reader = JobReader(self.probe, self._host, self._children, limit)
+        self.capacity = limit if limit is not None else self.probe.capacity
+        self.header = run_header(
+            self.probe, self._children, self.capacity, limit is not None, config, meta, self._host
+        )
+        if rules is not None:
+            self.header["rules"] = rules.to_dict()
+        if self.rank is not None:
+            self.header.update(self.rank.to_header())
+            if timeline is not None:
+                timeline = rank_timeline(timeline, self.rank.rank)
+        if timeline is not None:
+            self._timeline = TimelineWriter(timeline, self.header)
+
+    def _keep_books(self) -> None:
+        """The run's bookkeeping, empty: samples, phases, names found valid, the timeline."""
+        self.timeline_error: UnwritableReport | None = None
         self._wait = None if self._timeline is None else self._timeline.wait
         self._store = SampleStore()
         self._unread_samples: list[Sample] = []  # not yet in the store: see samples
         self._phases: list[tuple[str, int | None]] = []
         self._phase: str | None = None
         self._epoch: int | None = None
-        self._runs: dict[str, int] = {}  # each label's batches since a checkpoint of none
         self._checked: set[str] = set()  # labels and phase names found valid: checked once
         # labels found valid that name no event and no phase's edge: a loop's batches, which
         # may be recorded unread between two stride readings (see checkpoint)
         self._plain: set[str] = set()
-        self._notes_said = len(self.probe.notes)
         self._closed = False
         self._ended = False
-        self._processes: str | None = None  # the live children at the last reading
-        # whether a loop's batch may go unread (the stride's short path: the probe reads
-        # nothing between two stride readings); never once closed
-        strided = self.probe.strided
-        self._strided = (
-            bool(strided) and set(strided) == set(self.probe.metrics)
-        ) and self._checked_capacity is None
-        self._unread_metrics = dict.fromkeys(self.probe.metrics)
-        self._watched: str | None = None  # the board whose workers name their own holders
-        try:
-            self._hold = PATCHES.hold(FREEZE)
-            if self.attribution is not None:
-                self.attribution.start()
-            board = self._children.reader.board if self._children is not None else None
-            if self.attribution is not None and board is not None:
-                from harness.attribution.worker_holders import watch_workers
+        # whether a loop's batch may go unread (the stride's short path); never once closed
+        self._strided = self._reader.skips
 
-                self._watched = board.path if watch_workers(board.path, rules) else None
-        except BaseException:
-            self._release()
-            raise
+    def _start(self, rules: Rules | None) -> None:
+        """Hold the freeze, start the attribution and, where workers are read, their search."""
+        self._hold = PATCHES.hold(FREEZE)
+        self._watched: str | None = None  # the board whose workers name their own holders
+        if self.attribution is not None:
+            from harness.attribution.recording import started
+
+            self._watched = started(self.attribution, self._children, rules)
 
     def checkpoint(
         self,
@@ -247,31 +226,20 @@ class Recorder:
         plain = label in self._plain
         if event is not None or not plain:
             event = labels.given_event(label, event)
-        stride = self._on_stride(label, batch, collect)
+        reader = self._reader
+        stride = reader.on_stride(label, batch, collect)
         full = stride or not self.probe.strided
         if not full and plain and self._strided and note is None and event is None:
             # a loop's batch between two stride readings, read by neither the probe nor the
             # children (their processes are the last reading's); its row and line come later
-            unread = self._unread_metrics.copy()
-            sample = self._sample(label, phase, epoch, batch, unread, False, None, self._processes)
+            unread = reader.unread.copy()
+            sample = self._sample(label, phase, epoch, batch, unread, False, None, reader.processes)
             self._unread_samples.append(sample)
             if self._wait is not None:
                 self._wait(sample)
             return sample
-        may = event != labels.OOM
-        return self._record(
-            label,
-            phase,
-            epoch,
-            batch,
-            collect,
-            note,
-            event,
-            full,
-            may_raise=may,
-            rollup=collect,
-            stride=stride,
-        )
+        asked = Asked(label, phase, epoch, batch, collect, note, event, full)
+        return self._record(asked, may_raise=event != labels.OOM, rollup=collect, stride=stride)
 
     __call__ = checkpoint
 
@@ -306,20 +274,12 @@ class Recorder:
         )
 
     def _record(
-        self,
-        label: str,
-        phase: str | None,
-        epoch: int | None,
-        batch: int | None,
-        collect: bool,
-        note: str | None,
-        event: str | None,
-        full: bool,
-        *,
-        may_raise: bool,
-        rollup: bool,
-        stride: bool = True,
+        self, asked: Asked, *, may_raise: bool, rollup: bool, stride: bool = True
     ) -> Sample:
+        """Read and record the checkpoint ``asked`` for: ``may_raise`` where it may raise over
+        an emulated capacity, ``rollup`` to read the children's rollups, ``stride`` where it is
+        one of the stride's readings."""
+        label, phase, epoch, batch, collect, note, event, full = asked
         if self._closed:
             raise RuntimeError(f"checkpoint {label!r}: the recorder is closed")
         plain = self._plain
@@ -327,97 +287,41 @@ class Recorder:
         if event is None and edge is None and label not in plain and len(plain) < _MAX_CHECKED:
             plain.add(label)
         store = self.samples  # the unread samples' store rows, before the probe is read
+        reader = self._reader
         if collect:
-            gc.collect()
-            self.probe.release()
-        probe, host = self.probe, self._host if stride else None
-        own = own_python = 0
-        if (probe.host and full) or host is not None:
-            # Less the recorder's own sample store, which grows with every checkpoint, and the
-            # dearer search's bookkeeping (asked first: it forgets what was freed since):
-            # neither may be judged as the run's growth.
-            own = store.nbytes()
-            if self.attribution is not None:
-                own += self.attribution.own_bytes(exact=edge is not None)
-                own_python = self.attribution.own_python()
-        metrics = probe.sample() if full else probe.sample_between()
-        prefix = ""
-        if host is not None:
-            prefix = HOST
-            host.read(metrics, HOST)
-        if own:
-            for name in OWN_COUNTED:
-                value = metrics.get(prefix + name)
-                if value is not None:
-                    metrics[prefix + name] = value - own
-            parts = {"malloc": own_python - own, "python": -own_python}  # each part its own
-            for name, less in parts.items():
-                value = metrics.get(prefix + name)
-                if value is not None:
-                    metrics[prefix + name] = value + less
-        if full:  # else the peak window goes on to the next full reading
-            probe.reset_peak()
-        processes = self._processes  # between two readings, the last one's live processes
-        if self._children is not None and full:
-            found = self._children.read(rollup=rollup, latest=batch is None or collect)
-            processes = self._processes = None if found is None else found[1]
-            if found is not None:
-                metrics.update(found[0])
-                job(metrics, prefix, found)
-        capacity = self._checked_capacity
-        overflow = capacity.exceeded(label, metrics, may_raise) if capacity is not None else None
-        if overflow or len(probe.notes) > self._notes_said:
-            notes = [note] if note else []
-            notes += probe.notes[self._notes_said :]
-            self._notes_said = len(probe.notes)
-            if overflow:
-                notes.append(overflow)
-            note = "; ".join(notes)
+            reader.collect()
+        own = self._own_bytes(store, edge is not None) if reader.counts_own(full, stride) else None
+        metrics = reader.read(full, stride, own, rollup=rollup, latest=batch is None or collect)
+        note, overflow = reader.noted(label, metrics, note, may_raise)
         event = labels.OOM if overflow else event
         sample = self._sample(
-            label, phase, epoch, batch, metrics, collect, note or None, processes, event, edge
+            label, phase, epoch, batch, metrics, collect, note, reader.processes, event, edge
         )
+        acted = False
+        if self.attribution is not None and full:  # it judges growth: nothing to read between
+            from harness.attribution.recording import observe
+
+            acted, sample = observe(self.attribution, sample, stacklevel=3)
         store.append(sample)
         if self._timeline is not None and self.timeline_error is None:
             try:
                 self._timeline.write_recorded(sample)
             except OSError as error:
                 self._lost(error)
-        if self.attribution is not None and full:  # it judges growth: nothing to read between
-            self._attribute(sample)
+        if acted:
+            reader.set_aside()
         if overflow:
             raise DeviceOutOfMemory(overflow, sample)
         return sample
 
-    def _on_stride(self, label: str, batch: int | None, collect: bool) -> bool:
-        """Whether this checkpoint is one of the stride's readings (of the probe's strided
-        metrics, and of the host beside a device): every one that is not a batch's, and a
-        label's batches on :data:`~harness.measure.sample.STRIDE`, counted from the last of
-        those (all of them under an emulated capacity, checked at each)."""
-        if batch is None or collect or self._checked_capacity:
-            self._runs.clear()
-            return True
-        run = self._runs.get(label, 0)
-        self._runs[label] = run + 1
-        return STRIDE.reads(run)
-
-    def _attribute(self, sample: Sample) -> None:
-        """Let the attribution act on ``sample``. Its own memory stays out of the next peak and,
-        on CPU, out of ``rss``: the heap it used is trimmed, as on a collected checkpoint."""
-        assert self.attribution is not None
-        try:
-            acted = self.attribution.observe(sample)
-        except Exception as error:
-            warnings.warn(
-                f"leakgate: attribution at {sample.label!r} failed: {error!r}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return
-        if acted:
-            if self.probe.host:
-                self.probe.release()
-            self.probe.reset_peak()
+    def _own_bytes(self, store: SampleStore, exact: bool) -> tuple[int, int]:
+        """Leakgate's own bytes in this process's heap, and their part in Python's allocator:
+        the sample ``store``, which grows with every checkpoint, and the dearer search's
+        bookkeeping (asked before the reading: it forgets what was freed since)."""
+        attribution = self.attribution
+        if attribution is None:
+            return store.nbytes(), 0
+        return store.nbytes() + attribution.own_bytes(exact=exact), attribution.own_python()
 
     @property
     def samples(self) -> SampleStore:
@@ -458,11 +362,7 @@ class Recorder:
         self._phase, self._epoch = self._phases[-1]
         ended_by = None
         try:
-            start = f"{name} START"
-            full = self._on_stride(start, None, collect)
-            self._record(
-                start, None, None, None, collect, None, None, full, may_raise=True, rollup=True
-            )
+            self._edge(f"{name} START", collect)
             yield self
         except BaseException as error:
             ended_by = f"phase ended by {type(error).__name__}"
@@ -470,23 +370,17 @@ class Recorder:
         finally:
             try:
                 if not self._closed:
-                    end, by = f"{name} END", ended_by
-                    full = self._on_stride(end, None, collect)
-                    self._record(
-                        end,
-                        None,
-                        None,
-                        None,
-                        collect,
-                        by,
-                        None,
-                        full,
-                        may_raise=not by,
-                        rollup=True,
-                    )
+                    self._edge(f"{name} END", collect, ended_by)
             finally:
                 self._phases.pop()
                 self._phase, self._epoch = self._phases[-1] if self._phases else (None, None)
+
+    def _edge(self, label: str, collect: bool, ended_by: str | None = None) -> None:
+        """Record a phase's START or END (``ended_by``: the exception that ended it, said in
+        its note, and no emulated-capacity check then)."""
+        full = self._reader.on_stride(label, None, collect)  # always: it restarts the stride
+        asked = Asked(label, collect=collect, note=ended_by, full=full)
+        self._record(asked, may_raise=not ended_by, rollup=True)
 
     def end(
         self,
@@ -566,14 +460,35 @@ class Recorder:
         self.close()
 
 
-def job(metrics: dict[str, int | None], prefix: str, children: tuple[dict[str, int], Any]) -> None:
-    """The job's memory (:data:`~harness.rules.measures.JOB`) into ``metrics``: the host's live
-    heap (its metrics named with ``prefix``) and what the live children add, where both were
-    read (no child alive adds nothing)."""
-    live, (found, processes) = metrics.get(prefix + "allocated"), children
-    cost = found.get(CHILDREN_COST, None if processes else 0)
-    if live is not None and cost is not None:
-        metrics[JOB] = live + cost
+def _checked(
+    timeline: str | os.PathLike[str] | None,
+    meta: Mapping[str, Any] | None,
+    rules: Rules | None,
+    children: bool | None,
+    host: bool | None,
+) -> tuple[bool, bool]:
+    """A recorder's arguments checked in turn (a :class:`BadArgument` for the first refused):
+    whether the children and the host are read (by default, as ``rules`` say, else both)."""
+    if rules is not None:
+        from harness.verdict.options import Rules
+
+        if not isinstance(rules, Rules):
+            raise BadArgument(f"rules: expected a Rules or None, got {rules!r}")
+    if meta is not None and not (
+        isinstance(meta, Mapping) and all(isinstance(key, str) for key in meta)
+    ):
+        raise BadArgument(f"meta: expected a mapping with text keys or None, got {meta!r}")
+    if timeline is not None:
+        check_path(timeline, "timeline")
+    return _flag("children", children, rules), _flag("host", host, rules)
+
+
+def _flag(name: str, given: bool | None, rules: Rules | None) -> bool:
+    """The flag ``name`` as given, else as ``rules`` set it, else True."""
+    value = given if given is not None else getattr(rules, name) if rules is not None else True
+    if not isinstance(value, bool):
+        raise BadArgument(f"{name}: expected a bool or None, got {value!r}")
+    return value
 
 
 _LIMIT = labels.INDEX_LIMIT

@@ -12,6 +12,8 @@ front ends map the classes to exit codes in one place (``harness.frontends.cli``
   from a file to such a function says the file instead (a plain ``BadInput``).
 - :class:`UnwritableReport`: a report, verdict or timeline that could not be written (also an
   ``OSError``); what was written before is left as it was.
+- :class:`AttributionFailed`: a warning, not an error: a recorder's attribution raised at a
+  checkpoint, and the run went on without it (the test suite makes it an error).
 - :class:`~harness.results.finish.MemoryCheckFailed` (beside the finished run it carries): a run
   whose memory verdict is not PASS, raised where a caller asked for an exception instead of a
   return value (also a ``RuntimeError``).
@@ -120,6 +122,19 @@ class Raised:
         if self.type is None:
             return self.message
         return f"{self.type}: {self.message}" if self.message else self.type
+
+
+class AttributionFailed(RuntimeWarning):
+    """A recorder's attribution raised at the checkpoint ``label``; ``error`` is what it raised.
+    The run goes on without that attribution, and the checkpoint's note says it failed."""
+
+    def __init__(self, label: str, error: Raised) -> None:
+        self.label = label
+        self.error = error
+        super().__init__(f"leakgate: attribution at {label!r} failed: {error}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.label, self.error))
 
 
 def one_line(error: BaseException | str) -> str:
