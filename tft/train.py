@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch.utils.data import Dataset, default_collate
@@ -52,6 +52,10 @@ from tft.progress import Progress
 from tft.qat import export_int8
 from tft.scoring import Accumulator, baseline_q_risk
 from tft.trainer import Callback, Trainer
+
+if TYPE_CHECKING:
+    from harness.recorder import Recorder
+    from harness.verdict.options import Rules
 
 __all__ = ["batch_shapes", "build_parser", "leave", "main", "memory_rules", "warm_up"]
 
@@ -257,28 +261,61 @@ def traced(
     teardown rule sees what a finished session leaves behind.
     """
     # The one exception to "tft never imports harness": tracing from the command line. The
-    # import stays inside this function, so the model, data, trainer and faults load without it.
-    from harness.attribution.phase import PhaseAttribution
-    from harness.core.units import parse_size
-    from harness.recorder import Recorder
-    from harness.results.finish import finish_run
-    from harness.results.merge import finish_distributed
+    # imports stay inside the functions it calls, so the model, data, trainer and faults load
+    # without it.
     from harness.verdict.options import Rules
 
+    name = "tft-train-" + ("+".join(args.inject_fault) or "clean")
+    title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
     try:
-        capacity = None if args.capacity is None else parse_size(args.capacity, what="--capacity")
-    except ValueError as exc:
+        capacity = _capacity(args)
+        judged = Rules(**rules)
+        warm_up(faults.trainer_class(args.inject_fault), config, model_config, split)
+        _check_capacity(args, config, capacity)
+        recorder = _recorder(args, config, split, argv, judged, capacity, name, title)
+    except _Refused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    judged = Rules(**rules)
-    warm_up(faults.trainer_class(args.inject_fault), config, model_config, split)
+    return _traced_session(args, config, model_config, split, recorder, name, title)
+
+
+class _Refused(Exception):
+    """A traced run refused before its session starts: one line, exit code 2."""
+
+
+def _capacity(args: argparse.Namespace) -> int | None:
+    """``--capacity`` in bytes, None without it."""
+    from harness.core.units import parse_size
+
+    try:
+        return None if args.capacity is None else parse_size(args.capacity, what="--capacity")
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+
+
+def _check_capacity(args: argparse.Namespace, config: TrainConfig, capacity: int | None) -> None:
+    """An emulated ``capacity`` above what the process holds before training starts."""
     if capacity is not None:
         held = held_at_start(str(resolve_device(config.device)), capacity)
         if held is not None:
-            print(f"error: --capacity {args.capacity}: {held}", file=sys.stderr)
-            return 2
-    name = "tft-train-" + ("+".join(args.inject_fault) or "clean")
-    title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
+            raise _Refused(f"--capacity {args.capacity}: {held}")
+
+
+def _recorder(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    split: Split,
+    argv: Sequence[str],
+    rules: Rules,
+    capacity: int | None,
+    name: str,
+    title: str,
+) -> Recorder:
+    """The session's recorder, writing ``<name>.jsonl`` into ``--memreport`` when given, ready to
+    name holders past ``rules``' budgets."""
+    from harness.attribution.phase import PhaseAttribution
+    from harness.recorder import Recorder
+
     meta = {
         "title": title,  # a report rebuilt from the timeline is titled as the run's own
         "train_samples": len(split.train),
@@ -287,18 +324,33 @@ def traced(
         "command": shlex.join(["python", "-m", "tft.train", *argv]),
     }
     try:
-        recorder = Recorder(
+        return Recorder(
             str(resolve_device(config.device)),
             capacity=capacity,
             timeline=None if args.memreport is None else args.memreport / f"{name}.jsonl",
             config=config,
             meta=meta,
-            attribute=PhaseAttribution.for_rules(judged),
-            rules=judged,
+            attribute=PhaseAttribution.for_rules(rules),
+            rules=rules,
         )
     except OSError as exc:  # the timeline cannot be created: a link in the way, no such place
-        print(f"error: {exc.filename or args.memreport}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        raise _Refused(f"{exc.filename or args.memreport}: {exc.strerror or exc}") from None
+
+
+def _traced_session(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    model_config: TFTConfig,
+    split: Split,
+    recorder: Recorder,
+    name: str,
+    title: str,
+) -> int:
+    """Train in the recorder's ``session`` phase, then finish the run (merged across ranks
+    under ``torchrun``); the exit code."""
+    from harness.results.finish import finish_run
+    from harness.results.merge import finish_distributed
+
     # The session's peak window starts from the released level: the warm-up's is not its own.
     gc.collect()
     recorder.probe.release()

@@ -27,7 +27,6 @@ import math
 import multiprocessing
 import os
 import pickle
-import resource
 import shutil
 import signal
 import sys
@@ -44,9 +43,9 @@ from typing import Any
 
 import harness.core.labels as labels
 from harness.core.errors import BadArgument, Raised, refused_as_argument
-from harness.core.identity import check_world_size
 from harness.core.naming import check_file_name, check_path, safe_name
-from harness.core.units import format_size
+from harness.frontends.local_ranks import check_local_ranks
+from harness.frontends.local_ranks import max_local_ranks as max_local_ranks  # re-exported
 from harness.measure.board_folder import leased_folder
 from harness.measure.malloc import libc_function
 from harness.results.finish import Finished
@@ -55,10 +54,6 @@ from harness.verdict.options import Rules, check_count, check_flag
 
 FOLDER_PREFIX = "leakgate-ranks-"
 """The working folders' prefix, in the temporary folder."""
-RANK_MEMORY = 150 * 2**20
-"""The memory a local rank holds of its own (its anonymous resident memory: torch imported, a
-gloo group joined, a recorder open; measured at 147 MiB), which bounds the ranks a machine can
-run by its available memory."""
 KILL_AFTER = 10.0
 """Seconds a stopped rank has to end its timeline before it is killed."""
 STOPPED = 128 + signal.SIGTERM
@@ -125,51 +120,64 @@ def run_ranks(
     early, or a run past ``timeout`` seconds, stops the other ranks at once and makes it ERROR,
     naming the rank (see the module).
     """
-    from harness.measure.probes import probe_type
-
-    check_world_size(nproc)
-    bound, why = _local_bound()
-    if nproc > bound:
-        raise BadArgument(
-            f"nproc: {nproc} ranks is more than this machine can run: at most {bound} local "
-            f"ranks ({why})"
-        )
-    name = _test_name() if name is None else check_file_name(name)
-    if rules is not None and not isinstance(rules, Rules):
-        rules = Rules.from_dict(rules)
-    if directory is not None:
-        check_path(directory, "directory", folder=True)
-    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
-        raise BadArgument(f"args: expected a sequence of arguments, got {type(args).__name__}")
-    with refused_as_argument():
-        probe_type(probe)
-    threads = check_count(threads, where="threads", least=1)
-    check_flag(attribute, where="attribute")
-    timeout = _seconds(timeout, "timeout")
-    if title is not None and not isinstance(title, str):
-        raise BadArgument(f"title: expected text or None, got {type(title).__name__}")
-    _check_body(body)
-    folder = directory if directory is not None else _memreport()
-    folder = str(folder) if folder is not None else None
+    check_local_ranks(nproc)
+    # Each argument is checked in the order of its keyword here.
     spec = _Spec(
-        body=body,
-        args=tuple(args),
         nproc=nproc,
-        name=name,
-        rules=rules,
-        directory=folder,
-        probe=probe,
-        threads=threads,
-        attribute=attribute,
-        timeout=timeout,
-        title=title,
+        name=_test_name() if name is None else check_file_name(name),
+        rules=rules if rules is None or isinstance(rules, Rules) else Rules.from_dict(rules),
+        directory=_folder(directory),
+        args=_arguments(args),
+        probe=_probe(probe),
+        threads=check_count(threads, where="threads", least=1),
+        attribute=check_flag(attribute, where="attribute"),
+        timeout=_seconds(timeout, "timeout"),
+        title=_title(title),
+        body=_body(body),
         parent=os.getpid(),
     )
+    _check_sendable(spec)
+    return _run(spec)
+
+
+def _folder(directory: str | os.PathLike[str] | None) -> str | None:
+    """Where the timelines and the report go: ``directory``, checked, else the ``--memreport``
+    folder of the pytest run this is in, else None (the working folder)."""
+    if directory is not None:
+        check_path(directory, "directory", folder=True)
+    folder = directory if directory is not None else _memreport()
+    return str(folder) if folder is not None else None
+
+
+def _arguments(args: Any) -> tuple[Any, ...]:
+    """The body's arguments: a sequence (not text), as a tuple."""
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise BadArgument(f"args: expected a sequence of arguments, got {type(args).__name__}")
+    return tuple(args)
+
+
+def _probe(probe: str) -> str:
+    """A probe's name the recorder knows."""
+    from harness.measure.probes import probe_type
+
+    with refused_as_argument():
+        probe_type(probe)
+    return probe
+
+
+def _title(title: Any) -> str | None:
+    """The report's title: text, or None for the test's."""
+    if title is not None and not isinstance(title, str):
+        raise BadArgument(f"title: expected text or None, got {type(title).__name__}")
+    return title
+
+
+def _check_sendable(spec: _Spec) -> None:
+    """``spec`` pickles, as every spawned rank receives it."""
     try:
         pickle.dumps(spec)
     except Exception as exc:
         raise BadArgument(f"args: cannot be sent to a spawned rank ({Raised.of(exc)})") from None
-    return _run(spec)
 
 
 def _run(given: _Spec) -> Finished:
@@ -411,42 +419,9 @@ def _die_with_parent(parent: int) -> None:
         os._exit(STOPPED)
 
 
-def max_local_ranks() -> int:
-    """The most ranks :func:`run_ranks` starts on this machine: as many as its available memory
-    holds at :data:`RANK_MEMORY` each, within the open files and processes this process may
-    have (a rank holds a socket to every other)."""
-    return _local_bound()[0]
-
-
-def _local_bound() -> tuple[int, str]:
-    """:func:`max_local_ranks` and why, in words."""
-    available = _available_memory()
-    said = f"{format_size(available)} of memory available at about {format_size(RANK_MEMORY)}"
-    bounds = [(max(1, available // RANK_MEMORY), f"{said} a rank")]
-    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if files != resource.RLIM_INFINITY:
-        bounds.append((max(1, files - 64), f"{files} open files allowed"))
-    processes = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-    if processes != resource.RLIM_INFINITY:
-        bounds.append((max(1, processes // 16), f"{processes} processes and threads allowed"))
-    return min(bounds)
-
-
-def _available_memory() -> int:
-    """``MemAvailable`` (Linux), else the free physical pages."""
-    try:
-        with open("/proc/meminfo", "rb") as meminfo:
-            for line in meminfo:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
-def _check_body(body: Any) -> None:
-    """A body a spawned rank can import by name: a module-level function (or other callable
-    that pickles by reference). ``BadArgument`` in one line otherwise."""
+def _body(body: Any) -> Callable[..., Any]:
+    """``body`` when a spawned rank can import it by name: a module-level function (or other
+    callable that pickles by reference). ``BadArgument`` in one line otherwise."""
     qualname = getattr(body, "__qualname__", None)
     try:
         if not callable(body) or (qualname is not None and "<" in qualname):
@@ -458,6 +433,7 @@ def _check_body(body: Any) -> None:
             f"body: the body must be a module-level function, importable by a spawned rank "
             f"(got {shown})"
         ) from None
+    return body
 
 
 def _seconds(value: Any, what: str) -> float:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -230,97 +230,177 @@ def close_session(
     is then null): comparing with a baseline and saving into it is a ratchet, moved only by a
     session that passed."""
     outcomes = sorted(outcomes, key=lambda o: o.nodeid)
-    lines: list[str] = []
-    failed = False
+    closing = _Closing()
     documents: dict[str, dict[str, Any]] = {}
     if directory is not None and (compare is not None or save is not None):
-        for o in outcomes:
-            try:
-                documents[o.nodeid] = load_run_document(directory / f"{safe_name(o.nodeid)}.json")
-            except ValueError as exc:
-                lines.append(f"leakgate REGRESSION unreadable verdict: {exc}")
-                failed = True
-    judged: dict[str, Judged] = {}
-    missing: list[str] = []
-    decision = None
+        documents = _session_verdicts(outcomes, directory, closing)
+    compared = _Compared()
     if compare is not None:
+        compared = _compare_session(outcomes, documents, compare, closing)
+    saved = _save_session(documents, save, compare, closing)
+    if summary is not None:
+        _write_summary(summary, outcomes, compared, compare, saved, closing)
+    return Closed(closing.lines, closing.failed, compared.decision)
+
+
+@dataclass
+class _Closing:
+    """A session's end as it is worked out: its terminal lines so far, and whether it fails."""
+
+    lines: list[str] = field(default_factory=list)
+    failed: bool = False
+
+    def fail(self, line: str) -> None:
+        """Say ``line``; the session fails for it."""
+        self.lines.append(line)
+        self.failed = True
+
+
+@dataclass(frozen=True)
+class _Compared:
+    """A session's verdicts against a baseline: each judged by the gate's rule, the baseline's
+    verdicts the session did not produce, and the decision for the index (None when no
+    baseline was compared)."""
+
+    judged: dict[str, Judged] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    decision: GateDecision | None = None
+
+
+def _session_verdicts(
+    outcomes: Sequence[GatedTest], directory: Path, closing: _Closing
+) -> dict[str, dict[str, Any]]:
+    """Each test's verdict document read from ``directory``; one that cannot be read fails."""
+    documents = {}
+    for o in outcomes:
         try:
-            base = baseline_verdicts(compare)
-        except BadInput as exc:
-            lines.append(f"leakgate REGRESSION unreadable baseline: {exc}")
-            base, failed = {}, True
-        for nodeid, new in documents.items():
-            path = base.get(f"{safe_name(nodeid)}.json")
-            try:
-                judged[nodeid] = judge_verdict(new, load_run_document(path) if path else None)
-            except ValueError as exc:
-                lines.append(f"leakgate REGRESSION unreadable baseline: {exc}")
-                failed = True
-        names = {f"{safe_name(nodeid)}.json" for nodeid in documents}
-        missing = missing_from_run(base, names)
-        regressed = [nodeid for nodeid, j in judged.items() if j.regressed]
-        for nodeid in regressed:
-            lines.append(f"leakgate REGRESSION {nodeid} against the baseline {compare}")
-            lines += [f"    {line}" for line in regression_lines(judged[nodeid].comparison)]
-        problems = [
-            f"missing from the run: {name} is in the baseline {compare} "
-            "but no test of this session wrote it"
-            for name in missing
-        ]
-        lines += [f"leakgate REGRESSION {problem}" for problem in problems]
-        unmatched = [f"{safe_name(n)}.json" for n, j in judged.items() if j.comparison is None]
-        totals = (
-            f"{len(regressed)} of {len(judged)} verdicts regressed, {len(missing)} missing, "
-            f"{len(unmatched)} without a base"
-        )
-        outcome = Status.FAIL if regressed or missing else Status.PASS
-        lines.append(f"leakgate baseline {compare}: {outcome}: {totals}")
-        failed = failed or bool(regressed or missing)
-        decision = GateDecision(
-            not failed and all(o.status == Status.PASS for o in outcomes),
-            totals,
-            baseline=str(compare),
-            tolerance=tolerance_text(DEFAULT_TOLERANCE, DEFAULT_MIN_BYTES),
-            regressions={
-                f"{safe_name(n)}.json": regression_lines(judged[n].comparison) for n in regressed
-            },
-            problems=problems,
-            unmatched=unmatched,
-        )
-    if save is not None and failed and compare is not None and same_folder(save, compare):
+            documents[o.nodeid] = load_run_document(directory / f"{safe_name(o.nodeid)}.json")
+        except ValueError as exc:
+            closing.fail(f"leakgate REGRESSION unreadable verdict: {exc}")
+    return documents
+
+
+def _compare_session(
+    outcomes: Sequence[GatedTest],
+    documents: Mapping[str, Mapping[str, Any]],
+    compare: Path,
+    closing: _Closing,
+) -> _Compared:
+    """The session's verdicts judged against the baseline ``compare``: a line for each
+    regression and each verdict missing from the run, then the totals; and the decision."""
+    base = _baseline_of(compare, closing)
+    judged = _judged(documents, base, closing)
+    missing = missing_from_run(base, {f"{safe_name(nodeid)}.json" for nodeid in documents})
+    regressed = [nodeid for nodeid, j in judged.items() if j.regressed]
+    for nodeid in regressed:
+        closing.lines.append(f"leakgate REGRESSION {nodeid} against the baseline {compare}")
+        closing.lines += [f"    {line}" for line in regression_lines(judged[nodeid].comparison)]
+    problems = [
+        f"missing from the run: {name} is in the baseline {compare} "
+        "but no test of this session wrote it"
+        for name in missing
+    ]
+    closing.lines += [f"leakgate REGRESSION {problem}" for problem in problems]
+    unmatched = [f"{safe_name(n)}.json" for n, j in judged.items() if j.comparison is None]
+    totals = (
+        f"{len(regressed)} of {len(judged)} verdicts regressed, {len(missing)} missing, "
+        f"{len(unmatched)} without a base"
+    )
+    outcome = Status.FAIL if regressed or missing else Status.PASS
+    closing.lines.append(f"leakgate baseline {compare}: {outcome}: {totals}")
+    closing.failed = closing.failed or bool(regressed or missing)
+    decision = GateDecision(
+        not closing.failed and all(o.status == Status.PASS for o in outcomes),
+        totals,
+        baseline=str(compare),
+        tolerance=tolerance_text(DEFAULT_TOLERANCE, DEFAULT_MIN_BYTES),
+        regressions={
+            f"{safe_name(n)}.json": regression_lines(judged[n].comparison) for n in regressed
+        },
+        problems=problems,
+        unmatched=unmatched,
+    )
+    return _Compared(judged, missing, decision)
+
+
+def _baseline_of(compare: Path, closing: _Closing) -> dict[str, Path]:
+    """The baseline's verdicts by file name; none when it cannot be read, which fails."""
+    try:
+        return baseline_verdicts(compare)
+    except BadInput as exc:
+        closing.fail(f"leakgate REGRESSION unreadable baseline: {exc}")
+        return {}
+
+
+def _judged(
+    documents: Mapping[str, Mapping[str, Any]], base: Mapping[str, Path], closing: _Closing
+) -> dict[str, Judged]:
+    """Each verdict by the gate's rule, against its base where the baseline has one; a base
+    that cannot be read fails."""
+    judged = {}
+    for nodeid, new in documents.items():
+        path = base.get(f"{safe_name(nodeid)}.json")
+        try:
+            judged[nodeid] = judge_verdict(new, load_run_document(path) if path else None)
+        except ValueError as exc:
+            closing.fail(f"leakgate REGRESSION unreadable baseline: {exc}")
+    return judged
+
+
+def _save_session(
+    documents: Mapping[str, Mapping[str, Any]],
+    save: Path | None,
+    compare: Path | None,
+    closing: _Closing,
+) -> Path | None:
+    """Save the verdicts into ``save``, unless the session failed its comparison with that
+    very baseline; the baseline the summary names as saved (None when it was kept as it was).
+    A save that fails, fails the session."""
+    if save is not None and closing.failed and compare is not None and same_folder(save, compare):
         # Saved over, the baseline would pass the retry of the session that failed against it.
-        lines.append(
+        closing.lines.append(
             f"leakgate: the baseline {save} was kept as it was: this session failed its "
             "comparison with it and is not saved over it"
         )
-        save = None
-    elif save is not None:
+        return None
+    if save is not None:
         try:
             files = save_baseline(save, {f"{safe_name(k)}.json": v for k, v in documents.items()})
-            lines.append(f"leakgate: saved {plural(len(files), 'verdict')} as the baseline {save}")
+            closing.lines.append(
+                f"leakgate: saved {plural(len(files), 'verdict')} as the baseline {save}"
+            )
         except OSError as exc:
-            lines.append(f"leakgate warning: the baseline was not saved ({_os_error(exc)})")
-            failed = True
-    if summary is not None:
-        tests = [
-            {
-                "test": o.nodeid,
-                "verdict": o.status,
-                "worst_growth": o.worst_growth,
-                "phases": phase_numbers(o.phases),
-                "comparison": _comparison_of(judged.get(o.nodeid)),
-            }
-            for o in outcomes
-        ]
-        document = session_summary(tests, baseline=compare, missing=missing, saved=save)
-        try:
-            make_folders(summary.parent)
-            write_output(summary, json.dumps(document, indent=2) + "\n")
-            lines.append(f"leakgate: session summary in {summary}")
-        except OSError as exc:
-            lines.append(f"leakgate warning: the summary was not written ({_os_error(exc)})")
-            failed = True
-    return Closed(lines, failed, decision)
+            closing.fail(f"leakgate warning: the baseline was not saved ({_os_error(exc)})")
+    return save
+
+
+def _write_summary(
+    summary: Path,
+    outcomes: Sequence[GatedTest],
+    compared: _Compared,
+    compare: Path | None,
+    saved: Path | None,
+    closing: _Closing,
+) -> None:
+    """Write the session summary (:func:`session_summary`) to ``summary``; a write that fails,
+    fails the session."""
+    tests = [
+        {
+            "test": o.nodeid,
+            "verdict": o.status,
+            "worst_growth": o.worst_growth,
+            "phases": phase_numbers(o.phases),
+            "comparison": _comparison_of(compared.judged.get(o.nodeid)),
+        }
+        for o in outcomes
+    ]
+    document = session_summary(tests, baseline=compare, missing=compared.missing, saved=saved)
+    try:
+        make_folders(summary.parent)
+        write_output(summary, json.dumps(document, indent=2) + "\n")
+        closing.lines.append(f"leakgate: session summary in {summary}")
+    except OSError as exc:
+        closing.fail(f"leakgate warning: the summary was not written ({_os_error(exc)})")
 
 
 def _comparison_of(judged: Judged | None) -> dict[str, Any] | None:

@@ -178,31 +178,63 @@ def finish_ranks(
     rank outside it, a ``world_size`` out of range or unlike the headers': see
     :func:`harness.core.identity.check_world_size`), and, when writing, for a ``name`` that is not a
     plain file name."""
-    if not parts:
-        raise BadInput("no rank to merge", field="finish_ranks")
-    if directory is not None:
-        check_file_name(name)
-    parts = sorted(parts, key=lambda p: p.rank)
-    if len({p.rank for p in parts}) != len(parts):
-        raise BadInput("a rank appears twice", field="finish_ranks")
+    parts = _checked_parts(parts, name, directory)
     first = parts[0]
     if rules is None:
         rules = rules_of(first.header)
     world = _world(parts, world_size)
-    verdict = merge_verdicts(parts, rules, world)
-    if error is not None:
-        verdict = replace(
-            verdict,
-            status=Status.ERROR,
-            error="; ".join(e for e in (error, verdict.error) if e),
-            checks=(*verdict.checks, Check("ranks", "run", CheckStatus.ERROR, error)),
-        )
+    verdict = _stopped(merge_verdicts(parts, rules, world), error)
     folder = Path(directory) if directory is not None else None
-    markdown = folder / f"{name}.md" if folder is not None else None
-    document = folder / f"{name}.json" if folder is not None else None
-    here = folder or Path(".")
-    parts = [replace(p, timeline=relative(p.timeline, here)) for p in parts]
-    header = dict(first.header)
+    parts = [replace(p, timeline=relative(p.timeline, folder or Path("."))) for p in parts]
+    header = _merged_header(parts, world)
+    meta = header.get("meta")
+    test = meta.get("test") if isinstance(meta, Mapping) else None
+    run = MergedRun(
+        name=name,
+        header=header,
+        samples=first.samples,
+        verdict=verdict,
+        title=title or (test if isinstance(test, str) else None),
+        holders=_rank_holders(parts),
+        torn=sum(p.torn for p in parts),
+        timeline=None,
+        verdict_file=f"{name}.json" if folder is not None else None,
+        ranks=tuple(parts),
+    )
+    return _write_merged(run, folder)
+
+
+def _checked_parts(
+    parts: Sequence[RankRun], name: str, directory: str | os.PathLike[str] | None
+) -> list[RankRun]:
+    """The parts in rank order: at least one, each rank once; ``name`` a plain file name when
+    the run is written."""
+    if not parts:
+        raise BadInput("no rank to merge", field="finish_ranks")
+    if directory is not None:
+        check_file_name(name)
+    ordered = sorted(parts, key=lambda p: p.rank)
+    if len({p.rank for p in ordered}) != len(ordered):
+        raise BadInput("a rank appears twice", field="finish_ranks")
+    return ordered
+
+
+def _stopped(verdict: Verdict, error: str | None) -> Verdict:
+    """``verdict`` made ERROR by what stopped the run as a whole, when something did."""
+    if error is None:
+        return verdict
+    return replace(
+        verdict,
+        status=Status.ERROR,
+        error="; ".join(e for e in (error, verdict.error) if e),
+        checks=(*verdict.checks, Check("ranks", "run", CheckStatus.ERROR, error)),
+    )
+
+
+def _merged_header(parts: Sequence[RankRun], world: int) -> dict[str, Any]:
+    """Rank 0's header as the run's (no rank, local rank or pid of its own): a run id of its
+    own, the world size, and each rank's run id, status, timeline, host and pid."""
+    header = dict(parts[0].header)
     for key in ("rank", "local_rank", "pid"):
         header.pop(key, None)
     header.update(
@@ -220,32 +252,31 @@ def finish_ranks(
             for p in parts
         ],
     )
-    holders: list[HolderRecord] = [
+    return header
+
+
+def _rank_holders(parts: Sequence[RankRun]) -> list[HolderRecord]:
+    """Every rank's holders, each path led by its rank."""
+    return [
         {**h, "rank": p.rank, "path": f"rank {p.rank}: {h.get('path')}"}
         for p in parts
         for h in p.holders
     ]
-    test = header.get("meta", {}).get("test") if isinstance(header.get("meta"), Mapping) else None
-    run = MergedRun(
-        name=name,
-        header=header,
-        samples=first.samples,
-        verdict=verdict,
-        title=title or (test if isinstance(test, str) else None),
-        holders=holders,
-        torn=sum(p.torn for p in parts),
-        timeline=None,
-        verdict_file=document.name if document is not None else None,
-        ranks=tuple(parts),
-    )
-    found = sorted(_holders(holders), key=lambda h: -h.bytes)
-    shares = [share for p in parts for share in p.shares]
-    ranks = tuple(p.rank for p in parts for _ in p.shares)  # each share's lines lead with it
+
+
+def _write_merged(run: MergedRun, folder: Path | None) -> Finished:
+    """The merged run finished: its holders and shares (each share's lines led by its rank),
+    written into ``folder`` as ``<name>.md`` and ``.json`` when there is one."""
+    found = sorted(_holders(run.holders), key=lambda h: -h.bytes)
+    shares = [share for p in run.ranks for share in p.shares]
+    ranks = tuple(p.rank for p in run.ranks for _ in p.shares)  # each share's lines lead with it
+    markdown = document = None
     if folder is not None:
         try:
             make_folders(folder)
         except OSError as exc:
             return Finished(run, found, shares, write_error=exc, ranks=ranks)
+        markdown, document = folder / f"{run.name}.md", folder / f"{run.name}.json"
     return replace(write_finished(run, found, shares, markdown, document), ranks=ranks)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,16 +33,10 @@ from harness.verdict.model import CheckStatus, Finding, Kind
 
 @register_rule("max_drift", option="max_drift")
 def drift(ctx: Context, limit: int) -> list[Finding]:
+    """``max_drift``: each label read outside a loop in several epochs, its later epochs against
+    its first judged one; the finding of the label that drifted most."""
     limit = max(limit, ctx.measure.floor)
-    samples, cols = ctx.samples, ctx.columns
-    readings = np.flatnonzero(
-        (cols.batch == NONE) & (cols.epoch != NONE) & ~(cols.oom | cols.check_failed)
-    )
-    pairs = np.stack((cols.label[readings].astype(np.int64), cols.epoch[readings]))
-    _, first = np.unique(pairs, axis=1, return_index=True)
-    firsts: dict[str, dict[int, int]] = {}
-    for i in sorted(readings[first].tolist()):
-        firsts.setdefault(samples[i].label, {})[int(cols.epoch[i])] = i
+    firsts = _epoch_firsts(ctx)
     failures: list[Finding] = []
     compared = False
     for label, by_epoch in firsts.items():
@@ -49,64 +44,9 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
         if len(epochs) < 2:
             continue
         compared = True
-        ref = by_epoch[epochs[0]]
-        worst: tuple[float, int, int, str, float, list[str]] | None = None
-        for e in epochs[1:]:
-            metric = ctx.pair_metric(ref, by_epoch[e])
-            if metric is None:
-                continue
-            grown = ctx.value(by_epoch[e], metric) - ctx.value(ref, metric)
-            amount = min([grown, *_confirmed(ctx, ref, by_epoch[e])])
-            if not _children_grew(ctx, ref, by_epoch[e], amount):
-                continue
-            cached, caches = cached_between(ctx, ref, by_epoch[e], metric)
-            if worst is None or amount - cached > worst[0]:
-                worst = (amount - cached, amount, by_epoch[e], metric, cached, caches)
-        if worst is None:
-            ctx.check("max_drift", label, CheckStatus.SKIP, "no comparable readings")
-            continue
-        residual, amount, at, metric, cached, caches = worst
-        details = (
-            f"epoch {samples[at].epoch} vs epoch {epochs[0]}: "
-            f"{format_size(amount, signed=True)} ({metric})"
-        )
-        if cached:
-            details += (
-                f", {format_size(cached, signed=True)} of it the bounded cache in "
-                f"{', '.join(caches)}"
-            )
-        status = (
-            CheckStatus.FAIL
-            if residual > limit
-            else CheckStatus.WARN
-            if amount > limit
-            else CheckStatus.PASS
-        )
-        ctx.check("max_drift", label, status, details, residual, limit)
-        if status == CheckStatus.FAIL:
-            beyond = (
-                f" ({format_size(residual, signed=True)} beyond the bounded cache)"
-                if cached
-                else ""
-            )
-            message = (
-                f"{ctx.measure.drift(label)}: {format_size(amount, signed=True)}{beyond} from "
-                f"epoch {epochs[0]} to epoch {samples[at].epoch} > max_drift "
-                f"{ctx.rules.shown('max_drift')}{ctx.parts(ref, at)}{processes(ctx, ref, at)}"
-            )
-            evidence = (ctx.evidence(ref, metric), ctx.evidence(at, metric))
-            failures.append(
-                Finding(
-                    Kind.OUTSIDE if ctx.measure.kind == Kind.OUTSIDE else Kind.DRIFT,
-                    samples[at].phase,
-                    samples[at].epoch,
-                    round(residual),
-                    message,
-                    None,
-                    evidence,
-                    rule="max_drift",
-                )
-            )
+        failure = _label_drift(ctx, label, [(e, by_epoch[e]) for e in epochs], limit)
+        if failure is not None:
+            failures.append(failure)
     if not compared:
         ctx.check("max_drift", "run", CheckStatus.SKIP, _too_few_epochs(ctx, firsts))
     if not failures:
@@ -117,6 +57,109 @@ def drift(ctx: Context, limit: int) -> list[Finding]:
             worst_finding, message=f"{worst_finding.message} ({len(failures)} labels drift)"
         )
     return [worst_finding]
+
+
+class _Drift(NamedTuple):
+    """A label's worst drift from its first judged epoch: the growth beyond the bounded caches
+    (``residual``), all of it (``amount``), the position it was read at and in which metric,
+    and what the caches account for, with their phases' names."""
+
+    residual: float
+    amount: float
+    at: int
+    metric: str
+    cached: float
+    caches: list[str]
+
+
+def _epoch_firsts(ctx: Context) -> dict[str, dict[int, int]]:
+    """Each label read outside a loop (no OOM or failed check) and its first reading's position
+    in each epoch, the labels in the order first read."""
+    samples, cols = ctx.samples, ctx.columns
+    readings = np.flatnonzero(
+        (cols.batch == NONE) & (cols.epoch != NONE) & ~(cols.oom | cols.check_failed)
+    )
+    pairs = np.stack((cols.label[readings].astype(np.int64), cols.epoch[readings]))
+    _, first = np.unique(pairs, axis=1, return_index=True)
+    firsts: dict[str, dict[int, int]] = {}
+    for i in sorted(readings[first].tolist()):
+        firsts.setdefault(samples[i].label, {})[int(cols.epoch[i])] = i
+    return firsts
+
+
+def _label_drift(
+    ctx: Context, label: str, readings: list[tuple[int, int]], limit: int
+) -> Finding | None:
+    """Judge one label's ``readings`` (each judged epoch and its first reading's position, the
+    first the reference): its check, and its finding when it fails."""
+    (epoch, ref), later = readings[0], [at for _, at in readings[1:]]
+    worst = _worst_drift(ctx, ref, later)
+    if worst is None:
+        ctx.check("max_drift", label, CheckStatus.SKIP, "no comparable readings")
+        return None
+    details = (
+        f"epoch {ctx.samples[worst.at].epoch} vs epoch {epoch}: "
+        f"{format_size(worst.amount, signed=True)} ({worst.metric})"
+    )
+    if worst.cached:
+        details += (
+            f", {format_size(worst.cached, signed=True)} of it the bounded cache in "
+            f"{', '.join(worst.caches)}"
+        )
+    status = (
+        CheckStatus.FAIL
+        if worst.residual > limit
+        else CheckStatus.WARN
+        if worst.amount > limit
+        else CheckStatus.PASS
+    )
+    ctx.check("max_drift", label, status, details, worst.residual, limit)
+    return _drift_finding(ctx, label, epoch, ref, worst) if status == CheckStatus.FAIL else None
+
+
+def _worst_drift(ctx: Context, ref: int, later: list[int]) -> _Drift | None:
+    """Of the ``later`` positions comparable with ``ref``, the one grown most beyond the
+    bounded caches (growth the confirming series and, for the job, the children confirm)."""
+    worst: _Drift | None = None
+    for at in later:
+        metric = ctx.pair_metric(ref, at)
+        if metric is None:
+            continue
+        grown = ctx.value(at, metric) - ctx.value(ref, metric)
+        amount = min([grown, *_confirmed(ctx, ref, at)])
+        if not _children_grew(ctx, ref, at, amount):
+            continue
+        cached, caches = cached_between(ctx, ref, at, metric)
+        if worst is None or amount - cached > worst.residual:
+            worst = _Drift(amount - cached, amount, at, metric, cached, caches)
+    return worst
+
+
+def _drift_finding(ctx: Context, label: str, epoch: int, ref: int, worst: _Drift) -> Finding:
+    """The finding of a label that drifted past ``max_drift`` from ``epoch`` (read at
+    ``ref``)."""
+    samples, at = ctx.samples, worst.at
+    beyond = (
+        f" ({format_size(worst.residual, signed=True)} beyond the bounded cache)"
+        if worst.cached
+        else ""
+    )
+    message = (
+        f"{ctx.measure.drift(label)}: {format_size(worst.amount, signed=True)}{beyond} from "
+        f"epoch {epoch} to epoch {samples[at].epoch} > max_drift "
+        f"{ctx.rules.shown('max_drift')}{ctx.parts(ref, at)}{processes(ctx, ref, at)}"
+    )
+    evidence = (ctx.evidence(ref, worst.metric), ctx.evidence(at, worst.metric))
+    return Finding(
+        Kind.OUTSIDE if ctx.measure.kind == Kind.OUTSIDE else Kind.DRIFT,
+        samples[at].phase,
+        samples[at].epoch,
+        round(worst.residual),
+        message,
+        None,
+        evidence,
+        rule="max_drift",
+    )
 
 
 def _confirmed(ctx: Context, ref: int, at: int) -> list[int]:
