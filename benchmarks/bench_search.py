@@ -252,8 +252,8 @@ def section(reps: int) -> str:
             "One process per size: N live objects frozen, then a leak of 24 tensors in a list; "
             "each search once, its time and the rise of the process's peak resident memory "
             "(`VmHWM`). The plain search stops once it has reached every new tensor; the search "
-            "by retained size walks every object, as it runs only where the tensors' holders hold "
-            "under half of a growth of 512 KiB or more.",
+            "by retained size walks every object, as it runs only where the largest of the tensors' "
+            "holders holds under three quarters of a growth of 512 KiB or more.",
             sizes,
             "### The leaky loops against pytest-memray",
             "`tool_loops/test_loops.py` (see section 3), the loops that leak; each test's whole "
