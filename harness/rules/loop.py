@@ -43,17 +43,8 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
             limit,
         )
         return []
-    t = fit.trend
-    since = fit.since if fit.growth > limit else ""  # where a growth within budget began is noise
-    summary = (
-        f"{format_size(fit.growth, signed=True)} over {fit.span:g} batches after warm-up"
-        f"{since}, {rate(fit.rate)}, trend p={t.p:.2g}"
-    )
-    if len(group.series) < group.batches:
-        summary += f" ({metric} read at {len(group.series)} of {group.batches} batches)"
-    if not fit.in_order:
-        summary += " (batch numbers do not ascend: fitted in the checkpoints' order)"
-    if not (t.p < ALPHA and fit.growth > limit):
+    summary = _summary(group, fit, metric, limit)
+    if not (fit.trend.p < ALPHA and fit.growth > limit):
         ctx.check("max_growth", group.scope, CheckStatus.PASS, summary, fit.growth, limit)
         return []
     unconfirmed = [(name, f) for name, f in group.confirms if f.growth <= limit]
@@ -67,37 +58,16 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
         return []
     if fit.stopped is not None and not ctx.rules.cache_is_leak:
         return [plateau(ctx, group, summary, limit)]
-    # released: back within the budget, having given back at least half of what the loop grew
-    back = fit.baseline + min(limit, fit.growth / 2)
-    released, recheck, went_on = after_loop(ctx, group, judged[-1], metric, back)
-    evidence = [ctx.evidence(i, metric) for i in (judged[0], judged[-1])]
-    if released is not None:
-        outcome = Outcome.RELEASED
-        note = f"released when the phase ended ({_reading(ctx, released, metric, fit)})"
-        evidence.append(ctx.evidence(released, metric))
-    elif recheck is not None and ctx.value(recheck, metric) <= fit.baseline + limit:
-        details = (
-            f"{summary}, but collected {_reading(ctx, recheck, metric, fit)} is back within "
-            "max_growth: reclaimed by collection, not a leak"
-        )
-        ctx.check("max_growth", group.scope, CheckStatus.PASS, details, fit.growth, limit)
+    checked = _rechecked(ctx, group, fit, metric, limit, summary)
+    if checked is None:
         return []
-    elif recheck is not None:
-        outcome = Outcome.RETAINED
-        note = f"retained after collection ({_reading(ctx, recheck, metric, fit)})"
-        evidence.append(ctx.evidence(recheck, metric))
-    else:
-        # Where the phase went on after the loop, a collected reading there would have told
-        # a leak from what a collection gives back; where it stopped in the loop, none could.
-        outcome = Outcome.UNCHECKED
-        note = "no collected re-check after the loop" if went_on else ""
+    outcome, note, evidence = checked
     tail = f"; {note}" if note else ""
     ctx.check("max_growth", group.scope, CheckStatus.FAIL, summary + tail, fit.growth, limit)
-    parts = ctx.parts(judged[0], judged[-1])
     message = (
         f"{ctx.measure.leak(group.scope)}{fit.since}: {rate(fit.rate)}, "
         f"{format_size(fit.growth, signed=True)} > max_growth {ctx.rules.shown('max_growth')} "
-        f"(trend p={t.p:.2g}){parts}{tail}"
+        f"(trend p={fit.trend.p:.2g}){ctx.parts(judged[0], judged[-1])}{tail}"
     )
     return [
         Finding(
@@ -107,10 +77,54 @@ def leak(ctx: Context, group: Group, limit: int) -> list[Finding]:
             round(fit.growth),
             message,
             fit.rate,
-            tuple(evidence),
+            evidence,
             outcome=outcome,
         )
     ]
+
+
+def _summary(group: Group, fit: Fit, metric: str, limit: int) -> str:
+    """The growth, where it began (past the budget only), its rate and trend, and how the
+    series was read."""
+    since = fit.since if fit.growth > limit else ""  # where a growth within budget began is noise
+    summary = (
+        f"{format_size(fit.growth, signed=True)} over {fit.span:g} batches after warm-up"
+        f"{since}, {rate(fit.rate)}, trend p={fit.trend.p:.2g}"
+    )
+    if len(group.series) < group.batches:
+        summary += f" ({metric} read at {len(group.series)} of {group.batches} batches)"
+    if not fit.in_order:
+        summary += " (batch numbers do not ascend: fitted in the checkpoints' order)"
+    return summary
+
+
+def _rechecked(
+    ctx: Context, group: Group, fit: Fit, metric: str, limit: int, summary: str
+) -> tuple[Outcome, str, tuple] | None:
+    """A leak's re-check after its loop: its outcome, a note and the evidence; None where a
+    collected reading is back within the budget (the check passes, said here)."""
+    judged = group.judged
+    # released: back within the budget, having given back at least half of what the loop grew
+    back = fit.baseline + min(limit, fit.growth / 2)
+    released, recheck, went_on = after_loop(ctx, group, judged[-1], metric, back)
+    evidence = [ctx.evidence(i, metric) for i in (judged[0], judged[-1])]
+    if released is not None:
+        note = f"released when the phase ended ({_reading(ctx, released, metric, fit)})"
+        return Outcome.RELEASED, note, (*evidence, ctx.evidence(released, metric))
+    if recheck is not None and ctx.value(recheck, metric) <= fit.baseline + limit:
+        details = (
+            f"{summary}, but collected {_reading(ctx, recheck, metric, fit)} is back within "
+            "max_growth: reclaimed by collection, not a leak"
+        )
+        ctx.check("max_growth", group.scope, CheckStatus.PASS, details, fit.growth, limit)
+        return None
+    if recheck is not None:
+        note = f"retained after collection ({_reading(ctx, recheck, metric, fit)})"
+        return Outcome.RETAINED, note, (*evidence, ctx.evidence(recheck, metric))
+    # Where the phase went on after the loop, a collected reading there would have told a leak
+    # from what a collection gives back; where it stopped in the loop, none could.
+    note = "no collected re-check after the loop" if went_on else ""
+    return Outcome.UNCHECKED, note, tuple(evidence)
 
 
 def plateau(ctx: Context, group: Group, summary: str, limit: int) -> Finding:
