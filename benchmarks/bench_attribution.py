@@ -24,9 +24,9 @@ from collections.abc import Callable
 import torch
 
 from harness import Recorder
-from harness.attribution.holders import attribute
-from harness.attribution.phase import PhaseAttribution
-from harness.attribution.snapshot import live_tensors
+from harness._attribution.holders import attribute
+from harness._attribution.phase import PhaseAttribution
+from harness._attribution.snapshot import live_tensors
 from tft.model import TemporalFusionTransformer, TFTConfig, quantile_loss
 
 

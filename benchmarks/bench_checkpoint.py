@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from harness import Recorder
-from harness.measure.host import POOLS
-from harness.measure.probes import CpuProbe
+from harness._measure.host import POOLS
+from harness._measure.probes import CpuProbe
 
 PROBES = [
     "cpu",
@@ -52,8 +52,9 @@ def test_checkpoint(benchmark, probe, timeline, tmp_path):
 
 def test_checkpoint_between(benchmark, tmp_path):
     """A loop's batch checkpoint with a timeline, past a label's first batches: all but one in
-    :data:`harness.measure.sample.STRIDE`'s ``every`` read no memory, so the median is one of those;
-    the one read costs what ``test_checkpoint[cpu-timeline]`` does, and writes the others' lines."""
+    :data:`harness._measure.sample.STRIDE`'s ``every`` read no memory, so the median is one of
+    those; the one read costs what ``test_checkpoint[cpu-timeline]`` does, and writes the others'
+    lines."""
     batches = itertools.count()
     with Recorder("cpu", timeline=tmp_path / "t.jsonl") as rec:
         benchmark.pedantic(

@@ -1,4 +1,4 @@
-"""Cost of reading the live descendants' memory (``harness.measure.children``) with 0, 2 and 4
+"""Cost of reading the live descendants' memory (``harness._measure.children``) with 0, 2 and 4
 DataLoader workers alive (forked, persistent, publishing their live heap, idle between
 readings): the reading of every checkpoint (each worker's slot), the rollup reading of phase
 edges (``smaps_rollup``), finding the children alone, and psutil's way of doing the same where
@@ -23,11 +23,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from harness.measure import heap_board
-from harness.measure.children import ChildrenReader
-from harness.measure.patches import PATCHES
-from harness.measure.procfs import descendants
-from harness.recorder import Recorder
+from harness._measure import heap_board
+from harness._measure.children import ChildrenReader
+from harness._measure.patches import PATCHES
+from harness._measure.procfs import descendants
+from harness._recorder import Recorder
 
 WORKERS = (0, 2, 4)
 

@@ -21,10 +21,10 @@ import lightning as L
 import torch
 from torch import nn
 
-from harness.attribution.phase import PhaseAttribution
+from harness._attribution.phase import PhaseAttribution
+from harness._recorder import Recorder
+from harness._verdict.options import Rules
 from harness.integrations.lightning import LeakGateCallback
-from harness.recorder import Recorder
-from harness.verdict.options import Rules
 
 BATCHES = 30
 REPS = 5

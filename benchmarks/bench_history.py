@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 from bench_scale import _measured as measured
 
-from harness.history.archive import SCHEMA, open_history
+from harness._history.archive import SCHEMA, open_history
 
 TESTS = 1_000
 SIZES = (1_000, 10_000)
@@ -40,9 +40,9 @@ STEPS = {
     "page": "import runpy; "
     "sys.argv = ['leakgate', 'history', sys.argv[1], '-o', sys.argv[2] + '/page.md']; "
     "runpy.run_module('harness', run_name='__main__')",
-    "creep": "from harness.history.archive import open_history, HistoryPlace, HistoryRow; "
-    "from harness.history.gating import creep_lines; "
-    "from harness.history.creep import CreepLimit; "
+    "creep": "from harness._history.archive import open_history, HistoryPlace, HistoryRow; "
+    "from harness._history.gating import creep_lines; "
+    "from harness._history.creep import CreepLimit; "
     "h = open_history(sys.argv[1]); "
     "rows = [HistoryRow(None, None, None, None, 'r', 'b', f'tests/test_m.py::test_{t:04d}', "
     "'allocated', None, None, None, 'PASS', None, 'fp-bench', None, None, None, None, None) "

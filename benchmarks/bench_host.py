@@ -23,8 +23,8 @@ import torch
 from common import incident_config, incident_split, section_arguments, show_section
 
 from harness import Recorder
-from harness.measure.host import POOLS, HostMemory
-from harness.measure.python_heap import PythonHeap
+from harness._measure.host import POOLS, HostMemory
+from harness._measure.python_heap import PythonHeap
 from tft.model import TemporalFusionTransformer
 from tft.trainer import TrainConfig, Trainer
 

@@ -26,7 +26,7 @@ one-phase shape runs ``report``, ``gate`` and ``merge``; the trainer's runs ``re
 ``judge`` and ``columns``, and a 10k file too.
 
 The store's bytes per checkpoint (``SampleStore.nbytes() / len``) are kept for each size read
-in columns (files under ``harness.timeline.columns.COLUMNS_FROM``, 4 MiB, are read line by
+in columns (files under ``harness._timeline.columns.COLUMNS_FROM``, 4 MiB, are read line by
 line).
 
     pytest benchmarks/bench_scale.py
@@ -46,7 +46,7 @@ from pathlib import Path
 import pytest
 from common import ROOT
 
-from harness.timeline.columns import SCAN_BLOCK
+from harness._timeline.columns import SCAN_BLOCK
 
 TRAINER, PHASE = "trainer", "phase"
 FILES = (
@@ -71,13 +71,13 @@ STEPS = {
     "merge": "import runpy; "
     "sys.argv = ['leakgate', 'merge', sys.argv[1], '--directory', sys.argv[2]]; "
     "runpy.run_module('harness', run_name='__main__')",
-    "judge": "from harness.timeline.jsonl import read_timeline; "
-    "from harness.results.finish import rules_of; from harness import judge; "
+    "judge": "from harness._timeline.jsonl import read_timeline; "
+    "from harness._results.finish import rules_of; from harness import judge; "
     "t = read_timeline(sys.argv[1]); v = judge(t.samples, rules_of(t.header)); "
     "print(v.status, t.reader, "
     "getattr(t.samples, 'nbytes', lambda: float('nan'))() / len(t.samples))",
-    "columns": "from harness.timeline.jsonl import read_timeline; "
-    "from harness.results.finish import rules_of; from harness.rules.context import Context; "
+    "columns": "from harness._timeline.jsonl import read_timeline; "
+    "from harness._results.finish import rules_of; from harness._rules.context import Context; "
     "t = read_timeline(sys.argv[1]); c = Context(t.samples, rules_of(t.header)); "
     "print(len(c.groups), t.reader, "
     "getattr(t.samples, 'nbytes', lambda: float('nan'))() / len(t.samples))",
@@ -180,7 +180,7 @@ def write_timeline(
 
 def block_edges(path: Path) -> int:
     """How many lines end 16 bytes before a boundary of the columnar reader's scan blocks
-    (:data:`~harness.timeline.columns.SCAN_BLOCK`, counted from the first sample line): where
+    (:data:`~harness._timeline.columns.SCAN_BLOCK`, counted from the first sample line): where
     the reader used to find an "empty line" and hand the whole file to the line reader."""
     data = path.read_bytes()
     start = data.index(b"\n") + 1

@@ -72,9 +72,9 @@ def one_scale(objects: int) -> dict[str, float]:
 
     import torch
 
-    from harness.attribution.holders import attribute
-    from harness.attribution.retained import retained_holders
-    from harness.attribution.snapshot import live_tensors
+    from harness._attribution.holders import attribute
+    from harness._attribution.retained import retained_holders
+    from harness._attribution.snapshot import live_tensors
 
     torch.set_num_threads(1)
     heap = [{"i": [i]} for i in range(objects // 3)]  # a dict and a list each: 2 tracked objects
@@ -252,8 +252,8 @@ def section(reps: int) -> str:
             "One process per size: N live objects frozen, then a leak of 24 tensors in a list; "
             "each search once, its time and the rise of the process's peak resident memory "
             "(`VmHWM`). The plain search stops once it has reached every new tensor; the search "
-            "by retained size walks every object, as it runs only where the largest of the tensors' "
-            "holders holds under three quarters of a growth of 512 KiB or more.",
+            "by retained size walks every object, as it runs only where the largest of the "
+            "tensors' holders holds under three quarters of a growth of 512 KiB or more.",
             sizes,
             "### The leaky loops against pytest-memray",
             "`tool_loops/test_loops.py` (see section 3), the loops that leak; each test's whole "

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.core.units import parse_size
+from harness._core.units import parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGETS = ROOT / "tft" / "budgets.json"

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from harness.measure.sample import STRIDE
+from harness._measure.sample import STRIDE
 
 STRIDE_TEXT = f"each of a label's first {STRIDE.first} batches, then every {STRIDE.every}th"
 """Where a long loop reads memory, in words."""
@@ -848,7 +848,7 @@ def children_section(benches: Sequence[Bench], workers: Mapping[int, dict | None
     parts = ["## 7. Children: DataLoader workers alive"]
     if cells:
         parts += [
-            "The memory of a process's live descendants (`harness.measure.children`), with 0, "
+            "The memory of a process's live descendants (`harness._measure.children`), with 0, "
             "2 and 4 forked DataLoader workers of a torch process alive, publishing their live "
             "heap and idle between readings (`benchmarks/bench_children.py`): the reading of every "
             "checkpoint (each worker's slot; the processes listed every 16th reading or when "

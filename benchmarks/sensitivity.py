@@ -23,7 +23,7 @@ import torch
 from report import sensitivity_table, shapes_table
 
 from harness import Recorder, judge
-from harness.verdict.options import Rules
+from harness._verdict.options import Rules
 from tft.model import TemporalFusionTransformer, TFTConfig
 
 BATCHES = 176

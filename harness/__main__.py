@@ -1,7 +1,7 @@
-"""``python -m harness``: see :mod:`harness.frontends.cli`."""
+"""``python -m harness``: see :mod:`harness._frontends.cli`."""
 
 import sys
 
-from harness.frontends.cli import main
+from harness._frontends.cli import main
 
 sys.exit(main())

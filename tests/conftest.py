@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from harness.measure import malloc
-from harness.measure.patches import PATCHES
+from harness._measure import malloc
+from harness._measure.patches import PATCHES
 
 # The line above: pytester's in-process runs drop the modules a run imported, and a torch
 # optimizer's construction imports torch._dynamo, which registers an operator library that a

@@ -16,11 +16,11 @@ from test_cli import clean, write_timeline
 from test_report import HEADER, RULES, incident
 
 from harness import Recorder
-from harness.core import fsio
-from harness.frontends.cli import main
-from harness.results.artifacts import write_index
-from harness.results.finish import finish_run
-from harness.timeline.jsonl import TimelineWriter, read_timeline
+from harness._core import fsio
+from harness._frontends.cli import main
+from harness._results.artifacts import write_index
+from harness._results.finish import finish_run
+from harness._timeline.jsonl import TimelineWriter, read_timeline
 
 MB = 2**20
 

@@ -1,5 +1,5 @@
 """Bad input on the distributed surface and odd files among the inputs: ``leakgate merge`` (and
-``python -m harness.frontends.distributed``) never writes over an input or outside its folder and
+``python -m harness._frontends.distributed``) never writes over an input or outside its folder and
 checks rank and world size; the gate needs a rank timeline's merged verdict even beside the rank's
 own; FIFOs, sockets and device files among the inputs are refused at once instead of hanging.
 
@@ -22,14 +22,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.core import fsio
-from harness.core.identity import MAX_WORLD_SIZE, check_rank, check_world_size, rank_info
-from harness.core.naming import check_file_name, safe_name
-from harness.frontends import distributed
-from harness.frontends.cli import main
-from harness.measure.sample import Sample
-from harness.results.merge import merge_timelines
-from harness.timeline.jsonl import TimelineWriter, read_timeline
+from harness._core import fsio
+from harness._core.identity import MAX_WORLD_SIZE, check_rank, check_world_size, rank_info
+from harness._core.naming import check_file_name, safe_name
+from harness._frontends import distributed
+from harness._frontends.cli import main
+from harness._measure.sample import Sample
+from harness._results.merge import merge_timelines
+from harness._timeline.jsonl import TimelineWriter, read_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 KB = 2**10
@@ -95,7 +95,7 @@ def run_main(argv, entry=main):
 
 
 def merge_command(data, args):
-    """``leakgate merge ARGS`` or ``python -m harness.frontends.distributed ARGS``, drawn: the argv
+    """``leakgate merge ARGS`` or ``python -m harness._frontends.distributed ARGS``, drawn: the argv
     and the entry point that takes it."""
     if data.draw(st.booleans()):
         return list(args), distributed.merge_main
@@ -196,7 +196,7 @@ def test_merge_timelines_refuses_a_bad_name_at_the_call(tmp_path):
 
 
 def test_run_ranks_refuses_a_bad_name_or_world_size_before_it_starts(tmp_path):
-    from harness.frontends.spawn import run_ranks
+    from harness._frontends.spawn import run_ranks
 
     with pytest.raises(ValueError, match="not a plain file name"):
         run_ranks(print, 2, name="../up", directory=tmp_path)
@@ -209,7 +209,7 @@ def test_run_ranks_refuses_a_bad_name_or_world_size_before_it_starts(tmp_path):
 def test_python_m_harness_distributed_refuses_a_name_outside(tmp_path):
     paths = two_ranks(tmp_path / "a" / "d")
     done = leakgate(
-        *map(str, paths), "--name", "../../escaped", module="harness.frontends.distributed"
+        *map(str, paths), "--name", "../../escaped", module="harness._frontends.distributed"
     )
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
     assert not (tmp_path / "escaped.json").exists() and not (tmp_path / "escaped.md").exists()
@@ -405,7 +405,7 @@ def test_every_command_refuses_an_odd_input_at_once(short_tmp, kind, command):
 def test_python_m_harness_distributed_refuses_an_odd_input_at_once(short_tmp, kind):
     good = rank_timeline(short_tmp / "run.rank0.jsonl", 0, 2)
     with odd_file(kind, short_tmp / "run.rank1.jsonl") as odd:
-        done = leakgate(str(good), str(odd), module="harness.frontends.distributed")
+        done = leakgate(str(good), str(odd), module="harness._frontends.distributed")
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
     assert "run.rank1.jsonl" in done.stderr and "not a regular file" in done.stderr
     assert sorted(p.name for p in short_tmp.iterdir()) == ["run.rank0.jsonl", "run.rank1.jsonl"]

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from harness.measure import malloc
-from harness.measure.probes import CpuProbe
+from harness._measure import malloc
+from harness._measure.probes import CpuProbe
 
 LIBRARIES = "/usr/lib/x86_64-linux-gnu"
 PRELOADED = {

@@ -7,16 +7,16 @@ import pytest
 import torch
 from workload import Windows, make_model
 
-import harness.attribution.holders as holders_module
+import harness._attribution.holders as holders_module
 from harness import Recorder
-from harness.attribution import names
-from harness.attribution.findings import explain
-from harness.attribution.graph import NODE_BYTES
-from harness.attribution.holders import Holder, attribute
-from harness.attribution.phase import PhaseAttribution
-from harness.attribution.sites import record_sites
-from harness.attribution.snapshot import live_tensors, storage_of
-from harness.core.units import format_size
+from harness._attribution import names
+from harness._attribution.findings import explain
+from harness._attribution.graph import NODE_BYTES
+from harness._attribution.holders import Holder, attribute
+from harness._attribution.phase import PhaseAttribution
+from harness._attribution.sites import record_sites
+from harness._attribution.snapshot import live_tensors, storage_of
+from harness._core.units import format_size
 from tft.trainer import TrainConfig, Trainer
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -471,7 +471,7 @@ def test_explain_names_the_holders_of_the_failing_phase_and_searches_only_when_n
 ):
     searched = []
     monkeypatch.setattr(
-        "harness.attribution.findings.attribute",
+        "harness._attribution.findings.attribute",
         lambda **_: searched.append(1) or [Holder("mod.STORE", "list", 1, 1, 10)],
     )
     held = [

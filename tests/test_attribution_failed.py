@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from harness import Recorder, read_timeline
-from harness.attribution.phase import PhaseAttribution
-from harness.core.errors import AttributionFailed
+from harness._attribution.phase import PhaseAttribution
+from harness._core.errors import AttributionFailed
 
-ENTRY = "error::harness.core.errors.AttributionFailed"
+ENTRY = "error::harness._core.errors.AttributionFailed"
 
 
 @pytest.fixture

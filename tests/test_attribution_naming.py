@@ -7,9 +7,9 @@ import gc
 import pytest
 import torch
 
-from harness.attribution.graph import NODE_BYTES
-from harness.attribution.holders import Holder, attribute
-from harness.attribution.snapshot import live_tensors
+from harness._attribution.graph import NODE_BYTES
+from harness._attribution.holders import Holder, attribute
+from harness._attribution.snapshot import live_tensors
 
 
 def floats(n: int) -> torch.Tensor:

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from harness import Recorder
-from harness.attribution import phase, walk
-from harness.attribution.holders import attribute
-from harness.attribution.phase import PhaseAttribution
-from harness.attribution.quiet import memory_tracer, unobserved, watched
-from harness.attribution.retained import retained_holders
-from harness.attribution.snapshot import live_tensors
+from harness._attribution import phase, walk
+from harness._attribution.holders import attribute
+from harness._attribution.phase import PhaseAttribution
+from harness._attribution.quiet import memory_tracer, unobserved, watched
+from harness._attribution.retained import retained_holders
+from harness._attribution.snapshot import live_tensors
 
 pytestmark = pytest.mark.usefixtures("heap_frozen")
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from harness import Recorder
-from harness.attribution.findings import Share, explain, shares
-from harness.attribution.holders import Holder, attribute
-from harness.attribution.phase import PhaseAttribution
-from harness.attribution.snapshot import live_tensors
-from harness.measure.sample import Sample
+from harness._attribution.findings import Share, explain, shares
+from harness._attribution.holders import Holder, attribute
+from harness._attribution.phase import PhaseAttribution
+from harness._attribution.snapshot import live_tensors
+from harness._measure.sample import Sample
 
 
 def floats(n: int) -> torch.Tensor:
@@ -244,7 +244,7 @@ def test_every_object_is_counted_only_once_a_phase_has_grown(monkeypatch, leak):
     search by retained size counts from is taken once the phase has grown ``CENSUS_FROM``
     past its base, at most once; a phase that does not grow never pays for it, and one that
     does still has what holds its growth named past its budget."""
-    from harness.attribution import phase as phase_module
+    from harness._attribution import phase as phase_module
 
     censuses = []
     real = phase_module.live_tensors

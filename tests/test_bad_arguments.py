@@ -1,19 +1,19 @@
-"""Every argument a public function refuses raises :class:`harness.core.errors.BadArgument`: one
+"""Every argument a public function refuses raises :class:`harness._core.errors.BadArgument`: one
 error for API misuse, a ``TypeError`` at the call and bad input (exit 2) for every front end."""
 
 import pytest
 
 from harness import Recorder
-from harness.attribution.holders import attribute
-from harness.core.errors import BadArgument, BadInput
-from harness.core.identity import check_rank, check_world_size
-from harness.core.labels import given_event
-from harness.core.naming import check_file_name
-from harness.core.stats import theil_sen
-from harness.measure.sample import column
-from harness.rules.child_growth import growth_kind
-from harness.rules.registry import register_rule
-from harness.verdict.model import Status
+from harness._attribution.holders import attribute
+from harness._core.errors import BadArgument, BadInput
+from harness._core.identity import check_rank, check_world_size
+from harness._core.labels import given_event
+from harness._core.naming import check_file_name
+from harness._core.stats import theil_sen
+from harness._measure.sample import column
+from harness._rules.child_growth import growth_kind
+from harness._rules.registry import register_rule
+from harness._verdict.model import Status
 
 
 def _checkpoint(**given):

@@ -6,9 +6,9 @@ import json
 import pytest
 from test_plugin import LOOP
 
-from harness.frontends.cli import main
-from harness.frontends.plugin import safe_name
-from harness.results.baseline import SUMMARY_SCHEMA, judge_verdict
+from harness._frontends.cli import main
+from harness._frontends.plugin import safe_name
+from harness._results.baseline import SUMMARY_SCHEMA, judge_verdict
 
 BODY = """
 @pytest.mark.memleak(phase="validation", max_growth="100MB")

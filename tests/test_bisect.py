@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.frontends.cli import main
-from harness.history.archive import HistoryPlace, HistoryRow, append, open_history
+from harness._frontends.cli import main
+from harness._history.archive import HistoryPlace, HistoryRow, append, open_history
 
 LOOP = """
 import pytest

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import harness.measure.board_folder as board_folder
-import harness.measure.heap_board as heap_board
+import harness._measure.board_folder as board_folder
+import harness._measure.heap_board as heap_board
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_a_slot_cut_short_while_it_is_read_faults_nothing(tmp_path):
     done = run(
         f"""
         import os
-        import harness.measure.heap_board as hb
+        import harness._measure.heap_board as hb
         board = hb.Board({str(tmp_path)!r})
         slot = hb._Slot(board.path)
         slot.publish()
@@ -101,7 +101,7 @@ def test_a_fifo_at_a_slot_path_is_never_waited_on(tmp_path):
     done = run(
         f"""
         import os
-        import harness.measure.heap_board as hb
+        import harness._measure.heap_board as hb
         board = hb.Board({str(tmp_path)!r})
         os.mkfifo(os.path.join(board.path, "4242"))
         print("read", board.read(4242))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import tft.train as train
-from harness.core.units import parse_size
+from harness._core.units import parse_size
 from tft.train import BUDGETS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from harness.attribution.lines import Lines
+from harness._attribution.lines import Lines
 
 MARKER = '@pytest.mark.memleak(phase="validation", max_growth="1MB")'
 
@@ -682,8 +682,8 @@ class Kept:
 def test_lines_name_where_a_holders_tensors_were_allocated():
     import torch
 
-    from harness.attribution.holders import attribute
-    from harness.attribution.snapshot import live_tensors
+    from harness._attribution.holders import attribute
+    from harness._attribution.snapshot import live_tensors
 
     kept, lines = Kept(), Lines()
     lines.open()
@@ -702,9 +702,9 @@ def test_lines_name_where_a_holders_tensors_were_allocated():
 def test_on_cuda_the_allocators_history_names_the_line():
     import torch
 
-    from harness.attribution.findings import shares
-    from harness.attribution.phase import PhaseAttribution
-    from harness.recorder import Recorder
+    from harness._attribution.findings import shares
+    from harness._attribution.phase import PhaseAttribution
+    from harness._recorder import Recorder
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")

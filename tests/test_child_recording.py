@@ -11,11 +11,11 @@ import os
 import pytest
 from torch.utils.data import DataLoader
 
-from harness.measure.children import SCHEDULE, parse_processes, processes_text
-from harness.recorder import Recorder
-from harness.timeline import columns as timeline_columns
-from harness.timeline.jsonl import read_lines, read_timeline
-from harness.verdict.options import Rules
+from harness._measure.children import SCHEDULE, parse_processes, processes_text
+from harness._recorder import Recorder
+from harness._timeline import columns as timeline_columns
+from harness._timeline.jsonl import read_lines, read_timeline
+from harness._verdict.options import Rules
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"

@@ -1,4 +1,4 @@
-"""harness.measure.children: the memory of live descendants, by role, read from real DataLoader
+"""harness._measure.children: the memory of live descendants, by role, read from real DataLoader
 workers and subprocesses."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 from torch.utils.data import DataLoader
 from workload import PythonObjects, WorkerCache
 
-import harness.measure.worker_roles as roles_module
-from harness.measure import children, procfs
-from harness.measure.children import ChildrenReader, ProcessMemory, TreeReading
-from harness.measure.procfs import read_anon, read_rollup
-from harness.rules.child_growth import Growth, growth_kind, lifetimes
+import harness._measure.worker_roles as roles_module
+from harness._measure import children, procfs
+from harness._measure.children import ChildrenReader, ProcessMemory, TreeReading
+from harness._measure.procfs import read_anon, read_rollup
+from harness._rules.child_growth import Growth, growth_kind, lifetimes
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
@@ -283,8 +283,8 @@ def test_no_children_reads_nothing():
 
 LONE = """
 import os, subprocess, sys, threading
-from harness.measure import children
-from harness.measure import procfs
+from harness._measure import children
+from harness._measure import procfs
 
 def listed(pid):
     raise AssertionError("listed the children files of a process without children")
@@ -429,14 +429,15 @@ def test_importing_the_recorder_makes_no_system_call_about_children():
     """Whether the kernel takes the C library's ``waitid`` is asked at the first reading of
     children, not when leakgate is imported."""
     code = (
-        "import harness.recorder, harness.measure.procfs as p; print(p._waitid.cache_info().misses)"
+        "import harness._recorder, harness._measure.procfs as p; "
+        "print(p._waitid.cache_info().misses)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr
 
 
 def test_a_worker_role_is_read_back_from_its_text_and_a_command_is_no_worker():
-    from harness.measure.worker_roles import Role
+    from harness._measure.worker_roles import Role
 
     roles = [Role(loader, worker) for loader in (1, 2, 11) for worker in (0, 7, 12)]
     assert [Role.read(role.text) for role in roles] == roles

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from test_report import HEADER, RULES, incident
 
-from harness.core.errors import BadInput, UnwritableReport
-from harness.core.units import format_mib, format_size
-from harness.frontends.cli import main
-from harness.measure.sample import Sample
-from harness.recorder import Recorder
-from harness.timeline import columns as timeline_columns
-from harness.timeline.jsonl import TimelineWriter, read_timeline
+from harness._core.errors import BadInput, UnwritableReport
+from harness._core.units import format_mib, format_size
+from harness._frontends.cli import main
+from harness._measure.sample import Sample
+from harness._recorder import Recorder
+from harness._timeline import columns as timeline_columns
+from harness._timeline.jsonl import TimelineWriter, read_timeline
 
 MB = 2**20
 ROOT = Path(__file__).resolve().parents[1]
@@ -389,14 +389,14 @@ def test_errors_raised_below_the_commands_map_to_exit_2_and_one_line(tmp_path, m
     def refused(*args, **kwargs):
         raise BadInput("expected a list of objects", path="base.json", field="findings")
 
-    monkeypatch.setattr("harness.frontends.cli.compare_runs", refused)
+    monkeypatch.setattr("harness._frontends.cli.compare_runs", refused)
     assert main(["compare", base, base]) == 2
     assert capsys.readouterr().err == "error: base.json: findings: expected a list of objects\n"
 
     def full(*args, **kwargs):
         raise UnwritableReport(tmp_path / "index.md", "No space left on device")
 
-    monkeypatch.setattr("harness.frontends.gate.write_index", full)
+    monkeypatch.setattr("harness._frontends.gate.write_index", full)
     assert main(["index", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {tmp_path / 'index.md'}: cannot write (No space left on device)\n"
@@ -445,8 +445,8 @@ def test_report_runs_without_importing_torch(tmp_path):
     from 275 to 460 MiB on a million checkpoints (measured)."""
     timeline = write_timeline(tmp_path / "leaky.jsonl", incident())
     code = (
-        "import sys; from harness.frontends.cli import main; code = main(['report', sys.argv[1]]); "
-        "print(code, 'torch' in sys.modules)"
+        "import sys; from harness._frontends.cli import main; "
+        "code = main(['report', sys.argv[1]]); print(code, 'torch' in sys.modules)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(timeline)], capture_output=True, text=True, check=False
@@ -481,8 +481,8 @@ def test_commands_read_in_columns_without_importing_pandas(tmp_path, monkeypatch
         f"open({str(imported)!r}, 'w')\n__version__ = '2.2.0'\n"
     )
     code = (
-        "import sys; import harness.timeline.columns as c; c.COLUMNS_FROM = 0; "
-        "from harness.frontends.cli import main; print(main(sys.argv[1:]), 'torch' in sys.modules)"
+        "import sys; import harness._timeline.columns as c; c.COLUMNS_FROM = 0; "
+        "from harness._frontends.cli import main; print(main(sys.argv[1:]), 'torch' in sys.modules)"
     )
     path = os.pathsep.join([str(tmp_path / "site"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(

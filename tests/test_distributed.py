@@ -1,6 +1,6 @@
 """Distributed runs: rank-aware recording, the cross-rank rule, the merged verdict and report,
 the gate over rank timelines, the trainer under DDP, and the TFT on two gloo ranks, through
-``torchrun`` and through :func:`harness.frontends.distributed.run_ranks`.
+``torchrun`` and through :func:`harness._frontends.distributed.run_ranks`.
 
 Under ``torchrun`` the real TFT (hidden size 16) trains on a reduced synthetic file (100
 training and 25 validation windows: 50 and 13 per rank), one epoch at batch size 1, one torch
@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from harness import Rules, judge, read_timeline
-from harness.core.units import parse_size
-from harness.frontends.cli import main as leakgate
-from harness.frontends.distributed import (
+from harness._core.units import parse_size
+from harness._frontends.cli import main as leakgate
+from harness._frontends.distributed import (
     RankInfo,
     finish_ranks,
     merge_timelines,
@@ -33,9 +33,9 @@ from harness.frontends.distributed import (
     rank_timeline,
     run_ranks,
 )
-from harness.measure.sample import Sample
-from harness.recorder import Recorder
-from harness.report.ranks import RankRun
+from harness._measure.sample import Sample
+from harness._recorder import Recorder
+from harness._report.ranks import RankRun
 from tft import faults
 from tft.data import WindowDataset, load, synth
 from tft.model import TemporalFusionTransformer, TFTConfig
@@ -257,7 +257,7 @@ def test_python_m_harness_distributed_merges_rank_files(tmp_path, monkeypatch):
         [
             sys.executable,
             "-m",
-            "harness.frontends.distributed",
+            "harness._frontends.distributed",
             *map(str, sorted(tmp_path.glob("*.jsonl"))),
         ],
         capture_output=True,

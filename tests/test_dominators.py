@@ -4,7 +4,7 @@ remove a node and weigh what the root no longer reaches."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.attribution.dominators import UNREACHED, immediate_dominators, retained
+from harness._attribution.dominators import UNREACHED, immediate_dominators, retained
 
 
 @st.composite

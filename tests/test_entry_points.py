@@ -8,11 +8,11 @@ import pytest
 from test_lightning import Forecaster, LeakyValidation, fit
 
 from harness import Rules
-from harness.frontends.cli import main
+from harness._frontends.cli import main
 from harness.integrations.lightning import LeakGateCallback
 
 RANKS = """
-from harness.frontends.distributed import run_ranks
+from harness._frontends.distributed import run_ranks
 
 
 def body(recorder):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.frontends.cli import main
+from harness._frontends.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "reports" / "examples"
 TIMELINES = sorted(EXAMPLES.glob("*.jsonl"))

@@ -55,7 +55,7 @@ import os
 calls = []
 register = os.register_at_fork
 os.register_at_fork = lambda **hooks: calls.extend(hooks.values()) or register(**hooks)
-import harness.attribution.lines as lines
+import harness._attribution.lines as lines
 ours = lambda: [f for f in calls if (getattr(f, "__module__", None) or "").startswith("harness")]
 print(len(ours()))
 lines.Lines().open()
@@ -67,9 +67,9 @@ print(len(ours()))
 
 FORKED = """
 import os, sys, time, tracemalloc
-from harness.attribution.lines import Lines
-from harness.measure import heap_board
-from harness.measure.patches import PATCHES
+from harness._attribution.lines import Lines
+from harness._measure import heap_board
+from harness._measure.patches import PATCHES
 
 heap_board.PERIOD = 3600.0  # no reading on the child's timer: only its first, then the asked
 PATCHES.hold(heap_board.WORKERS)
@@ -103,7 +103,7 @@ print(first.count, first.heap - then.heap, traces)
 
 
 def test_a_child_forked_while_explain_traces_is_first_read_without_its_traces():
-    from harness.measure.malloc import live_heap
+    from harness._measure.malloc import live_heap
 
     if live_heap() is None:
         pytest.skip("needs glibc's mallinfo2")

@@ -2,9 +2,9 @@
 function set before or inside the test stays the test's, a profiler records on), and its own
 memory is never growth (a clean loop under the user's tracemalloc or a FlopCounterMode passes)."""
 
-import harness.recorder  # noqa: F401
+import harness._recorder  # noqa: F401
 
-# harness.recorder imported here is in every snapshot pytester restores (see
+# harness._recorder imported here is in every snapshot pytester restores (see
 # tests/test_explain_verdict.py).
 
 CASES = """

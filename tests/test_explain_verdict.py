@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-import harness.recorder  # noqa: F401
-from harness.attribution.lines import Lines
-from harness.verdict.model import Finding, Kind
+import harness._recorder  # noqa: F401
+from harness._attribution.lines import Lines
+from harness._verdict.model import Finding, Kind
 
-# harness.recorder (with harness.measure.heap_board) imported here is in every snapshot pytester
+# harness._recorder (with harness._measure.heap_board) imported here is in every snapshot pytester
 # restores: a copy imported afresh by each run would wrap the DataLoader worker loop that the
 # last copy wrapped.
 

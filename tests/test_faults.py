@@ -26,8 +26,8 @@ from workload import Windows
 from workload import make_model as tiny_model
 
 from harness import Recorder, Rules, judge, read_timeline
-from harness.measure.sample import Sample
-from harness.verdict.model import Finding, Verdict
+from harness._measure.sample import Sample
+from harness._verdict.model import Finding, Verdict
 from tft import faults, train
 from tft.checks import CHECK_FAILED, watch
 from tft.data import Split, WindowDataset, WindowSpec, load, synth

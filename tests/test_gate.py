@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 from test_report import HEADER, RULES, incident
 
-from harness.report.run import Run
-from harness.results.artifacts import compare_runs, run_document
-from harness.rules.judging import judge
+from harness._report.run import Run
+from harness._results.artifacts import compare_runs, run_document
+from harness._rules.judging import judge
 
 MB = 2**20
 TEARDOWN = {**RULES, "teardown": "64MiB"}

@@ -9,7 +9,7 @@ from markdown_it import MarkdownIt
 from test_cli import clean, growing, run_with_id, saved
 from test_report import incident
 
-from harness.frontends.cli import main
+from harness._frontends.cli import main
 
 PARSER = MarkdownIt("commonmark").enable("table")
 

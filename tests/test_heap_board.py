@@ -1,4 +1,4 @@
-"""harness.measure.heap_board: children publish their live heap into slots their parent reads; the
+"""harness._measure.heap_board: children publish their live heap into slots their parent reads; the
 board is private, removed with its process, and what a child cannot publish is said."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from harness.measure import heap_board, malloc
-from harness.measure.heap_board import Board
-from harness.measure.patches import PATCHES
-from harness.recorder import Recorder
-from harness.rules.judging import judge
-from harness.verdict.options import Rules
+from harness._measure import heap_board, malloc
+from harness._measure.heap_board import Board
+from harness._measure.patches import PATCHES
+from harness._recorder import Recorder
+from harness._rules.judging import judge
+from harness._verdict.options import Rules
 
 pytestmark = pytest.mark.skipif(
     malloc.live_heap() is None or not os.path.exists("/proc/self/status"),
@@ -105,8 +105,8 @@ def test_a_child_reads_its_own_rollup_at_8_32_128_and_on():
 
 LIVE = """
 import os, sys
-from harness.measure import heap_board
-from harness.measure.patches import PATCHES
+from harness._measure import heap_board
+from harness._measure.patches import PATCHES
 hold = PATCHES.hold(heap_board.WORKERS)
 assert not hold.notes, hold.notes
 print(heap_board.board().path, flush=True)

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.core.errors import BadInput
-from harness.frontends.cli import main
-from harness.history.archive import (
+from harness._core.errors import BadInput
+from harness._frontends.cli import main
+from harness._history.archive import (
     HistoryPlace,
     HistoryRow,
     append,
@@ -28,8 +28,8 @@ from harness.history.archive import (
     open_history,
     scan,
 )
-from harness.history.creep import DEFAULT_CREEP, CreepLimit, by_commit, creep, steps
-from harness.history.series import Selection, read_series
+from harness._history.creep import DEFAULT_CREEP, CreepLimit, by_commit, creep, steps
+from harness._history.series import Selection, read_series
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "reports" / "examples" / "tft-train-clean.json"
@@ -212,7 +212,7 @@ def test_the_gate_never_fails_on_a_trend_across_fingerprints(tmp_path, capsys):
 
 WRITER = """
 import datetime, sys
-from harness.history.archive import HistoryRow, append, open_history
+from harness._history.archive import HistoryRow, append, open_history
 history = open_history(sys.argv[1], mode="append")
 for k in range(int(sys.argv[3])):
     rows = [
@@ -307,7 +307,7 @@ def test_since_and_test_select_rows(tmp_path, capsys):
 
 
 def test_a_window_keeps_each_series_last_runs(tmp_path, monkeypatch):
-    import harness.history.series as series_module
+    import harness._history.series as series_module
 
     monkeypatch.setattr(series_module, "COMPACT", 7)  # compact while reading, many times
     folder = built(tmp_path / "h", [float(i) * MIB for i in range(30)])
@@ -379,7 +379,7 @@ def test_an_object_store_history_is_written_under_a_hidden_name_then_moved():
     import fsspec
     import pyarrow.fs as pafs
 
-    from harness.history.archive import MARKER, History
+    from harness._history.archive import MARKER, History
 
     moves = []
 

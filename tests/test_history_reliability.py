@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 from test_history import MIB, built, creeping, one_line_exit_2, row, verdict
 
-from harness.frontends.cli import main
-from harness.history.archive import (
+from harness._frontends.cli import main
+from harness._history.archive import (
     MARKER,
     SCHEMA,
     HistoryPlace,

@@ -31,8 +31,8 @@ from test_history import (
 )
 from test_history_reliability import silent_endpoint
 
-from harness.frontends.cli import main
-from harness.history.archive import (
+from harness._frontends.cli import main
+from harness._history.archive import (
     MARKER,
     HistoryPlace,
     append,
@@ -40,7 +40,7 @@ from harness.history.archive import (
     open_history,
     scan,
 )
-from harness.history.series import Selection, read_series
+from harness._history.series import Selection, read_series
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "leakgate"
@@ -149,7 +149,7 @@ def test_four_processes_append_at_once_and_lose_no_row(store):
 
 ON_A_STORE = """
 import os, signal
-import harness.history.archive as archive
+import harness._history.archive as archive
 
 class Cut:
     '''A run's upload that half its bytes reach before its writer is killed.'''

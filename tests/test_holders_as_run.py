@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-import harness.recorder  # noqa: F401
+import harness._recorder  # noqa: F401
 
-# harness.recorder (with harness.measure.heap_board) imported here is in every snapshot pytester
+# harness._recorder (with harness._measure.heap_board) imported here is in every snapshot pytester
 # restores: a copy imported afresh by each run would wrap the DataLoader worker loop that the
 # last copy wrapped.
 

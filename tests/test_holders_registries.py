@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-import harness.recorder  # noqa: F401
-from harness.attribution.retained import retained_holders
-from harness.attribution.snapshot import live_tensors
+import harness._recorder  # noqa: F401
+from harness._attribution.retained import retained_holders
+from harness._attribution.snapshot import live_tensors
 
-# harness.recorder imported here is in every snapshot pytester restores (see
+# harness._recorder imported here is in every snapshot pytester restores (see
 # tests/test_holders_as_run.py).
 
 CASES = """

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data._utils import signal_handling, worker
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-import harness.recorder  # noqa: F401
+import harness._recorder  # noqa: F401
 from harness import Recorder
 
 

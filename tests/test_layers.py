@@ -8,6 +8,7 @@ The graph counts every import a module's source holds (function-local ones and t
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,17 +18,17 @@ import harness
 ROOT = Path(__file__).resolve().parent.parent
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("harness.core", "tft")),
-    ("readings", ("harness.measure",)),
-    ("the verdict model", ("harness.verdict",)),
-    ("timeline", ("harness.timeline",)),
-    ("rules", ("harness.rules",)),
-    ("attribution", ("harness.attribution",)),
-    ("recorder", ("harness.recorder",)),
-    ("report", ("harness.report",)),
-    ("results", ("harness.results",)),
-    ("history", ("harness.history",)),
-    ("front ends", ("harness.frontends", "harness.integrations", "harness.__main__", "tft.train")),
+    ("ground", ("harness._core", "tft")),
+    ("readings", ("harness._measure",)),
+    ("the verdict model", ("harness._verdict",)),
+    ("timeline", ("harness._timeline",)),
+    ("rules", ("harness._rules",)),
+    ("attribution", ("harness._attribution",)),
+    ("recorder", ("harness._recorder",)),
+    ("report", ("harness._report",)),
+    ("results", ("harness._results",)),
+    ("history", ("harness._history",)),
+    ("front ends", ("harness._frontends", "harness.integrations", "harness.__main__", "tft.train")),
     ("the package's public names", ("harness",)),
 ]
 """Each floor's folders, lowest first: a folder of ``harness`` is one floor (the recorder, which
@@ -118,7 +119,7 @@ def test_the_folders_of_the_harness_are_its_floors():
     folders = {f"harness.{p.name}" for p in here.iterdir() if (p / "__init__.py").is_file()}
     loose = sorted(p.name for p in here.glob("*.py"))
     assert sorted(folders - placed) == []
-    assert loose == ["__init__.py", "__main__.py", "recorder.py"]
+    assert loose == ["__init__.py", "__main__.py", "_recorder.py"]
 
 
 def test_no_two_modules_of_the_harness_share_a_name():
@@ -201,23 +202,61 @@ def test_the_typed_names_are_the_lazy_ones():
 
 def test_importing_the_recorder_loads_nothing_above_it():
     code = (
-        "import sys, harness.recorder; "
+        "import sys, harness._recorder; "
         "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'harness'))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     loaded = done.stdout.split()
-    recorder = floor_of("harness.recorder") or 0
+    recorder = floor_of("harness._recorder") or 0
     above = sorted(m for m in loaded if m != "harness" and (floor_of(m) or 0) > recorder)
-    assert "harness.recorder" in loaded and above == []
+    assert "harness._recorder" in loaded and above == []
     judging = (
-        "harness.rules",
-        "harness.attribution",
-        "harness.verdict.model",
-        "harness.verdict.options",
+        "harness._rules",
+        "harness._attribution",
+        "harness._verdict.model",
+        "harness._verdict.options",
     )
     assert [m for m in loaded if m.startswith(judging)] == []
     folders = {m for m in loaded if (ROOT / m.replace(".", "/") / "__init__.py").is_file()}
     # 20, the host's places (host, python_heap), the patches' owner and the board's slots
     assert len(set(loaded) - folders) <= 24, loaded
+
+
+USER_DOCS = ("README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))))
+"""What a user reads for the API; ``docs/architecture.md`` describes the internals."""
+PUBLIC_PATHS = ("harness.integrations.lightning",)
+
+
+def test_the_docs_promise_only_public_names():
+    """A dotted name under ``harness`` in the user's docs is one of ``harness.__all__`` or the
+    Lightning integration: every other module's name is internal (``harness._rules``)."""
+    promised = set()
+    for doc in USER_DOCS:
+        if doc == "docs/architecture.md":
+            continue
+        text = (ROOT / doc).read_text()
+        promised |= {(doc, m) for m in re.findall(r"\bharness(?:\.\w+)+", text)}
+        for names in re.findall(r"from harness import ([\w, ]+)", text):
+            promised |= {(doc, f"harness.{n.strip()}") for n in names.split(",")}
+    public = {f"harness.{name}" for name in harness.__all__}
+    wrong = sorted(
+        (doc, name)
+        for doc, name in promised
+        if name not in public and not name.startswith(PUBLIC_PATHS)
+    )
+    assert wrong == []
+
+
+def test_every_module_but_the_public_ones_is_internal_by_name():
+    public = {"harness", "harness.__main__", "harness.integrations"}
+    exposed = sorted(
+        m
+        for m in modules()
+        if m.startswith("harness.")
+        and m not in public
+        and not m.startswith("harness.integrations.")
+        and not m.split(".")[1].startswith("_")
+    )
+    assert exposed == []

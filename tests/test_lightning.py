@@ -16,7 +16,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from harness import Recorder, Rules, Sample, judge  # noqa: E402
-from harness.core.errors import BadInput, UnwritableReport  # noqa: E402
+from harness._core.errors import BadInput, UnwritableReport  # noqa: E402
 from harness.integrations.lightning import (  # noqa: E402
     LeakGateCallback,
     MemoryCheckFailed,

@@ -15,8 +15,8 @@ from test_lightning import Forecaster, trainer  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from workload import WorkerCache  # noqa: E402
 
+from harness._verdict.model import Kind, Rules  # noqa: E402
 from harness.integrations.lightning import LeakGateCallback  # noqa: E402
-from harness.verdict.model import Kind, Rules  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"),

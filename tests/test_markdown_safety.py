@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from harness.core.markdown import code, fenced, link_to, mermaid, plain, spans, table, text
-from harness.measure.sample import Sample
-from harness.report.chart import memory_chart
-from harness.report.run import Run
-from harness.report.sections import render_report
-from harness.results.artifacts import save_run, write_index
-from harness.rules.judging import judge
+from harness._core.markdown import code, fenced, link_to, mermaid, plain, spans, table, text
+from harness._measure.sample import Sample
+from harness._report.chart import memory_chart
+from harness._report.run import Run
+from harness._report.sections import render_report
+from harness._results.artifacts import save_run, write_index
+from harness._rules.judging import judge
 
 MB = 2**20
 PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"])

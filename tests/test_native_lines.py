@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("memray")
 
-from harness.attribution import native
-from harness.attribution.lines import Lines
-from harness.attribution.native import Native, recheck
+from harness._attribution import native
+from harness._attribution.lines import Lines
+from harness._attribution.native import Native, recheck
 
 KEPT: list[torch.Tensor] = []
 

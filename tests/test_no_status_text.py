@@ -1,10 +1,10 @@
 """Statuses are enum members wherever the harness decides or writes one: no string literal
-spells a status outside ``harness/verdict/model.py``, which declares them."""
+spells a status outside ``harness/_verdict/model.py``, which declares them."""
 
 import ast
 from pathlib import Path
 
-from harness.verdict.model import CheckStatus, Status
+from harness._verdict.model import CheckStatus, Status
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
 SPELLED = {member.value for member in (*Status, *CheckStatus)}

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness.measure.sample import STRIDE, Sample
-from harness.rules.fit import PLATEAU
-from harness.rules.judging import judge
-from harness.verdict.options import Rules
+from harness._measure.sample import STRIDE, Sample
+from harness._rules.fit import PLATEAU
+from harness._rules.judging import judge
+from harness._verdict.options import Rules
 
 MB = 10**6
 BUDGET = 4 * MB
@@ -108,7 +108,7 @@ def shapes(draw: st.DrawFn) -> Shape:
 
 def clear(shape: Shape) -> bool:
     """Whether the shape's verdict is clear: its growth clear of the budget and, for a cache,
-    its end clear of where a plateau begins to count (see ``harness.rules.fit``) by two
+    its end clear of where a plateau begins to count (see ``harness._rules.fit``) by two
     strides, the most a stride moves where a piece is seen to end."""
     if BUDGET * 0.8 < shape.truth < BUDGET * 1.25:
         return False

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from harness import judge
-from harness.recorder import Recorder
-from harness.verdict.options import Rules
+from harness._recorder import Recorder
+from harness._verdict.options import Rules
 
 LIVE = 5000
 """Tensors alive through the loop, made once the recorder runs (as a rank makes its model): the

@@ -14,12 +14,12 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils import fetch, signal_handling, worker
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-import harness.attribution.phase
-from harness.core.errors import LeakgateError
-from harness.measure import heap_board
-from harness.measure.patches import Patch, Patches
-from harness.recorder import Recorder
-from harness.verdict.options import Rules
+import harness._attribution.phase
+from harness._core.errors import LeakgateError
+from harness._measure import heap_board
+from harness._measure.patches import Patch, Patches
+from harness._recorder import Recorder
+from harness._verdict.options import Rules
 
 
 def torch_functions() -> tuple[object, ...]:
@@ -90,7 +90,7 @@ def _attribution_that_fails(tmp_path, monkeypatch):
     def start(self):
         raise RuntimeError("cannot start")
 
-    monkeypatch.setattr(harness.attribution.phase.PhaseAttribution, "start", start)
+    monkeypatch.setattr(harness._attribution.phase.PhaseAttribution, "start", start)
     return {"probe": "cpu", "attribute": True}
 
 

@@ -1,9 +1,10 @@
-"""The one rule that picks which holders to name (harness/attribution/pick.py), for every caller."""
+"""The one rule that picks which holders to name (harness/_attribution/pick.py), for every
+caller."""
 
 from __future__ import annotations
 
-from harness.attribution.holder import Holder
-from harness.attribution.pick import MOST, RETAINED_FROM, named_bytes, pick
+from harness._attribution.holder import Holder
+from harness._attribution.pick import MOST, RETAINED_FROM, named_bytes, pick
 
 MiB = 2**20
 

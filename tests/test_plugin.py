@@ -5,8 +5,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness.frontends.plugin import safe_name
-from harness.measure.sample import STRIDE
+from harness._frontends.plugin import safe_name
+from harness._measure.sample import STRIDE
 
 LOOP = """
 import pytest
@@ -360,7 +360,7 @@ BROKEN_NAMES = [
 @pytest.fixture
 def registered_by_conftest():
     """The names a pytester conftest registers in this process, unregistered afterwards."""
-    from harness.rules.registry import unregister_rule
+    from harness._rules.registry import unregister_rule
 
     names: list[str] = []
     yield names
@@ -371,7 +371,7 @@ def registered_by_conftest():
 def test_a_rule_that_cannot_judge_errors_its_test_and_the_session_goes_on(
     pytester, registered_by_conftest, capsys
 ):
-    from harness.frontends.cli import main as leakgate
+    from harness._frontends.cli import main as leakgate
 
     registered_by_conftest += BROKEN_NAMES
     pytester.makeconftest(BROKEN_RULES)
@@ -431,8 +431,8 @@ def test_after():
 def test_a_run_failed_by_a_registered_rule_is_not_a_pass_once_rebuilt_without_it(
     pytester, registered_by_conftest, capsys
 ):
-    from harness.frontends.cli import main as leakgate
-    from harness.rules.registry import unregister_rule
+    from harness._frontends.cli import main as leakgate
+    from harness._rules.registry import unregister_rule
 
     registered_by_conftest.append("always_fails")
     pytester.makeconftest(

@@ -129,7 +129,7 @@ def test_a_registered_rule_fails_a_test_and_reaches_the_report_and_the_verdict(p
     pytester.makeconftest(
         """
 from harness import Finding, register_rule
-from harness.core.units import format_size, parse_size
+from harness._core.units import format_size, parse_size
 
 
 @register_rule("back_to_start")
@@ -229,6 +229,6 @@ def test_judged(memtrace):
     result.assert_outcomes(passed=1, skipped=1, errors=1)
     out = pytester.path / "out"
     assert sorted(p.name.split("-")[0] for p in out.glob("*.jsonl")) == ["test_window__test_judged"]
-    from harness.frontends.cli import main
+    from harness._frontends.cli import main
 
     assert main(["gate", str(out)]) == 0

@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
-from harness.measure import host, malloc, probes
-from harness.measure.probes import CpuProbe, CudaProbe, make_probe
+from harness._measure import host, malloc, probes
+from harness._measure.probes import CpuProbe, CudaProbe, make_probe
 
 MiB = 2**20
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -78,7 +78,7 @@ def vm_hwm() -> int:
 
 CHILD_PEAK = """
 import json, resource
-from harness.measure.probes import CpuProbe
+from harness._measure.probes import CpuProbe
 probe = CpuProbe()
 probe.reset_peak()
 sample = probe.sample()

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-import harness.recorder  # noqa: F401  (in every snapshot pytester restores)
-from harness.results.finish import finish_run
-from harness.timeline.jsonl import read_timeline
+import harness._recorder  # noqa: F401  (in every snapshot pytester restores)
+from harness._results.finish import finish_run
+from harness._timeline.jsonl import read_timeline
 
 CASES = """
 import pytest

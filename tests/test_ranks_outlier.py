@@ -6,9 +6,9 @@ finding by itself (synthetic timelines, judged as each rank's own rules judge th
 import numpy as np
 
 from harness import Rules, judge
-from harness.measure.sample import Sample
-from harness.report.ranks import RankRun
-from harness.results.merge import finish_ranks
+from harness._measure.sample import Sample
+from harness._report.ranks import RankRun
+from harness._results.merge import finish_ranks
 
 KB, MB = 2**10, 2**20
 BASE = 200 * MB

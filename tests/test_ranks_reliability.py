@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.core.errors import BadArgument
-from harness.frontends.spawn import max_local_ranks, run_ranks
-from harness.recorder import Recorder
-from harness.verdict.options import Rules
+from harness._core.errors import BadArgument
+from harness._frontends.spawn import max_local_ranks, run_ranks
+from harness._recorder import Recorder
+from harness._verdict.options import Rules
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = Rules(phase="validation", max_growth="40KiB", warmup=5)
@@ -164,7 +164,7 @@ KILLED = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_ranks_reliability import announce_and_hang, RULES
-from harness.frontends.spawn import run_ranks
+from harness._frontends.spawn import run_ranks
 
 if __name__ == "__main__":
     run_ranks(announce_and_hang, 2, rules=RULES, name="killed")

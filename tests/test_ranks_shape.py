@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.frontends.spawn import run_ranks
-from harness.verdict.options import Rules
+from harness._frontends.spawn import run_ranks
+from harness._verdict.options import Rules
 
 BATCHES = 176
 WARM_UP = 8

@@ -5,7 +5,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from harness.verdict.options import options_table
+from harness._verdict.options import options_table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from harness import Recorder, Rules, read_timeline
-from harness.frontends.cli import main as leakgate
-from harness.results.finish import finish_run
+from harness._frontends.cli import main as leakgate
+from harness._results.finish import finish_run
 from tft.data import synth
 from tft.train import main as train
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from harness import DeviceOutOfMemory, Recorder, Sample, judge, read_timeline
-from harness.core.labels import Raised
-from harness.frontends.cli import main
-from harness.measure import malloc, probes
-from harness.measure.probes import CpuProbe
-from harness.measure.sample import STRIDE
+from harness._core.labels import Raised
+from harness._frontends.cli import main
+from harness._measure import malloc, probes
+from harness._measure.probes import CpuProbe
+from harness._measure.sample import STRIDE
 
 MiB = 2**20
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -568,7 +568,7 @@ def test_a_long_loop_reads_memory_on_a_stride_and_is_judged_on_what_was_read(lea
     which, and the peak between two readings is the next one's (its window is reset only
     when read)."""
     from harness import judge
-    from harness.verdict.options import Rules
+    from harness._verdict.options import Rules
 
     kept = []
     with Recorder("cpu") as rec:

@@ -3,7 +3,7 @@
 import pytest
 
 from harness import Recorder, Rules, judge
-from harness.core.errors import BadInput
+from harness._core.errors import BadInput
 
 BAD_CALLS = [
     ((5,), {}, TypeError),

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import BadArgument, Recorder, Rules, judge
-from harness.core.errors import Raised
-from harness.core.identity import MAX_WORLD_SIZE
-from harness.frontends import spawn
-from harness.measure.sample import Sample
-from harness.timeline.store import SampleStore
+from harness._core.errors import Raised
+from harness._core.identity import MAX_WORLD_SIZE
+from harness._frontends import spawn
+from harness._measure.sample import Sample
+from harness._timeline.store import SampleStore
 
 Table = dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]]
 """Each argument of a call: what it takes, and what it refuses."""

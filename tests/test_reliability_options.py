@@ -9,7 +9,7 @@ import pytest
 from test_baseline import project
 from test_session_paths import RAN, refused
 
-from harness.frontends.plugin import safe_name
+from harness._frontends.plugin import safe_name
 
 ARGS = ("-p", "no:randomly", "--memreport=out")
 KEEPS = f"{safe_name('test_loop.py::test_loop_keeps')}.json"
@@ -144,7 +144,7 @@ def test_a_path_a_thousand_levels_deep_is_written_and_every_verdict_shown(
 def test_leakgate_report_writes_a_report_a_thousand_levels_deep(tmp_path, monkeypatch):
     from test_cli import clean, write_timeline
 
-    from harness.frontends.cli import main
+    from harness._frontends.cli import main
 
     monkeypatch.chdir(tmp_path)
     write_timeline(tmp_path / "run.jsonl", clean())

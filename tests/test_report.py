@@ -8,22 +8,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.core.errors import BadInput
-from harness.measure.sample import Sample
-from harness.report.chart import CHART_POINTS, memory_chart
-from harness.report.ranks import MergedRun, RankRun
-from harness.report.run import Run
-from harness.report.sections import render_report
-from harness.results.artifacts import (
+from harness._core.errors import BadInput
+from harness._measure.sample import Sample
+from harness._report.chart import CHART_POINTS, memory_chart
+from harness._report.ranks import MergedRun, RankRun
+from harness._report.run import Run
+from harness._report.sections import render_report
+from harness._results.artifacts import (
     compare_runs,
     load_run_document,
     run_document,
     save_run,
     write_index,
 )
-from harness.rules.judging import judge
-from harness.verdict.model import SCHEMA_VERSION, Evidence, Finding, Verdict
-from harness.verdict.options import Rules, judged_options
+from harness._rules.judging import judge
+from harness._verdict.model import SCHEMA_VERSION, Evidence, Finding, Verdict
+from harness._verdict.options import Rules, judged_options
 
 MB = 2**20
 SECTIONS = [
@@ -296,7 +296,7 @@ def test_a_loop_read_on_a_stride_shows_read_batches_only():
 def test_the_terminal_table_ends_a_loop_at_its_last_batch_read():
     """pytest's terminal table shows a loop's first batch and its last one read, never a batch
     between two stride readings as ``n/a``; a loop never read ends at its last batch."""
-    from harness.report.terminal import checkpoint_table
+    from harness._report.terminal import checkpoint_table
 
     named = [at(1, "validation START", "validation"), at(9, "validation END", "validation")]
     read = [at(2 + b / 100, "VALIDATION_BATCH", "validation", batch=b) for b in range(50)]

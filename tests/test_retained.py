@@ -23,12 +23,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import harness.attribution.retained as retained_module
+import harness._attribution.retained as retained_module
 from harness import Recorder
-from harness.attribution.phase import PhaseAttribution
-from harness.attribution.retained import retained_holders, retained_of
-from harness.attribution.snapshot import live_tensors
-from harness.attribution.weights import size_of
+from harness._attribution.phase import PhaseAttribution
+from harness._attribution.retained import retained_holders, retained_of
+from harness._attribution.snapshot import live_tensors
+from harness._attribution.weights import size_of
 
 BATCHES = 24
 SHARE = 0.5

@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness.core.errors import BadArgument, BadInput
-from harness.measure.sample import Sample
-from harness.rules.judging import judge
-from harness.rules.registry import register_rule, unregister_rule
-from harness.verdict.model import SCHEMA_VERSION, CheckStatus, Finding, Severity, Status, Verdict
-from harness.verdict.options import Rules, parse_option
+from harness._core.errors import BadArgument, BadInput
+from harness._measure.sample import Sample
+from harness._rules.judging import judge
+from harness._rules.registry import register_rule, unregister_rule
+from harness._verdict.model import SCHEMA_VERSION, CheckStatus, Finding, Severity, Status, Verdict
+from harness._verdict.options import Rules, parse_option
 
 KB = 1024
 MB = 2**20
@@ -720,7 +720,7 @@ def test_detection_limit_with_malloc_like_noise():
 
 @pytest.mark.parametrize("warmup", [-1, 1.5, True, "5"])
 def test_a_bad_count_is_the_same_error_from_rules_and_attribution(warmup):
-    from harness.attribution.phase import PhaseAttribution
+    from harness._attribution.phase import PhaseAttribution
 
     with pytest.raises(BadArgument) as from_rules:
         Rules(warmup=warmup)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from harness.measure.sample import Sample
+from harness._measure.sample import Sample
 
 
 def test_round_trip_through_json():

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness.core.errors import BadInput
-from harness.measure import sample as schema
-from harness.measure.sample import Sample, column, fields_of
-from harness.rules.sample_columns import Columns
-from harness.timeline import columns as timeline_columns
-from harness.timeline import jsonl as timeline
-from harness.timeline.store import NONE, SampleStore, make_sample
+from harness._core.errors import BadInput
+from harness._measure import sample as schema
+from harness._measure.sample import Sample, column, fields_of
+from harness._rules.sample_columns import Columns
+from harness._timeline import columns as timeline_columns
+from harness._timeline import jsonl as timeline
+from harness._timeline.store import NONE, SampleStore, make_sample
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from harness import Recorder, judge
-from harness.verdict.model import Kind
-from harness.verdict.options import Rules
+from harness._verdict.model import Kind
+from harness._verdict.options import Rules
 
 LENGTHS = range(32, 1025, 32)
 BATCHES = 48

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from harness.core import stats
-from harness.measure.sample import Sample
-from harness.rules.context import Context, Positions
-from harness.timeline import columns as timeline_columns
-from harness.timeline import jsonl as timeline
-from harness.timeline.store import SampleStore
-from harness.verdict.options import Rules
+from harness._core import stats
+from harness._measure.sample import Sample
+from harness._rules.context import Context, Positions
+from harness._timeline import columns as timeline_columns
+from harness._timeline import jsonl as timeline
+from harness._timeline.store import SampleStore
+from harness._verdict.options import Rules
 
 METRICS = ("allocated", "rss", "peak")
 

@@ -1,11 +1,11 @@
-"""``leakgate selfcheck`` (``python -m harness.frontends.selfcheck``): its CPU half passes
+"""``leakgate selfcheck`` (``python -m harness._frontends.selfcheck``): its CPU half passes
 here, the CUDA half skips cleanly without a GPU, and a failing check is named with a non-zero
 exit."""
 
 import pytest
 import torch
 
-from harness.frontends import cli, selfcheck
+from harness._frontends import cli, selfcheck
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -1,5 +1,5 @@
-"""``python -m harness.frontends.selfcheck`` on odd ground: inside a launcher's rank variables, with
-a stdout that takes nothing, under a tracemalloc started outside leakgate."""
+"""``python -m harness._frontends.selfcheck`` on odd ground: inside a launcher's rank variables,
+with a stdout that takes nothing, under a tracemalloc started outside leakgate."""
 
 import os
 import signal
@@ -14,11 +14,11 @@ HANG = 180  # seconds: a guard against a hang only (a healthy selfcheck takes se
 
 
 def selfcheck(*args, env=None, stdout=subprocess.PIPE):
-    """``python -m harness.frontends.selfcheck`` (or ``python -c CODE`` with ``-c``) in a
+    """``python -m harness._frontends.selfcheck`` (or ``python -c CODE`` with ``-c``) in a
     subprocess, in a folder of its own (the harness imported is the installed one). Past
     :data:`HANG` its whole process group is killed (a training command it runs included) and the
     test fails."""
-    command = [sys.executable, *(args or ("-m", "harness.frontends.selfcheck"))]
+    command = [sys.executable, *(args or ("-m", "harness._frontends.selfcheck"))]
     with subprocess.Popen(
         command,
         env={**os.environ, **(env or {})},
@@ -66,7 +66,7 @@ TRACED = """
 import sys
 import tracemalloc
 
-from harness.frontends import selfcheck
+from harness._frontends import selfcheck
 
 every = selfcheck.cpu_checks
 selfcheck.cpu_checks = lambda: [c for c in every() if "incident" not in c.name]

@@ -8,8 +8,8 @@ import os
 import pytest
 from test_baseline import project
 
-import harness.results.baseline as baseline
-from harness.frontends.plugin import safe_name
+import harness._results.baseline as baseline
+from harness._frontends.plugin import safe_name
 
 RAN = """
 def test_ran():
@@ -219,7 +219,7 @@ def test_a_complete_save_lists_its_verdicts_and_a_resave_replaces_the_list(pytes
 def test_the_gate_refuses_a_baseline_whose_save_did_not_finish(tmp_path, capsys):
     from test_cli import clean, saved
 
-    from harness.frontends.cli import main
+    from harness._frontends.cli import main
 
     runs, base = tmp_path / "runs", tmp_path / "base"
     runs.mkdir(), base.mkdir()

@@ -10,8 +10,8 @@ import pytest
 import torch
 from test_plugin import LOOP
 
-from harness.frontends.plugin import safe_name
-from harness.results import cuda_snapshot as snapshot
+from harness._frontends.plugin import safe_name
+from harness._results import cuda_snapshot as snapshot
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

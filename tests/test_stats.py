@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.core.stats import (
+from harness._core.stats import (
     broken_line,
     mann_kendall,
     per_batch,

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.core.errors import BadInput
-from harness.core.labels import Raised
-from harness.frontends.cli import main
-from harness.measure.sample import Sample
-from harness.timeline import columns as timeline_columns
-from harness.timeline import jsonl as timeline
+from harness._core.errors import BadInput
+from harness._core.labels import Raised
+from harness._frontends.cli import main
+from harness._measure.sample import Sample
+from harness._timeline import columns as timeline_columns
+from harness._timeline import jsonl as timeline
 
 SCAN = 64
 """The scan block the tests shrink to, so that small files cross many block boundaries."""

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import harness.measure.sample as schema
-from harness.measure.sample import Sample
-from harness.timeline import columns as timeline_columns
-from harness.timeline import writer as timeline_writer
-from harness.timeline.jsonl import TimelineWriter, read_timeline
+import harness._measure.sample as schema
+from harness._measure.sample import Sample
+from harness._timeline import columns as timeline_columns
+from harness._timeline import writer as timeline_writer
+from harness._timeline.jsonl import TimelineWriter, read_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = {"metrics": ["rss"]}
@@ -31,8 +31,8 @@ def _sample(batch: int, label: str = "TRAIN_BATCH", note: str | None = None) -> 
 
 CHILD = """
 import sys
-from harness.measure.sample import Sample
-from harness.timeline.jsonl import TimelineWriter
+from harness._measure.sample import Sample
+from harness._timeline.jsonl import TimelineWriter
 
 writer = TimelineWriter(sys.argv[1], {"metrics": ["rss"]})
 batch = 0
@@ -80,8 +80,8 @@ def test_every_checkpoint_recorded_before_a_sigkill_is_read_back(tmp_path, kill_
 
 ROLES_CHILD = """
 import sys
-from harness.measure.sample import Sample
-from harness.timeline.jsonl import TimelineWriter
+from harness._measure.sample import Sample
+from harness._timeline.jsonl import TimelineWriter
 
 writer = TimelineWriter(sys.argv[1], {"metrics": ["rss", "children_anon"]})
 batch = 0

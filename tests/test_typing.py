@@ -22,7 +22,7 @@ SNIPPET = textwrap.dedent(
     """
     import harness
     from harness import MemoryCheckFailed, Recorder, Rules, register_rule
-    from harness.report.run import Run
+    from harness._report.run import Run
 
     harness.NoSuchName
     reveal_type(Rules(max_growth="4MB").max_growth)
@@ -97,9 +97,9 @@ def test_a_registered_rule_keeps_its_type(mypy_lines):
 
 
 def test_verdict_header_and_holders_are_typed(mypy_lines):
-    assert 'Revealed type is "harness.verdict.model.Verdict"' in _at(mypy_lines, 17)
-    assert "TypedDict(harness.core.records.Header" in _at(mypy_lines, 18)
-    assert "Sequence[TypedDict(harness.core.records.HolderRecord" in _at(mypy_lines, 19)
+    assert 'Revealed type is "harness._verdict.model.Verdict"' in _at(mypy_lines, 17)
+    assert "TypedDict(harness._core.records.Header" in _at(mypy_lines, 18)
+    assert "Sequence[TypedDict(harness._core.records.HolderRecord" in _at(mypy_lines, 19)
 
 
 def test_the_signature_the_type_checker_sees_lists_every_field_of_rules():
@@ -108,7 +108,7 @@ def test_the_signature_the_type_checker_sees_lists_every_field_of_rules():
     import ast
     import dataclasses
 
-    from harness.verdict.options import Rules
+    from harness._verdict.options import Rules
 
     tree = ast.parse((ROOT / "harness" / "verdict" / "options.py").read_text())
     rules = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Rules")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.core.units import (
+from harness._core.units import (
     MAX_BYTES,
     echo_size,
     format_mib,

@@ -5,10 +5,10 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from harness.attribution.holders import Holder
-from harness.core.errors import BadInput
-from harness.verdict.model import Evidence, Finding, Kind
-from harness.verdict.schema import FINDING, HOLDER, check_finding, of_dataclass
+from harness._attribution.holders import Holder
+from harness._core.errors import BadInput
+from harness._verdict.model import Evidence, Finding, Kind
+from harness._verdict.schema import FINDING, HOLDER, check_finding, of_dataclass
 
 
 def test_the_holder_entries_declare_every_field_a_holder_has():

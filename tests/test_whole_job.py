@@ -17,11 +17,11 @@ import sys
 import pytest
 import torch
 
-from harness.measure.probes import Probe
-from harness.recorder import Recorder
-from harness.results.finish import finish_run
-from harness.verdict.model import Kind
-from harness.verdict.options import Rules
+from harness._measure.probes import Probe
+from harness._recorder import Recorder
+from harness._results.finish import finish_run
+from harness._verdict.model import Kind
+from harness._verdict.options import Rules
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup") or sys.platform != "linux",

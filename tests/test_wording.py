@@ -1,6 +1,6 @@
 """Counts in words: singular for one, plural otherwise."""
 
-from harness.core.wording import plural
+from harness._core.wording import plural
 
 
 def test_one_is_singular_and_any_other_count_plural():

@@ -20,12 +20,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from workload import PythonObjects, Sums, WorkerCache
 
-from harness.measure.children import parse_processes
-from harness.measure.sample import Sample
-from harness.recorder import Recorder
-from harness.rules.judging import judge
-from harness.verdict.model import Kind
-from harness.verdict.options import Rules
+from harness._measure.children import parse_processes
+from harness._measure.sample import Sample
+from harness._recorder import Recorder
+from harness._rules.judging import judge
+from harness._verdict.model import Kind
+from harness._verdict.options import Rules
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc"
@@ -370,8 +370,8 @@ def test_the_marker_judges_workers_by_default(pytester, extra, ini, outcome):
 
 
 def test_child_options_are_checked_and_saved():
-    from harness.core.errors import BadInput
-    from harness.verdict.model import Finding, Verdict
+    from harness._core.errors import BadInput
+    from harness._verdict.model import Finding, Verdict
 
     with pytest.raises(BadInput) as raised:
         Rules(child_metric="rss")
@@ -388,8 +388,8 @@ def test_child_options_are_checked_and_saved():
 
 
 def test_the_report_has_a_column_per_worker(tmp_path):
-    from harness.report.terminal import checkpoint_table
-    from harness.results.finish import finish_run
+    from harness._report.terminal import checkpoint_table
+    from harness._results.finish import finish_run
 
     with Recorder("cpu", rules=RULES) as rec:
         validate(rec, loader(WorkerCache(leaky=(0,))))

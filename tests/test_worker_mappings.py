@@ -3,7 +3,7 @@ as Python makes it), leaks as any other: the live heap a worker publishes counts
 memory it touched. Batches of MiBs that torch hands over in shared memory stay no growth. Run
 through the plugin, in a process of its own."""
 
-import harness.recorder  # noqa: F401
+import harness._recorder  # noqa: F401
 
 CASES = """
 import mmap

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from harness.core.errors import UnwritableReport
-from harness.recorder import Recorder
-from harness.results.finish import finish_run
-from harness.timeline import writer as timeline_writer
-from harness.timeline.jsonl import TimelineWriter, read_timeline
-from harness.verdict.options import Rules
+from harness._core.errors import UnwritableReport
+from harness._recorder import Recorder
+from harness._results.finish import finish_run
+from harness._timeline import writer as timeline_writer
+from harness._timeline.jsonl import TimelineWriter, read_timeline
+from harness._verdict.options import Rules
 from tft import train as train_cli
 from tft.synthetic import synth
 

@@ -54,8 +54,8 @@ from tft.scoring import Accumulator, baseline_q_risk
 from tft.trainer import Callback, Trainer
 
 if TYPE_CHECKING:
-    from harness.recorder import Recorder
-    from harness.verdict.options import Rules
+    from harness._recorder import Recorder
+    from harness._verdict.options import Rules
 
 __all__ = ["batch_shapes", "build_parser", "leave", "main", "memory_rules", "warm_up"]
 
@@ -84,11 +84,11 @@ def memory_rules(path: Path | None = None) -> MemoryRules:
     training and 176 validation windows, batch size 1, 5 epochs; ``reports/README.md`` has the
     numbers behind them).
 
-    Raises ``harness.core.errors.BadInput`` naming the file and the key for a file that cannot be
+    Raises ``harness._core.errors.BadInput`` naming the file and the key for a file that cannot be
     read or is not JSON, and for budgets that are not exactly the three sizes."""
-    from harness.core.errors import BadInput
-    from harness.core.json_values import read_json
-    from harness.core.units import parse_size
+    from harness._core.errors import BadInput
+    from harness._core.json_values import read_json
+    from harness._core.units import parse_size
 
     path = BUDGETS if path is None else path
     document = read_json(path)
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --resume: {exc}", file=sys.stderr)
             return 2
     if rules is not None and "WORLD_SIZE" in os.environ:
-        from harness.frontends.spawn import quiet_flight_recorder
+        from harness._frontends.spawn import quiet_flight_recorder
 
         quiet_flight_recorder()
     with process_group(config):
@@ -263,7 +263,7 @@ def traced(
     # The one exception to "tft never imports harness": tracing from the command line. The
     # imports stay inside the functions it calls, so the model, data, trainer and faults load
     # without it.
-    from harness.verdict.options import Rules
+    from harness._verdict.options import Rules
 
     name = "tft-train-" + ("+".join(args.inject_fault) or "clean")
     title = f"TFT training, {', '.join(args.inject_fault) or 'no faults'}"
@@ -285,7 +285,7 @@ class _Refused(Exception):
 
 def _capacity(args: argparse.Namespace) -> int | None:
     """``--capacity`` in bytes, None without it."""
-    from harness.core.units import parse_size
+    from harness._core.units import parse_size
 
     try:
         return None if args.capacity is None else parse_size(args.capacity, what="--capacity")
@@ -313,8 +313,8 @@ def _recorder(
 ) -> Recorder:
     """The session's recorder, writing ``<name>.jsonl`` into ``--memreport`` when given, ready to
     name holders past ``rules``' budgets."""
-    from harness.attribution.phase import PhaseAttribution
-    from harness.recorder import Recorder
+    from harness._attribution.phase import PhaseAttribution
+    from harness._recorder import Recorder
 
     meta = {
         "title": title,  # a report rebuilt from the timeline is titled as the run's own
@@ -348,8 +348,8 @@ def _traced_session(
 ) -> int:
     """Train in the recorder's ``session`` phase, then finish the run (merged across ranks
     under ``torchrun``); the exit code."""
-    from harness.results.finish import finish_run
-    from harness.results.merge import finish_distributed
+    from harness._results.finish import finish_run
+    from harness._results.merge import finish_distributed
 
     # The session's peak window starts from the released level: the warm-up's is not its own.
     gc.collect()
@@ -380,8 +380,8 @@ def _traced_session(
 def held_at_start(device: str, capacity: int) -> str | None:
     """Why an emulated ``capacity`` cannot work, when the process already holds more than it
     before training starts (both figures); None when it fits."""
-    from harness.core.units import format_size
-    from harness.measure.probes import make_probe
+    from harness._core.units import format_size
+    from harness._measure.probes import make_probe
 
     gc.collect()
     probe = make_probe(device)

@@ -61,15 +61,15 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "pip install 'leakgate[lightning]'"
     ) from error
 
-import harness.core.labels as labels
-from harness.attribution.phase import PhaseAttribution
-from harness.core.errors import BadArgument, as_unwritable
-from harness.core.naming import check_file_name, check_path
-from harness.core.units import parse_size
-from harness.measure.probes import probe_for
-from harness.recorder import DeviceOutOfMemory, Recorder
-from harness.results.finish import Finished, MemoryCheckFailed, finish_run
-from harness.verdict.options import Rules, check_flag
+import harness._core.labels as labels
+from harness._attribution.phase import PhaseAttribution
+from harness._core.errors import BadArgument, as_unwritable
+from harness._core.naming import check_file_name, check_path
+from harness._core.units import parse_size
+from harness._measure.probes import probe_for
+from harness._recorder import DeviceOutOfMemory, Recorder
+from harness._results.finish import Finished, MemoryCheckFailed, finish_run
+from harness._verdict.options import Rules, check_flag
 
 __all__ = ["DEFAULT_RULES", "PHASES", "LeakGateCallback", "MemoryCheckFailed"]
 
@@ -90,14 +90,14 @@ DEFAULT_RULES = {stage: Rules(phase=phases, max_growth="50MB") for stage, phases
 class LeakGateCallback(Callback):
     """Records memory at named checkpoints of a Lightning run (see the module's docstring).
 
-    ``recorder``: a :class:`~harness.recorder.Recorder` to record into, such as pytest's
+    ``recorder``: a :class:`~harness._recorder.Recorder` to record into, such as pytest's
     ``memtrace``; whoever made it judges it, and the callback only records, unless ``rules``
     are given too. Without one the callback makes a recorder for each run (``trainer.fit``,
     ``validate``, ``test`` or ``predict``), reading the device the module runs on (``cpu`` or
     ``cuda:N``), judges the run when it ends, writes the report through
-    :func:`harness.results.finish.finish_run` and closes the recorder.
+    :func:`harness._results.finish.finish_run` and closes the recorder.
 
-    ``rules``: a :class:`~harness.verdict.options.Rules` or a mapping of its fields; default
+    ``rules``: a :class:`~harness._verdict.options.Rules` or a mapping of its fields; default
     :data:`DEFAULT_RULES` for the run's stage. ``directory``: where ``<name>.md``, ``.json`` and
     the timeline ``.jsonl`` go (nothing is written without it, unless ``timeline`` is given).
     ``timeline``: the JSONL timeline's path. Runs other than ``fit`` add ``-<stage>`` to
@@ -105,12 +105,13 @@ class LeakGateCallback(Callback):
     :class:`MemoryCheckFailed` from ``on_fit_end`` (or the stage's teardown) when the verdict
     is not PASS, which stops the script. A report, verdict or timeline that cannot be written
     is printed as ``not saved: cannot write ...`` under the verdict and raised as
-    :class:`~harness.core.errors.UnwritableReport` with ``raise_on_fail`` (else warned about, a
+    :class:`~harness._core.errors.UnwritableReport` with ``raise_on_fail`` (else warned about, a
     ``RuntimeWarning``); a timeline that cannot be created stops the run at its setup with
     that error. ``name`` must be a plain file name
-    (:func:`harness.core.naming.check_file_name`). ``attribute``, ``capacity``: as for ``Recorder``,
-    for the recorder the callback makes (``attribute`` is on too when the rules' is). Every
-    argument refused raises :class:`~harness.core.errors.BadArgument` here, before any run.
+    (:func:`harness._core.naming.check_file_name`). ``attribute``, ``capacity``: as for
+    ``Recorder``, for the recorder the callback makes (``attribute`` is on too when the rules'
+    is). Every argument refused raises :class:`~harness._core.errors.BadArgument` here, before
+    any run.
 
     After a judged run, :attr:`finished` holds it; :attr:`recorder` is the last recorder used.
     """
