@@ -166,7 +166,8 @@ def bench(session: nox.Session) -> None:
     the holder searches', the exiting children's, the distributed ranks' and the host's reads' own
     sections (``benchmarks/bench_search.py``, ``benchmarks/bench_forks.py``,
     ``benchmarks/bench_ranks.py``: 20 runs of each 2-rank shape, the false-alarm rate;
-    ``benchmarks/bench_host.py``: each place memory lives, its read's cost) are added to it.
+    ``benchmarks/bench_host.py``: each place memory lives, its read's cost;
+    ``benchmarks/bench_fit.py``: the verdict's fit by loop length) are added to it.
 
     The peers are installed here only, pinned to the torch already installed. Arguments after
     ``--`` go to ``benchmarks/run.py`` (``--reps N``, ``--sensitivity-runs N``, ``-- -k ...``).
@@ -180,6 +181,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_forks.py", "--write")
     session.run("python", "benchmarks/bench_ranks.py", "--write")
     session.run("python", "benchmarks/bench_host.py", "--write")
+    session.run("python", "benchmarks/bench_fit.py", "--write")
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -336,13 +336,16 @@ class _Search:
 
     def _replaced(self, before: Snapshot, old: list[Any]) -> None:
         """The untracked objects ``old`` ones refer to that ``before`` did not note: an array
-        regrown by ``self.outputs = np.concatenate(...)``, whose holder is not new. Read
+        regrown by ``self.outputs = np.concatenate(...)``, whose holder is not new. Only those
+        of :data:`UNTRACKED_FROM` bytes or more, the ones it notes: the short strings of a
+        cache filled before ``before`` (``linecache.cache``'s lines) are not new. Read
         :data:`_CHUNK` holders at a time, so that a large heap costs no large list."""
         for start in range(0, len(old), _CHUNK):
             pairs = [
                 (holder, item)
                 for holder in old[start : start + _CHUNK]
                 for item in untracked(contents(holder, gc.get_referents(holder)))
+                if size_of(item) >= UNTRACKED_FROM  # what ``before`` could note
             ]
             had = before.had([item for _, item in pairs])
             by_holder: dict[int, tuple[Any, list[Any]]] = {}

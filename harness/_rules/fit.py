@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness._core.stats import Broken, Trend, broken_line, per_batch, settled, trend
+from harness._core.stats import Broken, Trend, broken_line, per_batch, settled, trend, trend_test
 from harness._measure.sample import STRIDE
 
 FLAT_PIECE = 0.1
@@ -117,18 +117,14 @@ class Fit:
             if end - ended >= PLATEAU and end - ended > ended - first:
                 stopped = ended
         tested = np.ones(len(xs), dtype=bool) if runs is None else STRIDE.reads(np.asarray(runs))
-        parts = [np.ones(len(xs), dtype=bool)]
-        if onset is not None and np.count_nonzero(tested & (xs >= 2 * onset - end)) >= TESTED:
-            parts.append(xs >= 2 * onset - end)
-        tests = []  # the stride's readings and the spans of batches, of the loop and near an onset
-        for part in parts:
-            read = int(np.count_nonzero(part & tested))
-            tests += [
-                trend(xs[part], ys[part], spans=read),
-                trend(xs[part & tested], ys[part & tested]),
-            ]
-        best = min(tests, key=lambda one: one.p)
-        t = replace(tests[0], p=min(1.0, len(tests) * best.p))  # Bonferroni's way
+        whole = trend(xs, ys, spans=int(np.count_nonzero(tested)))  # the line, and a test
+        tests: list[tuple[np.ndarray, int | None]] = [(tested, None)]  # the stride's readings
+        if onset is not None:  # and the spans and readings near the onset
+            near = xs >= 2 * onset - end
+            if np.count_nonzero(tested & near) >= TESTED:
+                tests += [(near, int(np.count_nonzero(tested & near))), (tested & near, None)]
+        p = min([whole.p, *(trend_test(xs[m], ys[m], spans=spans)[2] for m, spans in tests)])
+        t = replace(whole, p=min(1.0, (1 + len(tests)) * p))  # Bonferroni's way
         rate = t.slope
         if onset is not None:
             rate = (line.y[3] - line.at(onset)) / max(end - onset, 1.0)
