@@ -62,25 +62,33 @@ def test_checkpoint_between(benchmark, tmp_path):
         )
 
 
-def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
+def probe_reads(probe: CpuProbe, places: bool = True) -> dict[str, Callable[[], object]]:
     """Exactly the reads a CPU checkpoint makes while ``rss`` is at its high-water mark (as on
     an idle heap), by name, through ``probe``'s own readers and file descriptors, and nothing
-    else (no parsing, no sample): ``mallinfo2`` (twice: the live heap and what malloc holds),
-    the walk of Python's allocator, the library pools' counters, a ``pread`` of
-    ``/proc/self/statm``, ``getrusage`` and ``5`` written to ``/proc/self/clear_refs``
-    (``/proc/self/status`` is read only when ``getrusage``'s mark is above ``rss``). A source
-    the probe does without is left out, as the checkpoint leaves it out (and ``malloc_trim(0)``
+    else (no parsing, no sample): ``mallinfo2`` (the live heap, and what malloc holds from the
+    same call), the walk of Python's allocator printed into a stream with the interpreter's
+    free lists (the checkpoint parses that text: not a read), the library pools' counters, a
+    ``pread`` of ``/proc/self/statm``, ``mincore`` over malloc's main heap (which of its pages
+    are resident, for ``outside``), ``getrusage`` and ``5`` written to
+    ``/proc/self/clear_refs`` (``/proc/self/status`` is read only when ``getrusage``'s mark is
+    above ``rss``). Without ``places``, the reads of a checkpoint that reads ``malloc`` alone
+    (no Python's allocator, no pools, and so no ``outside`` and no ``mincore``). A source the
+    probe does without is left out, as the checkpoint leaves it out (and ``malloc_trim(0)``
     added where the probe trims before every reading)."""
     host = probe._host
     status, clear_refs = probe._status, probe._clear_refs
     statm = host._statm
+    python = places and host._python.read() is not None
     reads: dict[str, Callable[[], object] | None] = {
         "malloc_trim": functools.partial(probe._malloc_trim, 0) if probe._trim_each else None,
         "mallinfo2": host._malloc,
         "mallinfo2 (held)": host._held,
-        "python": host._python.read,
-        **{f"pool {name}": pool for name, pool in POOLS.items() if pool() is not None},
+        "Python's allocator (its walk, printed)": host._python._walk if python else None,
+        **{f"pool {name}": pool for name, pool in POOLS.items() if places and pool() is not None},
         "statm": None if statm is None else functools.partial(os.pread, statm, 128, 0),
+        "mincore (malloc's main heap)": host._heap.absent
+        if python and statm is not None and host._held is not None
+        else None,
         "getrusage": None
         if status is None
         else functools.partial(resource.getrusage, resource.RUSAGE_SELF),
@@ -89,9 +97,9 @@ def probe_reads(probe: CpuProbe) -> dict[str, Callable[[], object]]:
     return {name: read for name, read in reads.items() if read is not None}
 
 
-def raw_reads(probe: CpuProbe) -> Callable[[], None]:
+def raw_reads(probe: CpuProbe, places: bool = True) -> Callable[[], None]:
     """All of :func:`probe_reads` in one call."""
-    reads = tuple(probe_reads(probe).values())
+    reads = tuple(probe_reads(probe, places).values())
     if not reads:
         pytest.skip("the CPU probe reads nothing here")
 

@@ -228,8 +228,7 @@ class Recorder:
             event = labels.given_event(label, event)
         reader = self._reader
         stride = reader.on_stride(label, batch, collect)
-        full = stride or not self.probe.strided
-        if not full and plain and self._strided and note is None and event is None:
+        if not stride and self._strided and plain and note is None and event is None:
             # a loop's batch between two stride readings, read by neither the probe nor the
             # children (their processes are the last reading's); its row and line come later
             unread = reader.unread.copy()
@@ -238,6 +237,7 @@ class Recorder:
             if self._wait is not None:
                 self._wait(sample)
             return sample
+        full = stride or not self.probe.strided
         asked = Asked(label, phase, epoch, batch, collect, note, event, full)
         return self._record(asked, may_raise=event != labels.OOM, rollup=collect, stride=stride)
 

@@ -54,6 +54,7 @@ class JobReader:
         self.skips = bool(strided) and set(strided) == set(probe.metrics) and self.capacity is None
         self.unread: Metrics = dict.fromkeys(probe.metrics)
         self._runs: dict[str, int] = {}  # each label's batches since a checkpoint of none
+        self._first, self._every = STRIDE.first, STRIDE.every
         self._notes_said = len(probe.notes)
 
     def on_stride(self, label: str, batch: int | None, collect: bool) -> bool:
@@ -61,12 +62,13 @@ class JobReader:
         metrics, and of the host beside a device): every one that is not a batch's, and a
         label's batches on :data:`~harness._measure.sample.STRIDE`, counted from the last of
         those (all of them under an emulated capacity, checked at each)."""
+        runs = self._runs
         if batch is None or collect or self.capacity:
-            self._runs.clear()
+            runs.clear()
             return True
-        run = self._runs.get(label, 0)
-        self._runs[label] = run + 1
-        return STRIDE.reads(run)
+        run = runs.get(label, 0)
+        runs[label] = run + 1
+        return run < self._first or not run % self._every  # STRIDE.reads(run), inline
 
     def counts_own(self, full: bool, stride: bool) -> bool:
         """Whether a reading (``full``: the probe's whole reading; ``stride``: one of the

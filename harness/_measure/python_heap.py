@@ -5,9 +5,11 @@ Python serves every object of 512 bytes or less (floats, short strings, small tu
 the usual contents of a list that grows) from arenas it maps itself, which ``malloc`` never
 sees. CPython's ``_PyObject_DebugMallocStats`` walks them and prints ``# bytes in allocated
 blocks`` (live objects, by their blocks) and the arenas' total; it is called here into an
-in-memory stream (``open_memstream``), about 40 µs at 52 arenas, where ``sys._debugmallocstats``
-writes to C's stderr in about 1.1 ms. Blocks are counted, not arenas: an arena outlives the
-objects it held.
+in-memory stream (``open_memstream``), and ``_PyObject_DebugTypeStats`` prints the interpreter's
+free lists after it into the same stream: about 60 µs at 53 arenas on warm caches, 250 µs at 100
+arenas inside training (each pool's header is read), where ``sys._debugmallocstats`` writes to
+C's stderr in about 1.1 ms. Blocks are counted, not arenas: an arena outlives the objects it
+held.
 
 While tracemalloc traces (``--memreport-explain``, or a user's own), its hook stands in front of
 pymalloc and the walk prints nothing. tracemalloc keeps the allocator it wraps in a static
@@ -22,8 +24,10 @@ object is in ``malloc``, and the figure is 0.
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
 import tracemalloc
+from operator import mul
 from typing import Any, NamedTuple
 
 from harness._measure.malloc import libc_function
@@ -31,6 +35,11 @@ from harness._measure.malloc import libc_function
 _OBJECT_DOMAIN, _MEM_DOMAIN, _RAW_DOMAIN = 2, 1, 0
 _BLOCKS = b"# bytes in allocated blocks"
 _ARENAS = b" bytes/arena "
+_COUNTS = re.compile(rb"\n *(\d+) free ")
+_SIZES = re.compile(rb"\n *\d+ free [^*\n]*\* (\d+) bytes each")
+"""A free list's line gives its objects and each one's size (``4 free PyFloatObjects * 24 bytes
+each = 96``), each object in a block of Python's allocator (16-byte steps); the lines and their
+sizes are the interpreter's own, in its order, so the sizes are read once."""
 
 
 class _Allocator(ctypes.Structure):
@@ -60,9 +69,9 @@ class PythonHeap:
 
     def __init__(self) -> None:
         self.note: str | None = None
+        self._sizes: list[int] = []  # each free list's block size, in the walk's order
         self._stats = _api("_PyObject_DebugMallocStats", ctypes.c_int, ctypes.c_void_p)
-        types = _api("_PyObject_DebugTypeStats", None, ctypes.c_void_p)
-        self._types = None if types is None else lambda stream: types(stream) or 1
+        self._types = _api("_PyObject_DebugTypeStats", None, ctypes.c_void_p)
         self._get = _api("PyMem_GetAllocator", None, ctypes.c_int, ctypes.POINTER(_Allocator))
         self._set = _api("PyMem_SetAllocator", None, ctypes.c_int, ctypes.POINTER(_Allocator))
         self._open = libc_function(
@@ -72,12 +81,14 @@ class PythonHeap:
             ctypes.POINTER(ctypes.c_size_t),
         )
         self._close = libc_function("fclose", ctypes.c_int, ctypes.c_void_p)
+        self._flush = libc_function("fflush", ctypes.c_int, ctypes.c_void_p)
         self._free = libc_function("free", None, ctypes.c_void_p)
         missing = [
             name
             for name, f in (
                 ("_PyObject_DebugMallocStats", self._stats),
                 ("open_memstream", self._open),
+                ("fflush", self._flush),
             )
             if f is None
         ]
@@ -91,43 +102,42 @@ class PythonHeap:
         """pymalloc's blocks in use and arenas now (zeros without pymalloc), or None."""
         if not self._usable:
             return None
-        text = self._walk()
-        if text is None and tracemalloc.is_tracing():
-            text = self._walk_under_tracemalloc()
-        if text is None:
+        walked = self._walk()
+        if walked is None and tracemalloc.is_tracing():
+            walked = self._walk_under_tracemalloc()
+        if walked is None:
             return PythonBlocks(0, 0) if sys.getallocatedblocks() == 0 else None
-        blocks, arenas = _number(text, _BLOCKS), _number(text, _ARENAS)
+        text, end = walked
+        blocks, arenas = _figure(text, _BLOCKS, end), _figure(text, _ARENAS, end)
         if blocks is None or arenas is None:
             return None
-        return PythonBlocks(blocks - self._free_lists(), arenas)
+        counts = _COUNTS.findall(text, end - 1)  # each free list's objects
+        if len(counts) != len(self._sizes):  # their blocks' sizes, read once
+            self._sizes = [(int(size) + 15) & ~15 for size in _SIZES.findall(text, end - 1)]
+        return PythonBlocks(blocks - sum(map(mul, map(int, counts), self._sizes)), arenas)
 
-    def _free_lists(self) -> int:
-        """The bytes of the objects the interpreter keeps freed for reuse (its free lists of
-        floats, tuples, lists, dicts: up to 2,000 tuples of each size), which pymalloc counts
-        as allocated: no object holds them, and a full collection empties them."""
-        if self._types is None:
-            return 0
-        text = self._print(self._types)
-        return sum(_freed(line) for line in text.splitlines() if b" free " in line)
-
-    def _walk(self) -> bytes | None:
-        """What ``_PyObject_DebugMallocStats`` prints, or None where it prints nothing."""
-        return self._print(self._stats) or None
-
-    def _print(self, function: Any) -> bytes:
-        """What ``function`` prints into a stream (nothing where it says it printed nothing)."""
+    def _walk(self) -> tuple[bytes, int] | None:
+        """What ``_PyObject_DebugMallocStats`` prints and where it ends, then the interpreter's
+        free lists (``_PyObject_DebugTypeStats``), in one stream; None where the walk prints
+        nothing. pymalloc counts a free list's objects as allocated, though no object holds
+        them (up to 2,000 tuples of each size, floats, lists, dicts) and a full collection
+        empties them: :meth:`read` takes them out."""
         buffer, size = ctypes.c_char_p(), ctypes.c_size_t()
         stream = self._open(ctypes.byref(buffer), ctypes.byref(size))
         if not stream:
-            return b""
-        printed = function(stream)
+            return None
+        printed = self._stats(stream)
+        self._flush(stream)
+        end = size.value
+        if printed and self._types is not None:
+            self._types(stream)
         self._close(stream)
         try:
-            return ctypes.string_at(buffer, size.value) if printed != 0 else b""
+            return (ctypes.string_at(buffer, size.value), end) if printed and end else None
         finally:
             self._free(buffer)
 
-    def _walk_under_tracemalloc(self) -> bytes | None:
+    def _walk_under_tracemalloc(self) -> tuple[bytes, int] | None:
         """The walk with pymalloc put back in front of tracemalloc's hook for its length."""
         if self._get is None or self._set is None:
             return None
@@ -153,22 +163,11 @@ class PythonHeap:
             self._set(_OBJECT_DOMAIN, ctypes.byref(front))
 
 
-def _number(text: bytes, name: bytes) -> int | None:
-    """The figure after ``=`` on the line that holds ``name``."""
-    at = text.find(name)
+def _figure(text: bytes, name: bytes, end: int) -> int | None:
+    """The figure after ``=`` on the line of ``text[:end]`` that holds ``name``."""
+    at = text.rfind(name, 0, end)
     if at < 0:
         return None
-    start, end = text.find(b"=", at) + 1, text.find(b"\n", at)
-    figure = text[start : end if end > 0 else None].strip().replace(b",", b"")
+    start, stop = text.find(b"=", at, end) + 1, text.find(b"\n", at, end)
+    figure = text[start : stop if stop > 0 else end].strip().replace(b",", b"")
     return int(figure) if start > 0 and figure.isdigit() else None
-
-
-def _freed(line: bytes) -> int:
-    """The blocks of one free list's line: ``4 free PyFloatObjects * 24 bytes each = 96``, each
-    object in its block of Python's allocator (16-byte steps)."""
-    words = line.split()
-    try:
-        count, size = int(words[0]), int(words[words.index(b"bytes") - 1])
-    except (ValueError, IndexError):
-        return 0
-    return count * ((size + 15) & ~15)
