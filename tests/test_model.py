@@ -313,7 +313,8 @@ def test_grouped_grn_initialises_each_map_as_nn_linear_would():
     assert len(list(grouped.parameters())) == 2
 
 
-def test_grn_input_layer_computes_its_hidden_input_and_skip_as_two_layers_would():
+@pytest.mark.parametrize("windows", [1, 2])
+def test_grn_input_layer_computes_its_hidden_input_and_skip_as_two_layers_would(windows):
     torch.manual_seed(0)
     grn = GatedResidualNetwork(12, 6, 3, dropout=0.0, context_size=5)
     assert grn.fc_in.weight.shape == (6 + 3, 12)
@@ -321,7 +322,8 @@ def test_grn_input_layer_computes_its_hidden_input_and_skip_as_two_layers_would(
     assert grn.fc_in.weight.abs().max() <= bound and grn.fc_in.bias.abs().max() <= bound
     with torch.no_grad():
         grn.gate.norm.uniform_(0.5, 1.5)
-    a, c = torch.randn(4 * 2, 12), torch.randn(2, 5)  # 4 steps of 2 windows, time-major
+    # 4 steps of each window, time-major: row t * windows + b has window b's context
+    a, c = torch.randn(4 * windows, 12), torch.randn(windows, 5)
 
     w2, skip_w = grn.fc_in.weight.split((6, 3))
     b2, skip_b = grn.fc_in.bias.split((6, 3))
@@ -368,19 +370,19 @@ def test_single_variable_selection_has_no_selector_and_weight_one():
     torch.manual_seed(0)
     selection = VariableSelection(1, 8, dropout=0.0)
     assert selection.selector is None
-    x = torch.randn(10, 1, 8)
-    out, weights = selection(x)
+    x, processed = torch.randn(10, 1, 8), torch.randn(1, 10, 8)
+    out, weights = selection(x, processed)
     assert torch.equal(weights, torch.ones(10, 1))
-    torch.testing.assert_close(out, selection.variables(x.transpose(0, 1))[0])
+    assert torch.equal(out, processed[0])
 
 
 def test_variable_selection_is_the_weighted_sum_of_each_variables_grn():
     torch.manual_seed(0)
     selection = VariableSelection(3, 8, dropout=0.0, context_size=4)
     x, context = torch.randn(6 * 2, 3, 8), torch.randn(2, 4)
-    out, weights = selection(x, context)
+    processed = torch.randn(3, 6 * 2, 8)  # each variable's own GRN output, per row
+    out, weights = selection(x, processed, context)
     torch.testing.assert_close(weights, selection.selector(x.flatten(1), context).softmax(-1))
-    processed = selection.variables(x.transpose(0, 1))
     expected = sum(weights[:, j, None] * processed[j] for j in range(3))
     torch.testing.assert_close(out, expected)
 
@@ -400,13 +402,14 @@ def test_lstm_equals_nn_lstm_with_the_same_weights():
     torch.testing.assert_close(grad, torch.autograd.grad(want.sum(), x)[0])
 
 
-def test_incident_sized_model_has_67_parameter_tensors():
+def test_incident_sized_model_has_62_parameter_tensors():
     # Clipping and the optimizer step cost about 20 us per parameter tensor at batch 1 on a CPU:
-    # layers that read the same input are one layer, norms keep scale and shift together, and
-    # grouped GRNs keep their norms with their biases.
+    # layers that read the same input are one layer, norms keep scale and shift together,
+    # grouped GRNs keep their norms with their biases, every selection's variables share one
+    # grouped GRN and real inputs one embedding.
     config = TFTConfig(static_cardinalities=(1,), n_observed=4, n_known=4)
     model = TemporalFusionTransformer(config)
-    assert len(list(model.parameters())) == 67
+    assert len(list(model.parameters())) == 62
     assert not any(isinstance(m, nn.Dropout | nn.LayerNorm | nn.Identity) for m in model.modules())
 
 

@@ -520,15 +520,15 @@ BROKEN_RULES = {
     "bad check status": (_bad_check, "'MAYBE' is not a valid CheckStatus"),
     "bad finding kind": (
         lambda ctx, option: [Finding("bogus", None, None, 1, "x")],
-        "Finding.kind: 'bogus'",
+        "Finding.kind: expected one of leak, peak",
     ),
     "finding bytes not whole": (
         lambda ctx, option: [Finding("leak", None, None, 1.5, "x")],
-        "finding.bytes: expected a whole number, got 1.5",
+        "Finding.bytes: expected a whole number, got 1.5",
     ),
     "finding slope not finite": (
         lambda ctx, option: [Finding("leak", None, None, 1, "x", float("nan"))],
-        "finding.slope: expected a finite number, got nan",
+        "Finding.slope: expected a finite number, got nan",
     ),
 }
 

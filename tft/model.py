@@ -6,12 +6,14 @@ the largest (attention, variable selection) to the smallest (embeddings, the LST
 Shapes: B batch, T_enc encoder (past) steps, T_dec decoder (future) steps, T = T_enc + T_dec,
 d hidden size, m variables, Q quantiles.
 
-The per-variable networks of variable selection run as one batched matmul per layer
-(``GroupedGRN``), and real inputs are embedded by ``RealEmbedding``; every other projection is
-an ``nn.Linear`` (what QAT quantises). At batch 1 the model is bound by the number of operators
-and of parameter tensors (clipping and the optimizer step pay per tensor), not by arithmetic:
-layers that read the same input are computed as one layer (``GatedResidualNetwork.fc_in``,
-``InterpretableMultiHeadAttention.key_value``), and norms keep scale and shift in one tensor.
+The per-variable networks of all three variable selections (static, encoder, decoder) run
+together as one batched matmul per layer (``TemporalFusionTransformer.variables``, a
+``GroupedGRN``), and real inputs are embedded by one ``RealEmbedding``; every other projection
+is an ``nn.Linear`` (what QAT quantises). At batch 1 the model is bound by the number of
+operators and of parameter tensors (clipping and the optimizer step pay per tensor) more than by
+arithmetic: layers that read the same input are computed as one layer
+(``GatedResidualNetwork.fc_in``, ``InterpretableMultiHeadAttention.key_value``), and norms keep
+scale and shift in one tensor.
 """
 
 from __future__ import annotations
@@ -122,12 +124,13 @@ class TemporalFusionTransformer(nn.Module):
         self.register_buffer(
             "static_offsets", self.static_sizes.cumsum(0) - self.static_sizes, persistent=False
         )
-        self.observed_embedding = RealEmbedding(config.n_observed, d)
-        self.known_embedding = RealEmbedding(config.n_known, d)
+        n_past = config.n_observed + config.n_known
+        self.real_embedding = RealEmbedding(n_past, d)
 
+        # Each variable's own GRN: static variables, then past (observed, known), then future.
+        self.variables = GroupedGRN(len(cards) + n_past + config.n_known, d, p)
         self.static_selection = VariableSelection(len(cards), d, p)
         self.static_contexts = GroupedGRN(4, d, p)
-        n_past = config.n_observed + config.n_known
         self.encoder_selection = VariableSelection(n_past, d, p, context_size=d)
         self.decoder_selection = VariableSelection(config.n_known, d, p, context_size=d)
 
@@ -155,19 +158,27 @@ class TemporalFusionTransformer(nn.Module):
         n_enc = t_enc * b  # time steps are rows [T * B, ...], time-major: step t of b is t * B + b
 
         statics = self.static_embedding(static + self.static_offsets)
-        static_vector, static_weights = self.static_selection(statics)
+        # Observed inputs are padded over the future steps, where their embeddings go unread.
+        reals = torch.cat((F.pad(observed, (0, 0, 0, t_dec)), known), -1)
+        embedded = self.real_embedding(_time_major(reals))
+        past, future = embedded[:n_enc], embedded[n_enc:, self.config.n_observed :]
+
+        # Every variable's GRN in one call: each variable is a group of rows (statics: a row per
+        # window), padded to the longest group; outputs past a group's own rows go unread.
+        rows = max(t_enc, t_dec) * b
+        groups = torch.cat([_padded(x.transpose(0, 1), rows) for x in (statics, past, future)])
+        sizes = (statics.shape[1], past.shape[1], future.shape[1])
+        of_static, of_past, of_future = self.variables(groups).split(sizes)
+
+        static_vector, static_weights = self.static_selection(statics, _first(of_static, b))
         contexts = self.static_contexts(static_vector.expand(4, -1, -1))
-        c_select, c_enrich = contexts[0], contexts[1]
-        hidden, cell = contexts[2:3], contexts[3:4]
-
-        known_embedded = self.known_embedding(_time_major(known))
-        past = torch.cat(
-            (self.observed_embedding(_time_major(observed)), known_embedded[:n_enc]), 1
+        c_select, c_enrich, hidden, cell = contexts.unbind(0)
+        past, encoder_weights = self.encoder_selection(past, _first(of_past, n_enc), c_select)
+        future, decoder_weights = self.decoder_selection(
+            future, _first(of_future, len(future)), c_select
         )
-        past, encoder_weights = self.encoder_selection(past, c_select)
-        future, decoder_weights = self.decoder_selection(known_embedded[n_enc:], c_select)
 
-        encoded, state = self.encoder_lstm(past.view(t_enc, b, -1), (hidden, cell))
+        encoded, state = self.encoder_lstm(past.view(t_enc, b, -1), (hidden[None], cell[None]))
         decoded, _ = self.decoder_lstm(future.view(t_dec, b, -1), state)
         temporal = self.lstm_gate(
             torch.cat((encoded, decoded)).flatten(0, 1), torch.cat((past, future))
@@ -226,6 +237,16 @@ class TemporalFusionTransformer(nn.Module):
         return static, observed, known
 
 
+def _padded(x: Tensor, rows: int) -> Tensor:
+    """``x`` [G, N, d] with zero rows appended up to [G, rows, d] (``x`` itself at ``rows``)."""
+    return x if x.shape[1] == rows else F.pad(x, (0, 0, 0, rows - x.shape[1]))
+
+
+def _first(x: Tensor, rows: int) -> Tensor:
+    """The first ``rows`` rows of ``x`` [G, N, d] (``x`` itself when it has no more)."""
+    return x if x.shape[1] == rows else x[:, :rows]
+
+
 def _time_major(x: Tensor) -> Tensor:
     """Inputs [B, T, m] as rows [T * B, m], time-major (a view when B = 1)."""
     return x.transpose(0, 1).flatten(0, 1)
@@ -243,9 +264,12 @@ def q_risk(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Te
 
 
 def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """``F.dropout(x, p, training)``, but ``x`` itself, without an operator call, when that is
-    what it would return (evaluation, or p = 0)."""
-    return F.dropout(x, p, True) if training and p > 0 else x
+    """Dropout: ``x`` times a mask that is 0 with probability ``p`` and 1 / (1 - p) otherwise,
+    as ``F.dropout``'s, drawn with ``torch.rand`` (half the time of ``F.dropout``'s
+    ``bernoulli_``); ``x`` itself, without an operator call, in evaluation or when p = 0."""
+    if not training or p == 0:
+        return x
+    return x * torch.rand_like(x).ge_(p).div_(1 - p)
 
 
 def pinball(prediction: Tensor, target: Tensor, quantiles: Sequence[float]) -> Tensor:
@@ -305,9 +329,10 @@ class VariableSelection(nn.Module):
 
     A GRN over all variables together (conditioned on an optional static context) gives softmax
     weights [N, m]; each variable goes through its own GRN, and the output [N, d] is their
-    weighted sum. A single variable's weight is 1 whatever that GRN computes (a softmax over one
-    value), so with m = 1 there is no such GRN (``selector`` is ``None``), as in
-    pytorch-forecasting.
+    weighted sum. The variables' own GRNs are the caller's (the model runs those of all its
+    selections in one ``GroupedGRN``) and come in as ``processed``. A single variable's weight
+    is 1 whatever that GRN computes (a softmax over one value), so with m = 1 there is no such
+    GRN (``selector`` is ``None``), as in pytorch-forecasting.
     """
 
     def __init__(
@@ -319,12 +344,13 @@ class VariableSelection(nn.Module):
             if n_vars > 1
             else None
         )
-        self.variables = GroupedGRN(n_vars, d, dropout)
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Selected features [N, d] and selection weights [N, m]; the context is the
-        selector GRN's."""
-        processed = self.variables(x.transpose(0, 1))
+    def forward(
+        self, x: Tensor, processed: Tensor, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Selected features [N, d] and selection weights [N, m] from the embedded variables
+        ``x`` [N, m, d] and each one's own GRN output ``processed`` [m, N, d]; the context is
+        the selector GRN's."""
         if self.selector is None:
             return processed[0], x.new_ones(x.shape[:-1])
         weights = self.selector(x.flatten(1), context).softmax(-1)
@@ -337,7 +363,8 @@ class GatedResidualNetwork(nn.Module):
 
     ``skip`` is a linear map when the input and output sizes differ, else the identity. The
     context term exists only when ``context_size`` is given: ``a`` is then time-major rows
-    [T * B, d_in] and the context [B, c] one row per batch element (row t * B + b gets row b).
+    [T * B, d_in] and the context [B, c] one row per batch element (row t * B + b gets row b;
+    at B = 1 by broadcasting alone).
     W2 and a linear ``skip`` both read ``a``, so one layer, ``fc_in``, computes both:
     its first ``d_hidden`` outputs are W2 a and the other ``d_out`` are skip(a). ``nn.Linear``
     initialises every output row from its in-features alone, so this is the same model as two
@@ -363,7 +390,7 @@ class GatedResidualNetwork(nn.Module):
             h, skip = h.split(self.sizes, -1)
         if self.fc_context is not None:
             c = self.fc_context(context)
-            h = (h.unflatten(0, (-1, len(c))) + c).flatten(0, 1)
+            h = h + c if len(c) == 1 else (h.unflatten(0, (-1, len(c))) + c).flatten(0, 1)
         return self.gate(self.fc_hidden(F.elu(h)), skip)
 
 

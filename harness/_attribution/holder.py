@@ -10,6 +10,7 @@ from typing import Any, cast
 from harness._core.records import HolderRecord
 from harness._core.units import format_size
 from harness._core.wording import plural
+from harness._verdict.fields import check_fields
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Holder:
     note: str = ""
     growth: int | None = None
     process: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # a BadArgument naming Holder.<field> for a value of another kind
 
     def __str__(self) -> str:
         note = f"; {self.note}" if self.note else ""

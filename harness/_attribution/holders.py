@@ -20,7 +20,7 @@ from harness._attribution.lines import Lines
 from harness._attribution.quiet import unobserved
 from harness._attribution.sites import Block, allocator_blocks, site_of
 from harness._attribution.snapshot import Snapshot, StorageKey, storage_id, storage_of
-from harness._attribution.walk import SIZED, Walk, kind_of, namespace
+from harness._attribution.walk import SIZED, Walk, kind_of, length, namespace
 from harness._core.errors import BadArgument
 from harness._core.units import format_size
 
@@ -94,10 +94,10 @@ def attribute(
     ``<not searched>``, and those reached are still named. On CUDA, with allocation stacks
     recorded (:func:`~harness._attribution.sites.record_sites`), each holder carries the allocation
     sites of its storages, and new blocks no Python holder accounts for are grouped by site
-    under ``<no Python holder>``. With ``lines`` (an open
-    :class:`~harness._attribution.lines.Lines`, the dearer search) each holder carries the lines
-    that allocated its storages on any device, and new storages still alive that no Python object
-    holds are grouped by that line under ``<no Python holder>`` too.
+    under ``<no Python holder>``. With ``lines`` (an open :class:`~harness._attribution.lines.Lines`,
+    the dearer search) each holder carries the lines that allocated its storages on any device,
+    and new storages still alive that no Python object holds are grouped by that line under
+    ``<no Python holder>`` too.
     """
     if max_depth < 1:
         raise BadArgument(f"max_depth must be at least 1, got {max_depth}")
@@ -237,15 +237,14 @@ class _Grouping:
         parameter list or dict) above the module whose parameter or buffer dict ``owner`` is:
         the layers a loop adds to a container are one holder, the container."""
         store = owner
-        if not isinstance(store, dict):
+        if not issubclass(type(store), dict):
             return None
         for _ in range(2):  # a module's parameter dict, reached through the module's __dict__
             owner = self.walk.parent.get(id(owner))
-            if isinstance(owner, torch.nn.Module):
+            if issubclass(type(owner), torch.nn.Module):
                 break
-        if not isinstance(owner, torch.nn.Module) or not any(
-            owner.__dict__.get(name) is store for name in ("_parameters", "_buffers")
-        ):
+        space = namespace(owner) if issubclass(type(owner), torch.nn.Module) else None
+        if space is None or not any(space.get(n) is store for n in ("_parameters", "_buffers")):
             return None
         self.walk.module_name(owner)  # learns the module tree
         node, seen = owner, {id(owner)}
@@ -254,9 +253,9 @@ class _Grouping:
             if id(node) in seen:
                 return None
             seen.add(id(node))
-            if isinstance(node, _COLLECTIONS):
+            if issubclass(type(node), _COLLECTIONS):
                 return node
-        return owner if isinstance(owner, _PARAMETER_COLLECTIONS) else None
+        return owner if issubclass(type(owner), _PARAMETER_COLLECTIONS) else None
 
     def _absorb_newest(self, groups: dict[tuple[str, object], _Group]) -> None:
         """A tensor a loop variable names (``loss``) that a container another group describes
@@ -267,7 +266,7 @@ class _Grouping:
             if group.why in _LOOSE or len(group.chains) < 2:
                 continue
             depth = _shared_depth(group.chains)
-            if isinstance(group.chains[0][depth], SIZED):
+            if issubclass(type(group.chains[0][depth]), SIZED):
                 containers[id(group.chains[0][depth])] = (group, depth)
         if not containers:
             return
@@ -296,12 +295,12 @@ class _Grouping:
             if owner is None:
                 owner = self.walk.parent.get(id(group.chains[0][0]))
                 host = self.walk.parent.get(id(owner))
-                if isinstance(owner, dict) and namespace(host) is owner:
+                if issubclass(type(owner), dict) and namespace(host) is owner:
                     owner = host
             container = self.walk.parent.get(id(owner))
             if (
-                isinstance(container, (list, dict, collections.deque))
-                and not isinstance(owner, SIZED)
+                issubclass(type(container), (list, dict, collections.deque))
+                and not issubclass(type(owner), SIZED)
                 and not self._module_store(container)
             ):
                 by_container.setdefault(id(container), []).append((key, group))
@@ -323,11 +322,10 @@ class _Grouping:
         """Whether ``container`` is a module's submodules, parameters or buffers: layers of
         one model stay apart, each named by its path."""
         module = self.walk.parent.get(id(container))
-        if isinstance(module, dict):
+        if issubclass(type(module), dict):
             module = self.walk.parent.get(id(module))
-        return isinstance(module, torch.nn.Module) and any(
-            module.__dict__.get(store) is container for store in _MODULE_STORES
-        )
+        space = namespace(module) if issubclass(type(module), torch.nn.Module) else None
+        return space is not None and any(space.get(s) is container for s in _MODULE_STORES)
 
     def _alike(self, top: Any, name: str) -> bool:
         """Whether holders of one name are one holder however many objects bear it: garbage
@@ -336,12 +334,12 @@ class _Grouping:
         if not self.walk.rooted(top):
             return True
         frame = self.walk.parent.get(id(top))
-        return isinstance(frame, types.FrameType) and frame.f_code.co_name in name
+        return type(frame) is types.FrameType and frame.f_code.co_name in name
 
     def _owner_type(self, top: Any) -> str:
         """The type name of what holds ``top`` (``Node``, ``frame``)."""
         owner = self.walk.parent.get(id(top))
-        if isinstance(owner, dict):
+        if issubclass(type(owner), dict):
             owner = self.walk.parent.get(id(owner))
         if owner is None or type(owner) is object:
             owner = top
@@ -399,11 +397,12 @@ class _Grouping:
             kind, items = f"{self._owner_type(first[0])} objects", len(tops)
         else:
             path = (group.name or f"<unnamed {type(first[0]).__name__}>") + labels
-            if isinstance(shared, torch.Tensor):
+            if issubclass(type(shared), torch.Tensor):
                 kind, items = "tensor", 1
             else:
                 kind = type(shared).__name__
-                items = len(shared) if isinstance(shared, SIZED) else len(chains)
+                sized = length(shared)
+                items = len(chains) if sized is None else sized
         by_site: collections.Counter[str] = collections.Counter()
         for key, nbytes in (*group.storages.items(), *group.graph.items()):
             site = sites.get(key)
@@ -494,5 +493,5 @@ def _state_storages(
     tensors += [t.grad for t in tensors if t.grad is not None]
     for optimizer in optimizers:
         for state in optimizer.state.values():
-            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+            tensors += [v for v in state.values() if issubclass(type(v), torch.Tensor)]
     return {storage_of(t)[0] for t in tensors}

@@ -1,7 +1,13 @@
 """Naming what the walk found: how one object refers to the next (``Cache.items``,
 ``module.NAME``, ``function:variable``, ``[3]``), the path from the nearest named reference
 down to an object, and a module's name by its place in its model. :class:`Names` is a part of
-:class:`~harness._attribution.walk.Walk`, read once the walk has recorded each object's parent."""
+:class:`~harness._attribution.walk.Walk`, read once the walk has recorded each object's parent.
+
+Naming runs none of an object's own code: types are asked of ``type(obj)`` (``isinstance``
+would read a ``__class__`` the object may answer with anything, or an error), namespaces and
+items through the C functions of their base types (never a ``__getattr__``, a ``__dict__``
+property or an ``items`` a subclass defines), so an object that refuses every question is
+named as any other."""
 
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ def _kept_in_c() -> dict[type, tuple[str, str]]:
     ``concrete_type_store.methods_compiled``, whose items keep the module's Python class."""
     links = {}
     concrete = getattr(torch._C, "ConcreteModuleType", None)
-    if isinstance(concrete, type):
+    if isinstance(concrete, type) and hasattr(concrete, "py_class"):
         links[concrete] = ("py_class", "a compiled module's graphs and code")
     return links
 
@@ -96,8 +102,8 @@ class Names:
         if not self._parents_known:
             self._parents_known = True
             for owner in self.modules:
-                children = owner.__dict__.get("_modules")
-                if isinstance(children, dict):
+                children = (namespace(owner) or {}).get("_modules")
+                if type(children) is dict:
                     for name, child in children.items():
                         if child is not None:
                             self.module_parents.setdefault(id(child), (owner, name))
@@ -137,12 +143,7 @@ class Names:
 
     def edge(self, parent: Any, child: Any) -> tuple[str, bool]:
         """How ``parent`` refers to ``child``, and whether that reference is a named root."""
-        try:
-            return self._edge(parent, child)
-        except Exception:
-            return f"<{type(parent).__name__}>", False
-
-    def _edge(self, parent: Any, child: Any) -> tuple[str, bool]:
+        kind = type(parent)
         if id(child) in self.library and self.parent.get(id(child)) is parent:
             return "<traced inputs>", False
         if id(parent) in self.linked:
@@ -150,27 +151,27 @@ class Names:
         module = self.module_dicts.get(id(parent))
         if module is not None:
             return f"{module}.{self.slot(parent, child)}", True
-        if isinstance(parent, types.FrameType):  # a root only while it runs, not in a traceback
+        if kind is types.FrameType:  # a root only while it runs, not in a traceback
             live = self.parent.get(id(parent), SKIP) is None
             return f"{_qualname(parent.f_code)}:{self.slot(self.locals(parent), child)}", live
-        if isinstance(parent, _GENERATORS):
+        if kind in _GENERATORS:
             frame = getattr(parent, "gi_frame", None) or getattr(parent, "cr_frame", None)
             frame = frame or getattr(parent, "ag_frame", None)
             if frame is not None:
                 return f"{parent.__qualname__}:{self.slot(self.locals(frame), child)}", True
-        if isinstance(parent, types.CellType):
+        if kind is types.CellType:
             return self._cell(parent)
-        if isinstance(parent, types.FunctionType):
+        if kind is types.FunctionType:
             for name in _DEFAULTS:
                 if getattr(parent, name) is child:
                     return f".{name}", False
-        if issubclass(type(parent), _thread._local):
+        if issubclass(kind, _thread._local):
             return "", False  # its table of each thread's attributes, read as its own
-        if isinstance(parent, dict):
+        if issubclass(kind, dict):
             return self._entry(parent, child)
-        if isinstance(parent, (list, tuple, collections.deque)):
+        if issubclass(kind, _SEQUENCES):
             return f"[{self.slot(parent, child)}]", False
-        if isinstance(parent, (set, frozenset)):
+        if issubclass(kind, (set, frozenset)):
             return "{*}", False
         for name, value in _attributes(parent):
             if value is child:
@@ -179,7 +180,7 @@ class Names:
 
     def _owner(self, obj: Any) -> str:
         """An attribute owner's name: its class, or a submodule's path."""
-        if isinstance(obj, torch.nn.Module):
+        if issubclass(type(obj), torch.nn.Module):
             return self.module_name(obj)
         return type(obj).__name__
 
@@ -196,9 +197,8 @@ class Names:
         naming the n tensors of one container stays linear."""
         index = self.slots.get(id(container))
         if index is None:
-            pairs = container.items() if isinstance(container, dict) else enumerate(container)
             index = self.slots[id(container)] = {}
-            for key, value in pairs:
+            for key, value in _pairs(container):
                 index.setdefault(id(value), key)
         return index.get(id(child), "?")
 
@@ -206,10 +206,14 @@ class Names:
         """A closure cell, named as a variable of the function that defines it, through the
         closure that holds it or the (suspended or finished) frame it belongs to."""
         owner = self.parent.get(id(cell))
-        if isinstance(owner, (types.FrameType, *_GENERATORS)):
-            return self._edge(owner, cell.cell_contents)
-        function = self.parent.get(id(owner)) if isinstance(owner, tuple) else None
-        if isinstance(function, types.FunctionType) and function.__closure__ is owner:
+        if type(owner) in (types.FrameType, *_GENERATORS):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # emptied since the walk (its variable deleted)
+                return "<cell>", False
+            return self.edge(owner, contents)
+        function = self.parent.get(id(owner)) if type(owner) is tuple else None
+        if type(function) is types.FunctionType and function.__closure__ is owner:
             name = function.__code__.co_freevars[self.slot(owner, cell)]
             scope = function.__qualname__.rpartition(".<locals>.")[0] or function.__qualname__
             return f"{scope}:{name}", True
@@ -224,15 +228,17 @@ class Names:
             return "", False
         if issubclass(type(self.parent.get(id(owner))), _thread._local):
             return f".{key}", False  # an attribute of a thread-local, named through it
-        if isinstance(owner, type):
-            if owner.__dict__.get(key) is child:
+        space = namespace(owner)
+        if issubclass(type(owner), type):
+            if space is not None and space.get(key) is child:
                 return f"{owner.__name__}.{key}", True
-        elif namespace(owner) is mapping:
+        elif space is mapping:
             return f"{self._owner(owner)}.{key}", True
-        module = owner if isinstance(owner, torch.nn.Module) else self.parent.get(id(owner))
-        if isinstance(module, torch.nn.Module) and any(
-            module.__dict__.get(store) is mapping for store in _MODULE_STORES
-        ):
+        module: Any = owner
+        if not issubclass(type(owner), torch.nn.Module):
+            module = self.parent.get(id(owner))
+        stores = namespace(module) if issubclass(type(module), torch.nn.Module) else None
+        if stores is not None and any(stores.get(store) is mapping for store in _MODULE_STORES):
             return f"{self.module_name(module)}.{key}", True
         return f"[{_key_text(key)}]", False
 
@@ -265,11 +271,34 @@ def _qualname(code: types.CodeType) -> str:
 
 
 def namespace(obj: Any) -> Any:
-    """``obj.__dict__`` without running a class's ``__getattr__``, or None."""
-    try:
-        return object.__getattribute__(obj, "__dict__")
-    except Exception:
-        return None
+    """``obj.__dict__``, read through the C descriptor its type declares it with (never a
+    class's ``__getattr__`` or ``__getattribute__``, nor a ``__dict__`` property of its own:
+    None then, as for an object without one)."""
+    for klass in type(obj).__mro__:
+        descriptor = klass.__dict__.get("__dict__")
+        if descriptor is not None:
+            if type(descriptor) not in _C_DESCRIPTORS:
+                return None
+            try:
+                return descriptor.__get__(obj, klass)
+            except AttributeError:  # a slot declared and never set
+                return None
+    return None
+
+
+_C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
+_SEQUENCES = (list, tuple, collections.deque)
+
+
+def _pairs(container: Any) -> Iterator[tuple[Any, Any]]:
+    """The keys (or indices) and values of a dict, list, tuple or deque, or of a subclass of
+    one, read by the base type's own C functions (never a subclass's ``items`` or
+    ``__iter__``)."""
+    kind = type(container)
+    if issubclass(kind, dict):
+        return iter(dict.items(container))
+    base = next(base for base in _SEQUENCES if issubclass(kind, base))
+    return enumerate(base.__iter__(container))
 
 
 def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
@@ -281,7 +310,7 @@ def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
         slots = klass.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
             descriptor = klass.__dict__.get(slot)
-            if isinstance(descriptor, types.MemberDescriptorType):
+            if type(descriptor) is types.MemberDescriptorType:
                 try:
                     yield slot, descriptor.__get__(obj, klass)
                 except AttributeError:

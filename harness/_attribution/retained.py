@@ -417,10 +417,8 @@ class _Search:
         key, nbytes = storage_of(tensor)
         if key is not None and storage_id(tensor) not in self.old_storages:
             self._storage(node, key, nbytes)
-        try:
+        with torch._C.DisableTorchFunctionSubclass():  # never a subclass's __torch_function__
             grad_fn = tensor.grad_fn
-        except Exception:
-            return
         if grad_fn is not None:
             self._graph(node, grad_fn)
 

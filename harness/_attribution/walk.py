@@ -273,7 +273,7 @@ class Walk(Names):
         holds the module holds them."""
         try:
             stored = module._c._retrieve_traced_inputs()
-        except Exception:
+        except (AttributeError, RuntimeError):  # never initialized (torch raises), or no _c
             return
         for tensor in _tensors_in([value for _, value in stored.items()]):
             if id(tensor) not in self.parent:
@@ -285,10 +285,7 @@ class Walk(Names):
         """Follow the reference ``holder`` (an object of :data:`C_LINKS`, which ``gc`` does not
         track) keeps in C++, as though ``gc`` saw it: ``holder`` gets ``parent``, and what it
         keeps gets ``holder``."""
-        try:
-            kept = getattr(holder, C_LINKS[type(holder)][0])
-        except Exception:
-            return
+        kept = getattr(holder, C_LINKS[type(holder)][0])
         self.parent[id(holder)] = parent
         self.linked[id(holder)] = holder
         if id(kept) in self.parent:
@@ -469,7 +466,7 @@ _BUILTIN_LEN = {sized.__len__ for sized in SIZED}
 def length(obj: Any) -> int | None:
     """``len(obj)`` for builtin containers and subclasses that keep their ``len`` (a
     ``defaultdict``, a ``Counter``), never a user's ``__len__``; else None."""
-    if isinstance(obj, SIZED) and type(obj).__len__ in _BUILTIN_LEN:
+    if issubclass(type(obj), SIZED) and type(obj).__len__ in _BUILTIN_LEN:
         return len(obj)
     return None
 

@@ -24,12 +24,9 @@ def size_of(obj: Any) -> int:
     ``__sizeof__`` is Python code is weighed as a plain object instead: that code may do
     anything (a mock answers with a new mock). An instance's attribute values held beside it
     count too (:func:`inline_values`)."""
-    try:
-        if isinstance(getattr(type(obj), "__sizeof__", None), _C_METHODS):
-            return allotted(sys.getsizeof(obj)) + inline_values(obj)
-        return allotted(object.__sizeof__(obj)) + inline_values(obj)
-    except Exception:
-        return 0
+    if type(getattr(type(obj), "__sizeof__", None)) in _C_METHODS:
+        return allotted(sys.getsizeof(obj)) + inline_values(obj)
+    return allotted(object.__sizeof__(obj)) + inline_values(obj)
 
 
 _MANAGED_DICT = 1 << 4

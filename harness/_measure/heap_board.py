@@ -46,9 +46,11 @@ import os
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
+from harness._core.errors import Raised
 from harness._measure.board_slots import NOFOLLOW, SEQUENCE, SIZE, SLOT, UNREAD, Board
 from harness._measure.host import HostMemory
 from harness._measure.malloc import heap
@@ -269,7 +271,8 @@ def watch_batches(hook: Callable[[int, int], None] | None) -> None:
     reading it publishes (a spawned worker gets a pickled copy), for as long as the newest
     holder of :data:`WORKERS` in this process holds it (a recorder's own, made in its
     constructor before it asks): when that holder lets go, the hook registered before acts
-    again. None: no hook for that holder. With no holder, nothing."""
+    again. None: no hook for that holder. With no holder, nothing. A hook that raises is
+    dropped in that worker, which goes on and says so on its stderr."""
     hold = PATCHES.newest(WORKERS)
     if hold is None:
         return
@@ -408,8 +411,24 @@ def _publishing(
         if hooks and heap is not None:
             try:
                 hooks[0](heap, slot.count)
-            except Exception:  # a hook never stops the worker: it is dropped instead
-                hooks.clear()
+            except Exception as error:  # any code may fail: the worker goes on without it
+                _drop(hooks, error)
         return fetch(self, index)
 
     return published
+
+
+def _drop(hooks: list[Callable[[int, int], None]], error: Exception) -> None:
+    """Drop a worker's hook that raised, saying so on the worker's stderr (its parent's, where
+    a test's output is captured): which hook, the error's type and first line."""
+    hook = hooks.pop()
+    kind = type(hook)
+    named = kind in (types.FunctionType, types.MethodType)  # else an object's: by its class
+    name = hook.__qualname__ if named else kind.__qualname__
+    with contextlib.suppress(OSError, ValueError):  # no stderr left (closed): nowhere to say it
+        print(
+            f"leakgate: DataLoader worker {os.getpid()}: its hook {name} raised"
+            f" {Raised.of(error)}; dropped for the rest of its batches",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -2,8 +2,8 @@
 
 The pytest plugin, ``python -m tft.train --memreport`` and ``python -m harness report`` all
 call :func:`finish_run`: with a live :class:`~harness._recorder.Recorder` (holders still alive
-are named) or with a :class:`~harness._timeline.jsonl.Timeline` read back from disk (nothing alive
-to name). Rules come from the caller, else from the timeline header, where the recorder wrote
+are named) or with a :class:`~harness._timeline.jsonl.Timeline` read back from disk (nothing alive to
+name). Rules come from the caller, else from the timeline header, where the recorder wrote
 them.
 """
 
@@ -15,10 +15,12 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import harness._core.labels as labels
-from harness._core.errors import BadInput, LeakgateError, as_unwritable
+from harness._core.errors import BadArgument, BadInput, LeakgateError, as_unwritable
+from harness._core.json_values import shown
+from harness._core.naming import check_file_name, check_path
 from harness._core.units import format_size
 from harness._core.wording import plural
 from harness._report.run import Run
@@ -112,6 +114,8 @@ class MemoryCheckFailed(LeakgateError, RuntimeError):
     report's paths (:class:`Finished`); the message is its summary lines."""
 
     def __init__(self, finished: Finished) -> None:
+        if not isinstance(finished, Finished):
+            raise BadArgument(f"expected a finished run, got {shown(finished)}", field="finished")
         super().__init__("\n".join(finished.lines()))
         self.finished = finished
 
@@ -122,27 +126,32 @@ class MemoryCheckFailed(LeakgateError, RuntimeError):
 
 def finish_run(
     record: Recorder | Timeline,
-    rules: Rules | None = None,
+    rules: Rules | Mapping[str, Any] | None = None,
     *,
     name: str,
     error: BaseException | labels.Raised | str | None = None,
     directory: str | os.PathLike[str] | None = None,
-    markdown: Path | None = None,
-    document: Path | None = None,
-    timeline: Path | None = None,
+    markdown: str | os.PathLike[str] | None = None,
+    document: str | os.PathLike[str] | None = None,
+    timeline: str | os.PathLike[str] | None = None,
     title: str | None = None,
 ) -> Finished:
-    """Judge ``record`` against ``rules`` (default: the ones its header names), name the
-    holders of what failed while they are alive (a recorder's run only), and write the report
-    and the JSON verdict: to ``directory/<name>.md`` and ``.json``, or to ``markdown`` and
-    ``document`` (either may be None). ``timeline`` is the timeline file the report links to
-    (default: the recorder's, or ``directory/<name>.jsonl`` when it exists). A recorder whose
-    timeline took another name (``<name>.<run id>.jsonl``: another live run held the name)
-    saves its report and verdict under that stem, so neither run's files are lost. A write that
-    fails is returned as ``write_error``, never raised: the verdict must still reach its caller.
-    The recorder's timeline is such a write: its end record, or a line it could not write
-    earlier (:attr:`~harness._recorder.Recorder.timeline_error`).
-    """
+    """Judge ``record`` against ``rules`` (or a mapping of their fields; default: the ones its
+    header names), name the holders of what failed while they are alive (a recorder's run
+    only), and write the report and the JSON verdict: to ``directory/<name>.md`` and ``.json``,
+    or to ``markdown`` and ``document`` (either may be None). ``timeline`` is the timeline file
+    the report links to (default: the recorder's, or ``directory/<name>.jsonl`` when it exists).
+    A recorder whose timeline took another name (``<name>.<run id>.jsonl``: another live run
+    held the name) saves its report and verdict under that stem, so neither run's files are
+    lost. A write that fails is returned as ``write_error``, never raised: the verdict must
+    still reach its caller. The recorder's timeline is such a write: its end record, or a line
+    it could not write earlier (:attr:`~harness._recorder.Recorder.timeline_error`). An argument
+    it cannot take is a :class:`~harness._core.errors.BadArgument`, before the run is ended."""
+    rules = _checked(record, rules, name=name, error=error, directory=directory, title=title)
+    markdown, document, timeline = (
+        None if path is None else check_path(path, what)
+        for path, what in ((markdown, "markdown"), (document, "document"), (timeline, "timeline"))
+    )
     live = not isinstance(record, Timeline)
     kept: Mapping[str, Any] = {}
     header: Mapping[str, Any]
@@ -195,6 +204,35 @@ def finish_run(
     if lost is not None and finished.write_error is None:
         return replace(finished, write_error=lost)
     return finished
+
+
+def _checked(
+    record: object, rules: object, *, name: object, error: object, directory: Any, title: object
+) -> Rules | None:
+    """:func:`finish_run`'s arguments but its paths checked, and its rules as :class:`Rules`."""
+    if not isinstance(record, Timeline):
+        from harness._recorder import Recorder  # torch's: imported once a recorder may be given
+
+        if not isinstance(record, Recorder):
+            _refused("record", record, "a Recorder or a Timeline")
+    if error is not None and not isinstance(error, (BaseException, labels.Raised, str)):
+        _refused("error", error, "an exception, a Raised or text")
+    for value, what in ((name, "name"), ("" if title is None else title, "title")):
+        if not isinstance(value, str):
+            _refused(what, value, "text")
+    if directory is not None:
+        check_path(directory, "directory", folder=True)
+        check_file_name(name)
+    if rules is None or isinstance(rules, Rules):
+        return rules
+    if not isinstance(rules, Mapping):
+        _refused("rules", rules, "Rules or a mapping of their fields")
+    return Rules.from_dict(rules)
+
+
+def _refused(what: str, value: object, wanted: str) -> NoReturn:
+    """Refuse ``finish_run``'s argument ``what``: a :class:`~harness._core.errors.BadArgument`."""
+    raise BadArgument(f"expected {wanted}, got {shown(value)}", field=what)
 
 
 def write_finished(

@@ -8,6 +8,11 @@ written to JSON as, their plain names; statuses and severities know their order 
 flag, the report's rules row) is a :class:`Rules` field (:mod:`harness._verdict.options`). The JSON
 form is ``SCHEMA_VERSION`` 2; version 1 documents (without ``rule`` and ``outcome`` on findings)
 still load.
+
+Each dataclass checks its fields when made (:func:`~harness._verdict.fields.check_fields`), and
+each enum the name it is given: what its annotation does not allow is a
+:class:`~harness._core.errors.BadArgument` naming the field (``Finding.kind``); read from a
+document (``from_dict``), a :class:`~harness._core.errors.BadInput`.
 """
 
 from __future__ import annotations
@@ -18,12 +23,24 @@ from enum import StrEnum
 from typing import Any, Self
 
 from harness._core.errors import BadArgument, BadInput
+from harness._core.json_values import shown
+from harness._verdict.fields import check_fields
 from harness._verdict.options import Rules
 
 SCHEMA_VERSION = 2
 
 
-class _Ranked(StrEnum):
+class _Named(StrEnum):
+    """A string enum that refuses a name outside it with a
+    :class:`~harness._core.errors.BadArgument` (a ``ValueError``, as an enum's refusal is)."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        names = ", ".join(cls)
+        raise BadArgument(f"{shown(value)} is not a valid {cls.__name__} (one of {names})")
+
+
+class _Ranked(_Named):
     """An enum whose members are declared from the mildest to the most severe."""
 
     @property
@@ -59,7 +76,7 @@ class CheckStatus(_Ranked):
     ERROR = "ERROR"
 
 
-class Kind(StrEnum):
+class Kind(_Named):
     """What a finding is about."""
 
     LEAK = "leak"
@@ -84,7 +101,7 @@ class Severity(_Ranked):
     P0 = "P0"
 
 
-class Outcome(StrEnum):
+class Outcome(_Named):
     """What the re-check after a leaking loop saw: the memory was ``released`` when the phase
     ended, ``retained`` after a collection, or ``unchecked`` (no collected reading after it)."""
 
@@ -127,6 +144,9 @@ class Evidence:
     value: int | None
     collected: bool = False
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -150,11 +170,8 @@ class Finding:
     over_budget: bool = False
 
     def __post_init__(self) -> None:
-        try:
-            kind = Kind(self.kind)
-        except ValueError:
-            problem = f"{self.kind!r} is not one of {', '.join(KINDS)}"
-            raise BadInput(problem, field="Finding.kind") from None
+        check_fields(self)
+        kind = Kind(self.kind)
         object.__setattr__(self, "kind", kind)
         raised = self.over_budget and kind in WARNINGS
         object.__setattr__(self, "severity", OVER_BUDGET if raised else SEVERITY[kind])
@@ -219,6 +236,9 @@ class PhaseStats:
     onset: float | None = None
     stopped: float | None = None
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
 
 RAISED = "error"
 """The rule of the check that holds what the run raised."""
@@ -237,6 +257,9 @@ class Check:
     measured: float | None = None
     limit: int | None = None
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -254,6 +277,7 @@ class Verdict:
     :mod:`harness._rules.measures`)."""
 
     def __post_init__(self) -> None:
+        check_fields(self)
         object.__setattr__(self, "status", Status(self.status))
 
     @property
@@ -306,15 +330,15 @@ class Verdict:
         if not isinstance(rules, Mapping):
             raise BadInput("expected an object", field="rules")
         rules = {k: v for k, v in rules.items() if version > 1 or k != "written"}
-        return cls(
-            status=data["status"],
-            error=data.get("error"),
-            rules=Rules.from_dict(rules),
-            findings=tuple(Finding.from_dict(f) for f in _list(data, "findings")),
-            phases=tuple(_build(PhaseStats, p) for p in _list(data, "phases")),
-            checks=tuple(_build(Check, c) for c in _list(data, "checks")),
-            beside=tuple(_build(PhaseStats, p) for p in _list(data, "beside")),
-        )
+        read = Rules.from_dict(rules)
+        findings = tuple(Finding.from_dict(f) for f in _list(data, "findings"))
+        phases = tuple(_build(PhaseStats, p) for p in _list(data, "phases"))
+        checks = tuple(_build(Check, c) for c in _list(data, "checks"))
+        beside = tuple(_build(PhaseStats, p) for p in _list(data, "beside"))
+        try:
+            return cls(data["status"], findings, phases, checks, read, data.get("error"), beside)
+        except BadArgument as exc:  # the document's value, not a caller's argument
+            raise BadInput(exc.problem, field=exc.field) from None
 
 
 def check_schema_version(version: Any) -> int:

@@ -4,7 +4,8 @@ kind of value it takes, and :func:`check_verdict`, the check a document gets whe
 Findings, phases, checks and evidence take their fields from their dataclasses in
 :mod:`harness._verdict.model` (a field added there is checked here without a line more: its
 annotation says its kind, ``X | None`` that it may be null, a field without a default that it
-must be present). The run's fields around them are declared below. Each check raises
+must be present; the kinds and their checks are :mod:`harness._verdict.fields`'s). The run's
+fields around them are declared below. Each check raises
 :class:`~harness._core.errors.BadInput` whose ``field`` is the field's path
 (``findings[0].severity``, ``run.ended``, ``header.ranks[1].status``); a value of another type, a
 name outside its choices and a number that is not finite (NaN, an infinity) are all refused.
@@ -13,47 +14,26 @@ name outside its choices and a number that is not finite (NaN, an infinity) are 
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
-from collections.abc import Callable, Mapping
-from enum import StrEnum
+from collections.abc import Mapping
 from typing import Any
 
 from harness._core.errors import BadInput
-from harness._core.json_values import check_tree, expect, finite_number, shown
+from harness._core.json_values import check_tree, shown
+from harness._verdict.fields import (
+    Spec,
+    an_object,
+    check_text,
+    choice,
+    count,
+    flag,
+    items,
+    number,
+    optional,
+    spec_of,
+    whole,
+)
 from harness._verdict.model import Check, Finding, PhaseStats, Status, check_schema_version
-
-Spec = Callable[[Any, str], None]
-"""Checks one value; the second argument is where it is (its field's path)."""
-
-
-def check_text(value: Any, where: str) -> None:
-    expect(value, (str,), where, "a string")
-
-
-def whole(value: Any, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadInput(f"expected a whole number, got {shown(value)}", field=where)
-
-
-def count(value: Any, where: str) -> None:
-    whole(value, where)
-    if value < 0:
-        raise BadInput(f"expected a whole number >= 0, got {value}", field=where)
-
-
-def number(value: Any, where: str) -> None:
-    if finite_number(value) is None:
-        raise BadInput(f"expected a finite number, got {shown(value)}", field=where)
-
-
-def flag(value: Any, where: str) -> None:
-    expect(value, (bool,), where, "true or false")
-
-
-def an_object(value: Any, where: str) -> None:
-    """Any object (its content is checked elsewhere, or free: a run's config)."""
-    expect(value, (Mapping,), where, "an object")
 
 
 def file_name(value: Any, where: str) -> None:
@@ -65,39 +45,6 @@ def file_name(value: Any, where: str) -> None:
 
 def version(value: Any, where: str) -> None:
     check_schema_version(value)
-
-
-def choice(names: type[StrEnum]) -> Spec:
-    """One of an enum's names."""
-    allowed = [str(member) for member in names]
-
-    def check(value: Any, where: str) -> None:
-        check_text(value, where)
-        if value not in allowed:
-            raise BadInput(f"expected one of {', '.join(allowed)}, got {shown(value)}", field=where)
-
-    return check
-
-
-def optional(spec: Spec) -> Spec:
-    """``spec``, or null."""
-
-    def check(value: Any, where: str) -> None:
-        if value is not None:
-            spec(value, where)
-
-    return check
-
-
-def items(spec: Spec) -> Spec:
-    """A list whose every item is ``spec``."""
-
-    def check(value: Any, where: str) -> None:
-        expect(value, (list, tuple), where, "a list")
-        for i, item in enumerate(value):
-            spec(item, f"{where}[{i}]")
-
-    return check
 
 
 def values(spec: Spec) -> Spec:
@@ -135,24 +82,9 @@ def _at(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-_KINDS: dict[Any, Spec] = {str: check_text, int: whole, float: number, bool: flag}
-
-
-def _spec_of(hint: Any) -> Spec:
-    """The check a dataclass field's annotation stands for."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        (inner,) = (a for a in args if a is not type(None))
-        return optional(_spec_of(inner))
-    if typing.get_origin(hint) is tuple:  # tuple[Evidence, ...]
-        return items(of_dataclass(args[0]))
-    if isinstance(hint, type) and issubclass(hint, StrEnum):
-        return choice(hint)
-    return _KINDS[hint]
-
-
 def of_dataclass(cls: type) -> Record:
-    """The record a dataclass is written as: each field by its annotation."""
+    """The record a dataclass is written as: each field by its annotation (one of another
+    dataclass as that one's record)."""
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
     required = tuple(
@@ -160,7 +92,7 @@ def of_dataclass(cls: type) -> Record:
         for f in fields
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
-    return Record({f.name: _spec_of(hints[f.name]) for f in fields}, required)
+    return Record({f.name: spec_of(hints[f.name], of_dataclass) for f in fields}, required)
 
 
 FINDING = of_dataclass(Finding)
