@@ -94,8 +94,9 @@ def attribute(
     ``<not searched>``, and those reached are still named. On CUDA, with allocation stacks
     recorded (:func:`~harness._attribution.sites.record_sites`), each holder carries the allocation
     sites of its storages, and new blocks no Python holder accounts for are grouped by site
-    under ``<no Python holder>``. With ``lines`` (an open :class:`~harness._attribution.lines.Lines`,
-    the dearer search) each holder carries the lines that allocated its storages on any device,
+    under ``<no Python holder>``. With ``lines`` (an open
+    :class:`~harness._attribution.lines.Lines`, the dearer search) each holder carries the lines
+    that allocated its storages on any device,
     and new storages still alive that no Python object holds are grouped by that line under
     ``<no Python holder>`` too.
     """

@@ -2,8 +2,8 @@
 
 The pytest plugin, ``python -m tft.train --memreport`` and ``python -m harness report`` all
 call :func:`finish_run`: with a live :class:`~harness._recorder.Recorder` (holders still alive
-are named) or with a :class:`~harness._timeline.jsonl.Timeline` read back from disk (nothing alive to
-name). Rules come from the caller, else from the timeline header, where the recorder wrote
+are named) or with a :class:`~harness._timeline.jsonl.Timeline` read back from disk (nothing
+alive to name). Rules come from the caller, else from the timeline header, where the recorder wrote
 them.
 """
 
