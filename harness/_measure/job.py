@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING
 
 from harness._measure.children import CHILDREN_COST, JOB, ChildSampler
 from harness._measure.host import HOST, OWN_COUNTED, HostMemory
-from harness._measure.probes import Probe
+from harness._measure.probes import Metrics, Probe
 from harness._measure.sample import STRIDE
 
 if TYPE_CHECKING:
     from harness._measure.capacity import CheckedCapacity
-
-Metrics = dict[str, int | None]
 
 
 class JobReader:
