@@ -14,10 +14,12 @@ repetition; a test's time is its whole protocol.
 Beside a user's tools: ``observer_loops/test_observed.py`` (300 batches, ``max_growth="4MB"``)
 runs in one pytest process per variant and repetition, variants alternating: under a torch
 profiler left running (``with_stack=True``) and under a ``sys.settrace`` tracer, each without
-leakgate and with its ``memleak`` marker. A variant's time is the whole process's wall time; its
-memory the process's peak resident size (``wait4``'s ``ru_maxrss``).
+leakgate, with its ``memleak`` marker, and with the marker under ``--memreport-explain``. A
+variant's time is the whole process's wall time; its memory the process's peak resident size
+(``wait4``'s ``ru_maxrss``); each ratio is taken against the same repetition's run without
+leakgate. ``--observers`` runs that part alone (and writes its own subsection).
 
-    python benchmarks/bench_search.py [--reps N] [--write]
+    python benchmarks/bench_search.py [--reps N] [--observers] [--write]
 """
 
 from __future__ import annotations
@@ -31,21 +33,25 @@ import sys
 import time
 from pathlib import Path
 
-from common import section_arguments, show_section
+from common import alternating, section_arguments, show_section
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 LOOPS = HERE / "observer_loops"
 HEADING = "## Holder searches"
+OBSERVERS = "### Beside a profiler and a tracer"
+VARIANTS = {"plain": ["-p", "no:leakgate"], "leakgate": [], "explain": ["--memreport-explain"]}
+"""pytest's options for each variant of the observed loop."""
 
 
-def observed(tool: str, plugin: bool) -> dict[str, object]:
-    """One pytest process over the observed loop: its wall time, peak RSS and verdict."""
+def observed(tool: str, variant: str) -> dict[str, object]:
+    """One pytest process over the observed loop in ``variant`` (a key of :data:`VARIANTS`):
+    its wall time, peak RSS and verdict."""
+    plugin = variant != "plain"
     env = {**os.environ, "OBSERVED_TOOL": tool, "OBSERVED_PLUGIN": "1" if plugin else "0"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "test_observed.py"]
-    if not plugin:
-        command[4:4] = ["-p", "no:leakgate"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *VARIANTS[variant]]
+    command.append("test_observed.py")
     started = time.perf_counter()
     process = subprocess.Popen(
         command, cwd=LOOPS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -192,35 +198,58 @@ def loops(reps: int) -> str:
     )
 
 
-def observers(reps: int) -> str:
-    """The section's table beside a profiler and a tracer."""
+def observers(reps: int, alone: bool = False) -> str:
+    """The subsection beside a profiler and a tracer: its conditions and its table (``alone``:
+    measured by ``--observers``)."""
+    load = os.getloadavg()[0]
     rows = []
     for tool in ("profiler", "tracer"):
-        runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
-        for _ in range(reps):
-            for plugin in (False, True):
-                runs[plugin].append(observed(tool, plugin))
-        plain, traced = runs[False], runs[True]
-        ratio = statistics.median(
-            float(b["seconds"]) / float(a["seconds"])  # type: ignore[arg-type]
-            for a, b in zip(plain, traced, strict=True)
-        )
-        memory = statistics.median(
-            int(b["peak"]) / int(a["peak"])  # type: ignore[call-overload]
-            for a, b in zip(plain, traced, strict=True)
-        )
-        rows.append(
-            f"| {tool} | {_median(plain, 'seconds'):.1f} s, {_median(plain, 'peak') / 2**20:.0f}"
-            f" MiB | {_median(traced, 'seconds'):.1f} s, {_median(traced, 'peak') / 2**20:.0f} MiB"
-            f" | {ratio:.2f}x | {memory:.2f}x | {traced[-1]['verdict']} | {traced[-1]['broken']} |"
-        )
-    return "\n".join(
+        runs: dict[str, list[dict[str, object]]] = {v: [] for v in VARIANTS}
+        for _, variant in alternating(list(VARIANTS), reps):
+            runs[variant].append(observed(tool, variant))
+        plain = runs["plain"]
+        for variant in ("leakgate", "explain"):
+            rows.append(_observed_row(tool, variant, plain, runs[variant]))
+    return "\n\n".join(
         [
-            "| tool | without leakgate | with leakgate | time ratio | peak ratio | verdict | "
-            "errors |",
-            "|---|---:|---:|---:|---:|---|---|",
-            *rows,
+            OBSERVERS,
+            f"Measured by `python benchmarks/bench_search.py {'--observers ' * alone}--reps {reps}"
+            " --write` "
+            f"(load average {load:.2f} at the start, on a 2-core machine shared with other work: "
+            f"times are noisier than its memory; median over {reps} repetitions, the three "
+            "variants alternating, each ratio against the same repetition's run without "
+            "leakgate).",
+            "`benchmarks/observer_loops/test_observed.py`, 300 batches under "
+            '`memleak(phase="validation", max_growth="4MB", warmup=5)`; `explain` adds '
+            "`--memreport-explain`. A search runs in a thread of its own, which neither tool "
+            "watches: the profiler records none of it and its growth stays the loop's own. "
+            "Explain's dispatch mode notes each operator's storages in the loop's own thread, "
+            "where the profiler records the functions it calls and the tracer keeps the lines it "
+            "runs: what they keep of it is theirs, and grows the verdict's figure. Time and peak "
+            "resident memory are the whole pytest process's.",
+            "| tool | leakgate | without leakgate | with leakgate | time ratio | peak ratio | "
+            "verdict | errors |\n|---|---|---:|---:|---:|---:|---|---|\n" + "\n".join(rows),
         ]
+    )
+
+
+def _observed_row(
+    tool: str, variant: str, plain: list[dict[str, object]], traced: list[dict[str, object]]
+) -> str:
+    """One row of the observers' table: medians, and the median of each repetition's ratios."""
+    ratio = statistics.median(
+        float(b["seconds"]) / float(a["seconds"])  # type: ignore[arg-type]
+        for a, b in zip(plain, traced, strict=True)
+    )
+    memory = statistics.median(
+        int(b["peak"]) / int(a["peak"])  # type: ignore[call-overload]
+        for a, b in zip(plain, traced, strict=True)
+    )
+    return (
+        f"| {tool} | {variant} | {_median(plain, 'seconds'):.1f} s, "
+        f"{_median(plain, 'peak') / 2**20:.0f} MiB | {_median(traced, 'seconds'):.1f} s, "
+        f"{_median(traced, 'peak') / 2**20:.0f} MiB | {ratio:.2f}x | {memory:.2f}x | "
+        f"{traced[-1]['verdict']} | {traced[-1]['broken']} |"
     )
 
 
@@ -241,12 +270,6 @@ def section(reps: int) -> str:
             f"Measured by `python benchmarks/bench_search.py --reps {reps} --write` "
             f"(load average {load:.2f} at the start; median over {reps} repetitions, "
             "variants alternating).",
-            "### Beside a profiler and a tracer",
-            "`benchmarks/observer_loops/test_observed.py`, 300 batches under "
-            '`memleak(phase="validation", max_growth="4MB", warmup=5)`. A search runs in a '
-            "thread of its own, which neither tool watches: the profiler records none of it and "
-            "its growth stays the loop's own. Time and peak resident memory are the whole pytest "
-            "process's.",
             table,
             "### The search at scale",
             "One process per size: N live objects frozen, then a leak of 24 tensors in a list; "
@@ -266,13 +289,35 @@ def section(reps: int) -> str:
 def main() -> None:
     parser = section_arguments(__doc__.splitlines()[0])
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--observers", action="store_true", help="only beside a profiler and a tracer"
+    )
     args = parser.parse_args()
     if args.one:
         import json
 
         print(json.dumps(one_scale(args.one)))
         return
+    if args.observers:
+        text = observers(args.reps, alone=True)
+        print(text)
+        if args.write:
+            write_subsection(OBSERVERS, text)
+        return
     show_section(HEADING, section(args.reps), args.write)
+
+
+def write_subsection(heading: str, text: str) -> None:
+    """Put ``text`` in place of the subsection under ``heading`` in ``reports/bench.md`` (up to
+    the next heading of its level or above), written whole, then renamed."""
+    bench = ROOT / "reports" / "bench.md"
+    old = bench.read_text()
+    start = old.index(heading)
+    ends = [old.find(mark, start + len(heading)) for mark in ("\n### ", "\n## ")]
+    end = min((e for e in ends if e >= 0), default=len(old))
+    temporary = bench.with_name(f".{bench.name}.tmp")
+    temporary.write_text(old[:start] + text + "\n" + old[end:])
+    os.replace(temporary, bench)
 
 
 if __name__ == "__main__":

@@ -183,7 +183,7 @@ def test_every_section_in_order_with_the_numbers_of_a_constructed_timeline():
         issues
     )
     assert (
-        "the loop's fitted start level of 1616.0MiB (`allocated`, read over the first 3 batches "
+        "the loop's fitted start level of 1616.0MiB (`allocated`, read over the first 5 batches "
         "after the warm-up): -5.0MiB, within max_growth 20MiB, so the memory was released when "
         "the phase ended; inside the loop it grew +34.0MiB." in issues
     )

@@ -14,6 +14,7 @@ from harness._core.stats import (
     theil_sen,
     trend,
 )
+from harness.rules.fit import Fit
 
 
 def test_theil_sen_recovers_a_line_exactly():
@@ -119,3 +120,31 @@ def test_a_series_settles_where_it_stays_near_its_last_level():
     x = np.arange(200.0)
     assert settled(x, np.minimum(x, 50.0), 50.0, 5.0) == pytest.approx(45, abs=200 / 64)
     assert settled(x, x, 199.0, 1.0) > 195  # a leak settles nowhere before its last batches
+
+
+KB = 1024
+
+
+@pytest.mark.parametrize(
+    ("n", "factor", "spike", "height", "jitter", "seed"),
+    [
+        (64, 2.0, 34, -337 * KB, 0, 0),  # a knot on the spike: its level was read from 4 points
+        (47, 9.76, 46, 18_588 * KB, 7 * KB, 530079119),  # the last reading: a rate x150
+        (41, 8.84, 40, -65_352 * KB, 6 * KB, 493770990),  # the last reading: the leak missed
+        (40, 3.0, 5, 64 * 1024 * KB, 2 * KB, 1),  # the first judged reading: the start level
+    ],
+)
+def test_a_lone_spike_moves_no_level_of_the_broken_line(n, factor, spike, height, jitter, seed):
+    """A leak of ``factor`` budgets (128 KiB) over ``n`` batches judged after a 5-batch warm-up,
+    as tests/test_rules.py draws it, with one reading off by ``height``: every level of the line
+    stays on the leak's, so the fit finds no onset and reports the leak's own rate."""
+    slope = factor * 128 * KB / (n - 6)
+    x = np.arange(5, n)
+    y = slope * (x - 5) + np.random.default_rng(seed).uniform(-jitter, jitter, len(x))
+    y[x == spike] += height
+    line = broken_line(*per_batch(x, y))
+    growth = slope * (n - 6)
+    for at, level in zip(line.x, line.y, strict=True):
+        assert level == pytest.approx(slope * (at - 5), abs=0.1 * growth)
+    fit = Fit.of(x, y)
+    assert fit.onset is None and fit.rate == pytest.approx(slope, rel=0.1)

@@ -1,5 +1,6 @@
 """A validation loop of ``BATCHES`` batches under a user's own tool, as a pytest test, with or
-without leakgate's ``memleak`` marker (``OBSERVED_PLUGIN=1``).
+without leakgate's ``memleak`` marker (``OBSERVED_PLUGIN=1``; ``bench_search.py`` runs the marked
+test with and without ``--memreport-explain``).
 
 Tools (``OBSERVED_TOOL``): ``profiler`` leaves ``torch.profiler.profile(activities=[CPU],
 record_shapes=True, profile_memory=True, with_stack=True)`` running through the loop (its events

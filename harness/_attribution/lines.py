@@ -24,13 +24,13 @@ first search of a run only.
 from __future__ import annotations
 
 import _tracemalloc
+import contextlib
 import functools
 import os
 import sys
 import time
 import tracemalloc
 import types
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,16 +55,34 @@ PYTHON_FLOOR = 64 * 1024
 """Python-object growth of one line below this is not named (interpreter noise)."""
 
 
-def caller_line(skip: Iterable[str] = SKIPPED) -> str | None:
-    """``file:line`` of the innermost frame outside torch and leakgate (and ``skip``)."""
+_NAMED: set[str] = set()
+"""Files whose frames :func:`caller_site` names (outside :data:`SKIPPED`), as first seen."""
+_PASSED: set[str] = set()
+"""Files whose frames :func:`caller_site` passes over, as first seen."""
+
+
+def caller_site() -> tuple[str, int] | None:
+    """``(file, line)`` of the innermost frame outside torch, leakgate and the standard library.
+    It runs at every operator, in the user's thread, where a user's profiler records each
+    function it calls and a tracer each line it runs, as the user's own: each file is told
+    apart once, and walking a frame calls nothing."""
     frame: types.FrameType | None = sys._getframe(1)
-    prefixes = tuple(skip)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(prefixes) and not name.startswith("<"):
-            return short_site(name, frame.f_lineno)
+        if name in _NAMED or (name not in _PASSED and _named(name)):
+            return name, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def _named(filename: str) -> bool:
+    """Whether frames of ``filename`` are named, kept for the next frame of it (but where the
+    name is made with the code, ``<...>``: ``torch.fx``'s ``<eval_with_key>.N``, one a module)."""
+    if filename.startswith("<"):
+        return False
+    named = not filename.startswith(SKIPPED)
+    (_NAMED if named else _PASSED).add(filename)
+    return named
 
 
 def short_site(filename: str, line: int) -> str:
@@ -73,24 +91,30 @@ def short_site(filename: str, line: int) -> str:
     return f"{filename[len(here) :] if filename.startswith(here) else filename}:{line}"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Noted:
     storage: StorageWeakRef
     cdata: int
     nbytes: int
-    line: str
+    file: str  # the frame's code's own name: shared
+    lineno: int
     time: float
+
+    @property
+    def line(self) -> str:
+        return short_site(self.file, self.lineno)
 
 
 @functools.cache
 def _entry_bytes() -> int:
     """The small objects of one entry of :attr:`Lines.storages`, in the blocks of Python's
     allocator that they take: its key (a tuple and the address in it), its record, the
-    record's weak reference to the storage and its numbers (the line's text is shared)."""
+    record's weak reference to the storage and its numbers (the file's name is its code's)."""
     storage = torch.empty(1).untyped_storage()
     key = ("cpu", None, storage.data_ptr())
-    noted = _Noted(StorageWeakRef(storage), storage._cdata, 1 << 40, "", time.time())
-    parts = (key, key[2], noted, vars(noted), noted.storage, noted.cdata, noted.nbytes, noted.time)
+    noted = _Noted(StorageWeakRef(storage), storage._cdata, 1 << 40, "", 1 << 20, time.time())
+    numbers = (key[2], noted.storage.cdata, noted.cdata, noted.nbytes, noted.lineno, noted.time)
+    parts = (key, noted, noted.storage, *numbers)
     return sum(allotted(sys.getsizeof(part)) for part in parts)
 
 
@@ -110,9 +134,12 @@ class _Allocations(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if self.lines._mode is self:  # not once closed (a forked child's, left on its stack)
-            for leaf in tree_leaves(out):
-                if isinstance(leaf, torch.Tensor):
-                    self.lines.note(leaf)
+            if type(out) is torch.Tensor:  # most operators' output: no tree to walk
+                self.lines.note(out)
+            else:
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor):
+                        self.lines.note(leaf)
         return out
 
 
@@ -129,8 +156,11 @@ class Lines:
         self._pruned_at = 1024
 
     def open(self) -> None:
-        """Start noting storages (one operator runs first, so that what torch imports on a
-        mode's first use, the compiler included, is not taken for the run's)."""
+        """Start noting storages. What explain would import once tracing runs is imported
+        first: one operator runs, so that what torch imports on a mode's first use, the compiler
+        included, is not taken for the run's, and memray, where installed, which the native
+        lines (``native.py``) import as a test's call starts, after tracing began (traced, that
+        import took 2.6 s instead of 0.14 s and left 2.2 MiB of traces)."""
         if self._mode is not None:
             return
         _close_in_children()
@@ -138,6 +168,8 @@ class Lines:
         self._mode.__enter__()
         _OPEN.add(self)
         torch.ones(1).add(1)
+        with contextlib.suppress(ImportError):
+            import memray  # noqa: F401
 
     def trace(self) -> None:
         """Start tracing Python allocations, once, at the first phase (unless tracemalloc
@@ -198,10 +230,10 @@ class Lines:
         seen = self.storages.get(key)
         if seen is not None and seen.cdata == storage._cdata and not seen.storage.expired():
             return
-        line = caller_line()
-        if line is None:
+        site = caller_site()
+        if site is None:
             return
-        noted = _Noted(StorageWeakRef(storage), storage._cdata, nbytes, line, time.time())
+        noted = _Noted(StorageWeakRef(storage), storage._cdata, nbytes, *site, time.time())
         self.storages[key] = noted
         if len(self.storages) > 2 * self._pruned_at:
             self.prune()
@@ -236,11 +268,14 @@ class Lines:
         (named already) nor ``old`` (storage identities alive before): their sizes by
         allocating line."""
         self.prune()
-        by_line: dict[str, list[int]] = {}
+        by_site: dict[tuple[str, int], list[int]] = {}
         for key, noted in self.storages.items():
             if key in counted or noted.cdata in old or noted.time < since:
                 continue
-            by_line.setdefault(noted.line, []).append(noted.nbytes)
+            by_site.setdefault((noted.file, noted.lineno), []).append(noted.nbytes)
+        by_line: dict[str, list[int]] = {}
+        for site, sizes in by_site.items():
+            by_line.setdefault(short_site(*site), []).extend(sizes)
         return by_line
 
     def snapshot(self) -> Traced | None:

@@ -236,6 +236,10 @@ SHORTEST = PIECES // 16
 """The fewest blocks a piece of a :func:`broken_line` spans: a sixteenth of the series."""
 END_POINTS = 256
 """The most points an end piece's Theil-Sen line is fitted to."""
+LEVEL_POINTS = 5
+"""The fewest points a :func:`broken_line`'s level is read from: a lone spike among five spoils
+four of their ten Theil-Sen pairs, fewer than half, so it moves neither the slope nor the level
+(among four it spoils three of six, half, and the level follows it)."""
 
 
 def broken_line(x: Series, y: Series, *, end: float | None = None) -> Broken:
@@ -247,9 +251,10 @@ def broken_line(x: Series, y: Series, *, end: float | None = None) -> Broken:
     three bends nowhere: its knots sit a third and two thirds along). The levels are read
     locally and robustly: at the first ``x``, at the end of the first piece, at the start of
     the last and at the last ``x``, each the Theil-Sen line of the points within a sixteenth of
-    the series on that side, there, kept within those points' range (which a line through a
-    sawtooth's tooth would leave); so no level is moved by a step elsewhere, nor by spikes the
-    median leaves out. The last level goes on to ``end`` along its line."""
+    the series on that side (at least :data:`LEVEL_POINTS` of them), there, kept within those
+    points' range (which a line through a sawtooth's tooth would leave); so no level is moved by
+    a step elsewhere, nor by a lone spike, even one a knot sits on. The last level goes on to
+    ``end`` along its line."""
     xs, ys = (v.astype(np.float64) for v in _arrays(x, y))
     first, last = (float(xs[0]), float(xs[-1])) if len(xs) else (0.0, 0.0)
     end = last if end is None else max(float(end), last)
@@ -257,7 +262,7 @@ def broken_line(x: Series, y: Series, *, end: float | None = None) -> Broken:
         level = median(ys) if len(ys) else 0.0
         return Broken((first, first, end, end), (level,) * 4)
     c, e = _knots(xs, ys) or (first + (last - first) / 3, first + 2 * (last - first) / 3)
-    edge = max((last - first) / 16, 1.0)
+    edge = max((last - first) / 16, LEVEL_POINTS - 1.0)  # a point a batch when this short
     start, _ = _level(xs, ys, first, first + edge)
     bend, _ = _level(xs, ys, c, c - edge)
     flat, _ = _level(xs, ys, e, e + edge)
