@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.attribution.lines import Lines
+from harness._attribution.lines import Lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,8 +81,8 @@ def test_an_operators_single_tensor_is_noted_without_walking_a_tree():
 IMPORTS = """
 import tracemalloc
 import sys
-from harness.attribution.lines import Lines
-from harness.attribution.native import Native
+from harness._attribution.lines import Lines
+from harness._attribution.native import Native
 
 assert "memray" not in sys.modules
 lines = Lines()

@@ -14,7 +14,7 @@ from harness._core.stats import (
     theil_sen,
     trend,
 )
-from harness.rules.fit import Fit
+from harness._rules.fit import Fit
 
 
 def test_theil_sen_recovers_a_line_exactly():
