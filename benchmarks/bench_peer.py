@@ -17,19 +17,36 @@ included; ``ru_maxrss`` would not do: after ``vfork`` and ``exec`` it keeps the 
 Workers alternate between the models.
 
     pytest benchmarks/bench_peer.py
+    python benchmarks/bench_peer.py [--reps N] [--write]
+
+Run as a script, it runs the same workers and prints section 4 of ``reports/bench.md`` (with
+``--write``: puts it there, with the goal rows and the missed-goal note that come from it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
-from common import alternating, incident_config, incident_split, peak_rss, reset_peak_rss, rss
+from common import (
+    ROOT,
+    alternating,
+    incident_config,
+    incident_split,
+    peak_rss,
+    reset_peak_rss,
+    rss,
+    section_arguments,
+    show_section,
+)
+from report import goals, load_range, misses, peer_comparison, peer_section, scale_cells
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
@@ -48,12 +65,16 @@ Step = Callable[[Batch], torch.Tensor]
 def test_model(benchmark, model, rep):
     if model == "pytorch-forecasting":
         pytest.importorskip("pytorch_forecasting")
-    command = [sys.executable, __file__, model]
     done = benchmark.pedantic(
-        subprocess.run, (command,), {"capture_output": True, "text": True}, rounds=1
+        subprocess.run, (worker(model),), {"capture_output": True, "text": True}, rounds=1
     )
     assert done.returncode == 0, done.stderr[-3000:]
     benchmark.extra_info.update(json.loads(done.stdout.splitlines()[-1]))
+
+
+def worker(model: str) -> list[str]:
+    """The command of a worker measuring ``model`` (one of :data:`MODELS`)."""
+    return [sys.executable, __file__, model]
 
 
 def ours(config: TFTConfig) -> tuple[nn.Module, Step]:
@@ -181,5 +202,64 @@ def measure(name: str) -> dict[str, float]:
     }
 
 
+def section(reps: int) -> tuple[dict[str, Any], str]:
+    """Run ``reps`` alternating repetitions of the workers, as the pytest benchmark does; their
+    comparison and section 4 of the report."""
+    benches = []
+    for rep, model in alternating(MODELS, reps):
+        done = subprocess.run(worker(model), capture_output=True, text=True, check=False)
+        if done.returncode:
+            sys.exit(f"{model} worker failed: {done.stderr[-3000:]}")
+        measured = {**json.loads(done.stdout.splitlines()[-1]), "load_1min": os.getloadavg()[0]}
+        benches.append({"params": {"rep": rep, "model": model}, "extra_info": measured})
+    peer = peer_comparison(benches)
+    assert peer is not None
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    written = (
+        f"Written by `python benchmarks/bench_peer.py --reps {reps} --write` on "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, commit {commit or 'unknown'}."
+    )
+    return peer, "\n\n".join(filter(None, (peer_section(peer), load_range(benches), written)))
+
+
+def write_goals(peer: dict[str, Any]) -> None:
+    """Replace the §4 rows of the goals table in ``reports/bench.md`` and the TFT's missed-goal
+    note (removed when both throughput goals are met); the file written whole, then renamed."""
+    table = goals(scale_cells([]), None, None, None, peer, None).splitlines()
+    rows = {line.split(" | ")[0]: line for line in table if "(§4)" in line}
+    note_start = "- **TFT vs pytorch-forecasting**"
+    notes = [
+        n for n in misses(None, [], None, None, peer, None).splitlines() if n.startswith(note_start)
+    ]
+    bench = ROOT / "reports" / "bench.md"
+    lines = []
+    for line in bench.read_text().splitlines():
+        if line.startswith(note_start):
+            lines += notes
+        else:
+            lines.append(rows.get(line.split(" | ")[0], line))
+    temporary = bench.with_name(f".{bench.name}.tmp")
+    temporary.write_text("\n".join(lines) + "\n")
+    os.replace(temporary, bench)
+
+
+def main(argv: Sequence[str]) -> None:
+    """A worker (``MODEL``) prints its measurement as JSON; otherwise print section 4, and with
+    ``--write`` put it and the goals that come from it in ``reports/bench.md``."""
+    if len(argv) == 1 and argv[0] in MODELS:
+        print(json.dumps(measure(argv[0])))
+        return
+    parser = section_arguments((__doc__ or "").splitlines()[0])
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps must be at least 1, got {args.reps}")
+    peer, text = section(args.reps)
+    show_section(text.split("\n", 1)[0], text, args.write)
+    if args.write:
+        write_goals(peer)
+
+
 if __name__ == "__main__":
-    print(json.dumps(measure(sys.argv[1])))
+    main(sys.argv[1:])
