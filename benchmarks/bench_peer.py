@@ -218,7 +218,7 @@ def section(reps: int) -> tuple[dict[str, Any], str]:
         ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     written = (
-        f"Written by `python benchmarks/bench_peer.py --reps {reps} --write` on "
+        f"Measured by `python benchmarks/bench_peer.py --reps {reps}` on "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, commit {commit or 'unknown'}."
     )
     return peer, "\n\n".join(filter(None, (peer_section(peer), load_range(benches), written)))
