@@ -110,7 +110,7 @@ def test_the_signature_the_type_checker_sees_lists_every_field_of_rules():
 
     from harness._verdict.options import Rules
 
-    tree = ast.parse((ROOT / "harness" / "verdict" / "options.py").read_text())
+    tree = ast.parse((ROOT / "harness" / "_verdict" / "options.py").read_text())
     rules = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Rules")
     typed = next(
         node
