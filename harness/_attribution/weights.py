@@ -15,7 +15,7 @@ tensor, 508 B a 0-d tensor beyond its 64-byte allocation, 336 to 382 B a small t
 storage of its own; a container of many small views holds that much for each."""
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType)
 _PACKAGE = __name__.partition(".")[0]
-_SELF_CHECK = f"{_PACKAGE}.frontends.selfcheck"
+_SELF_CHECK = f"{_PACKAGE}._frontends.selfcheck"
 
 
 def size_of(obj: Any) -> int:
